@@ -1,0 +1,190 @@
+"""Chainlit hooks of the ERNIE chat service. The work is done in backend/; this file wires it to the UI."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import chainlit as cl
+from chainlit.input_widget import Select, Slider
+
+from backend import web
+from backend.config import load_config
+from backend.errors import ConfigError, InvalidInputError, PromptTooLongError, ServiceError
+from backend.i18n import t
+from backend.logs import setup_logging
+from backend.pacing import paced
+from backend.service import ChatService, UserSettings, clean_input
+from backend.supervisor import State
+
+log = logging.getLogger("app")
+SERVICE: ChatService | None = None
+STARTUP_ERROR: ConfigError | None = None
+
+
+def _lang() -> str:
+    return cl.context.session.language or "en-US"
+
+
+async def _say(text: str) -> None:
+    await cl.Message(content=text, author="system").send()
+
+
+@cl.on_app_startup
+async def startup() -> None:
+    global SERVICE, STARTUP_ERROR
+    setup_logging()
+    try:
+        SERVICE = ChatService.from_config(load_config())
+    except ConfigError as exc:
+        STARTUP_ERROR = exc
+        log.error("%s", exc)
+        return
+    web.install_routes(SERVICE)
+    SERVICE.start()
+
+
+@cl.on_app_shutdown
+async def shutdown() -> None:
+    if SERVICE is not None:
+        await SERVICE.stop()
+
+
+@cl.on_chat_start
+async def chat_start() -> None:
+    cl.user_session.set("history", [])
+    if SERVICE is None:
+        await _say(t("error", _lang(), error=STARTUP_ERROR))
+        return
+    cfg, lang = SERVICE.cfg, _lang()
+    cl.user_session.set("settings", UserSettings.defaults(cfg))
+    names = ["auto", *SERVICE.templates.names()]
+    await cl.ChatSettings(
+        [
+            Slider(
+                id="temperature",
+                label=t("setting_temperature", lang),
+                initial=cfg.chat.temperature,
+                min=0,
+                max=2,
+                step=0.05,
+            ),
+            Slider(id="top_p", label=t("setting_top_p", lang), initial=cfg.chat.top_p, min=0.05, max=1, step=0.05),
+            Slider(
+                id="max_tokens",
+                label=t("setting_max_tokens", lang),
+                initial=cfg.chat.max_tokens,
+                min=16,
+                max=4096,
+                step=16,
+            ),
+            Select(
+                id="template",
+                label=t("setting_template", lang),
+                values=names,
+                initial_value="auto",
+                description=t("template_auto", lang),
+            ),
+        ]
+    ).send()
+    if SERVICE.supervisor.status.note:
+        await _say(t("demo", lang, note=SERVICE.supervisor.status.note))
+    await _show_template_problems()
+
+
+@cl.on_settings_update
+async def settings_update(values: dict) -> None:
+    if SERVICE is not None:
+        cl.user_session.get("settings").update(values, SERVICE.cfg)
+
+
+async def _show_template_problems() -> None:
+    assert SERVICE is not None
+    problems = [str(p) for p in SERVICE.templates.problems()]
+    seen = cl.user_session.get("template_problems") or []
+    if problems and problems != seen:
+        await _say(t("template_problems", _lang()) + "\n" + "\n".join(f"- {p}" for p in problems))
+    cl.user_session.set("template_problems", problems)
+
+
+async def _wait_for_engine() -> bool:
+    """Tell the user while the engine starts; True once it is ready."""
+    assert SERVICE is not None
+    sup, lang = SERVICE.supervisor, _lang()
+    if sup.ready:
+        return True
+    sup.request_retry()
+    started = time.monotonic()
+    note = cl.Message(content="", author="system")
+    sent = False
+    while not await sup.wait_ready(1.0):
+        st = sup.status
+        if st.state in (State.FAILED, State.STOPPED):
+            note.content = t("failed", lang, error=st.error or "", hint=st.hint or "")
+            if st.log_tail:
+                note.content += "\n\n" + t("log_tail", lang, path=sup.log_path) + f"\n```text\n{st.log_tail}\n```"
+        elif time.monotonic() - started > SERVICE.cfg.timeouts.wait_for_ready_s:
+            note.content = t("not_ready", lang, elapsed=time.monotonic() - started)
+        else:
+            key = "restarting" if st.state == State.RESTARTING else "starting"
+            note.content = t(key, lang, elapsed=st.elapsed_s, error=st.error or "")
+            await (note.update() if sent else note.send())
+            sent = True
+            continue
+        await (note.update() if sent else note.send())
+        return False
+    if sent:
+        note.content = t("ready", lang, elapsed=time.monotonic() - started)
+        await note.update()
+    return True
+
+
+@cl.on_message
+async def on_message(message: cl.Message) -> None:
+    if SERVICE is None:
+        await _say(t("error", _lang(), error=STARTUP_ERROR))
+        return
+    lang, cfg = _lang(), SERVICE.cfg
+    history: list[dict[str, str]] = cl.user_session.get("history")
+    settings: UserSettings = cl.user_session.get("settings")
+    try:
+        text = clean_input(message.content or "", cfg.chat.max_input_chars)
+    except InvalidInputError as exc:
+        key = "too_large" if "chars" in exc.params else "empty"
+        await _say(t(key, lang, **exc.params))
+        return
+    await _show_template_problems()
+    if not await _wait_for_engine():
+        return
+    try:
+        request = await SERVICE.build_request(history, text, settings)
+    except (PromptTooLongError, ServiceError) as exc:
+        await _say(t("error", lang, error=exc))
+        return
+    if request.dropped:
+        await _say(t("trimmed", lang, dropped=request.dropped))
+
+    reply = cl.Message(content="")
+    parts: list[str] = []
+    ending = ""
+    try:
+        async with SERVICE.client.stream(request.messages, **request.sampling) as stream:
+            async for piece in paced(stream, cfg.chat.stream_flush_ms / 1000):
+                parts.append(piece)
+                await reply.stream_token(piece)
+    except asyncio.CancelledError:
+        # The stop button: the stream is closed above (vLLM aborts the request); keep what arrived.
+        ending = t("stopped", lang)
+    except ServiceError as exc:
+        log.warning("Reply failed: %s", exc)
+        ending = t("interrupted" if parts else "error", lang, error=exc)
+    text_out = "".join(parts)
+    footer = f"\n\n*{t('template_used', lang, name=request.template)} · {request.reason}*"
+    reply.content = text_out + (f"\n\n{ending}" if ending else "") + footer
+    await (reply.update() if parts else reply.send())
+    if text_out:
+        history += [
+            {"role": "user", "content": request.user_text},
+            {"role": "assistant", "content": text_out},
+        ]

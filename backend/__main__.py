@@ -1,0 +1,28 @@
+"""Project commands: python -m backend <command> [args]. Run without arguments for the list."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
+    "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
+    "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the command's module main(argv)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in COMMANDS:
+        print("usage: python -m backend <command> [args]\n\ncommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<15} {text}")
+        return 0 if not args or args[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    return int(module.main(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

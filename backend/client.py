@@ -1,0 +1,240 @@
+"""The one streaming client of the process: explicit timeouts, retries only before the first token,
+cancellation that closes the HTTP stream (vLLM then aborts the request)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import httpx2 as httpx  # openai 3.x is built on httpx2, a fork with the same API
+import openai
+from openai import AsyncOpenAI
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from backend.errors import BackendError, PromptTooLongError
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]
+RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
+CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the engine's OpenAI-compatible API is and how to call it."""
+
+    base_url: str  # the server's root, without /v1
+    api_key: str
+    model: str
+
+
+@dataclass
+class StreamStats:
+    """What one streamed reply measured: timings (monotonic seconds), usage, how it ended."""
+
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    finished: float | None = None
+    chunks: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    attempts: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.started
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RETRYABLE)
+
+
+def _translate(exc: BaseException) -> Exception:
+    """Turn an openai/httpx exception into one of our errors with a message a person can act on."""
+    if isinstance(exc, openai.BadRequestError):
+        text = str(exc.message)
+        if any(word in text.lower() for word in CONTEXT_WORDS):
+            return PromptTooLongError(
+                "The conversation does not fit in the model's context window.",
+                "Shorten the message or lower max tokens in the settings.",
+            )
+        return BackendError(f"The engine refused the request: {text}", "Check the settings and try again.")
+    if isinstance(exc, openai.AuthenticationError):
+        return BackendError("The engine refused the app's API key.", "Restart the app; check server.api_key.")
+    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
+        return BackendError(
+            "The engine did not answer in time.",
+            "It may be overloaded: try again, or raise timeouts.read_s.",
+        )
+    if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
+        return BackendError(
+            "The connection to the engine broke.",
+            "The engine may have stopped; it is restarted automatically. Try again in a moment.",
+        )
+    if isinstance(exc, openai.APIStatusError):
+        return BackendError(f"The engine answered with an error ({exc.status_code}): {exc.message}", "")
+    return BackendError(f"Unexpected error while talking to the engine: {exc}", "")
+
+
+class ChatStream:
+    """One streamed reply: iterate for text pieces; leaving early (or cancelling) closes the HTTP stream."""
+
+    def __init__(self, client: ChatClient, messages: list[Message], sampling: dict[str, Any]) -> None:
+        self._client = client
+        self._messages = messages
+        self._sampling = sampling
+        self._stream: openai.AsyncStream[Any] | None = None
+        self.stats = StreamStats()
+
+    async def __aenter__(self) -> ChatStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP response: vLLM sees the disconnect and aborts the request."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
+        if self.stats.finished is None:
+            self.stats.finished = time.monotonic()
+
+    def _absorb(self, chunk: Any) -> str:
+        if getattr(chunk, "usage", None):
+            self.stats.prompt_tokens = chunk.usage.prompt_tokens
+            self.stats.completion_tokens = chunk.usage.completion_tokens
+        if not chunk.choices:
+            return ""
+        choice = chunk.choices[0]
+        if choice.finish_reason:
+            self.stats.finish_reason = choice.finish_reason
+        return choice.delta.content or "" if choice.delta else ""
+
+    async def _open(self) -> str:
+        """Start the request and read up to the first text; retried as a whole before any token."""
+        self.stats.attempts += 1
+        stream = await self._client.openai.chat.completions.create(  # type: ignore[call-overload]
+            model=self._client.endpoint.model,
+            messages=self._messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            **self._sampling,
+        )
+        self._stream = stream
+        try:
+            async for chunk in stream:
+                text = self._absorb(chunk)
+                if text:
+                    return text
+        except BaseException:
+            await self.aclose()
+            raise
+        return ""
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._client.retries + 1),
+            wait=wait_exponential(multiplier=0.5, max=4),
+            retry=retry_if_exception(_is_retryable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    first = await self._open()
+        except (openai.OpenAIError, httpx.HTTPError) as exc:
+            raise _translate(exc) from exc
+        if first:
+            self.stats.first_token = time.monotonic()
+            self.stats.chunks += 1
+            yield first
+        assert self._stream is not None
+        try:
+            async for chunk in self._stream:
+                text = self._absorb(chunk)
+                if text:
+                    if self.stats.first_token is None:
+                        self.stats.first_token = time.monotonic()
+                    self.stats.chunks += 1
+                    yield text
+        except (openai.OpenAIError, httpx.HTTPError) as exc:
+            # No retry here: part of the reply already reached the user.
+            raise _translate(exc) from exc
+        finally:
+            self.stats.finished = time.monotonic()
+            await self.aclose()
+
+
+class ChatClient:
+    """The process's single AsyncOpenAI client and the calls the chat makes with it."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 120.0,
+        retries: int = 2,
+        max_connections: int = 256,
+    ) -> None:
+        self.endpoint = endpoint
+        self.retries = retries
+        timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=30.0, pool=connect_timeout_s)
+        self.http = httpx.AsyncClient(
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=32),
+            trust_env=False,  # the engine is on loopback: never route it through a proxy
+        )
+        # max_retries=0: retries live in one layer only (ChatStream), and only before the first token.
+        self.openai = AsyncOpenAI(
+            base_url=endpoint.base_url + "/v1",
+            api_key=endpoint.api_key,
+            http_client=self.http,
+            max_retries=0,
+            timeout=timeout,
+        )
+
+    def stream(self, messages: list[Message], **sampling: Any) -> ChatStream:
+        """Return a ChatStream for `messages` with sampling settings (temperature, top_p, max_tokens, stop)."""
+        return ChatStream(self, messages, {k: v for k, v in sampling.items() if v is not None})
+
+    async def count_tokens(self, messages: list[Message]) -> int | None:
+        """Count the prompt tokens of `messages` with the chat template applied (vLLM's /tokenize).
+
+        None when the server has no such endpoint; the caller then estimates."""
+        try:
+            resp = await self.http.post(
+                self.endpoint.base_url + "/tokenize",
+                json={"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True},
+                headers={"Authorization": f"Bearer {self.endpoint.api_key}"},
+            )
+        except httpx.HTTPError as exc:
+            raise _translate(exc) from exc
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise BackendError(f"Counting tokens failed ({resp.status_code}): {resp.text[:200]}", "")
+        return int(resp.json()["count"])
+
+    async def max_model_len(self) -> int | None:
+        """The context window the server reports for our model (vLLM's /v1/models), if it says."""
+        try:
+            models = await self.openai.models.list()
+        except openai.OpenAIError as exc:
+            raise _translate(exc) from exc
+        for model in models.data:
+            if model.id == self.endpoint.model:
+                value = getattr(model, "max_model_len", None)
+                return int(value) if value else None
+        return None
+
+    async def aclose(self) -> None:
+        await self.openai.close()

@@ -1,0 +1,243 @@
+"""Backend configuration: one YAML file, overridable by ERNIE_* environment variables, strictly validated."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backend.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = ROOT / "config" / "backend.yaml"
+ENV_PREFIX = "ERNIE_"
+ENV_CONFIG_PATH = "ERNIE_CONFIG"
+ENV_SEPARATOR = "__"
+
+EngineName = Literal["auto", "vllm", "vllm-cpu", "external"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineFlags(_Strict):
+    """Engine flags a hardware profile sets; None leaves the engine's own default."""
+
+    max_model_len: int | None = Field(None, ge=64, le=131072)
+    max_num_seqs: int | None = Field(None, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(None, ge=64)
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    enforce_eager: bool | None = None
+    block_size: int | None = Field(None, ge=1, le=256)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64)
+    data_parallel_size: int | None = Field(None, ge=1, le=64)
+    stream_interval: int | None = Field(None, ge=1, le=256)
+    cpu_kvcache_space_gib: int | None = Field(None, ge=1, le=256)
+    extra_args: list[str] = Field(default_factory=list)
+
+    def merged(self, override: EngineFlags) -> EngineFlags:
+        """Return these flags with every value that `override` sets replacing ours."""
+        data = self.model_dump()
+        for key, value in override.model_dump(exclude_unset=True).items():
+            data[key] = value
+        return EngineFlags(**data)
+
+
+class ModelSettings(_Strict):
+    id: str = Field("baidu/ERNIE-4.5-0.3B-PT", min_length=1)
+    served_name: str = Field("ernie-4.5-0.3b", min_length=1, pattern=r"^[A-Za-z0-9._\-/]+$")
+    fallback: Literal["demo", "none"] = "demo"
+    load_format: Literal["auto", "dummy", "safetensors", "pt"] = "auto"
+    hub_timeout_s: float = Field(3.0, gt=0, le=60)
+
+
+class EngineSettings(_Strict):
+    name: EngineName = "auto"
+    python: str | None = None
+    profile: str = "auto"
+    flags: EngineFlags = Field(default_factory=EngineFlags)
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=0, le=65535)
+    api_key: str | None = None
+    base_url: str | None = None
+
+
+class TimeoutSettings(_Strict):
+    startup_s: float = Field(900, gt=0)
+    health_interval_s: float = Field(5, gt=0)
+    health_timeout_s: float = Field(10, gt=0)
+    health_failures: int = Field(3, ge=1)
+    connect_s: float = Field(5, gt=0)
+    read_s: float = Field(120, gt=0)
+    stop_grace_s: float = Field(10, ge=0)
+    wait_for_ready_s: float = Field(600, ge=0)
+
+
+class RestartSettings(_Strict):
+    max_attempts: int = Field(5, ge=1, le=100)
+    backoff_initial_s: float = Field(2, ge=0)
+    backoff_max_s: float = Field(60, ge=0)
+    stable_after_s: float = Field(120, ge=0)
+    request_retries: int = Field(2, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> RestartSettings:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("backoff_max_s must be at least backoff_initial_s")
+        return self
+
+
+class ChatDefaults(_Strict):
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(0.9, gt=0, le=1)
+    max_tokens: int = Field(512, ge=1, le=32768)
+    system_prompt: str | None = None
+    stream_flush_ms: float = Field(20, ge=0, le=1000)
+    max_input_chars: int = Field(200_000, ge=100)
+
+
+class PathSettings(_Strict):
+    data_dir: str = ".data"
+    cache_dir: str = "~/.cache/ernie-chat"
+    prompts_dir: str = "prompts"
+
+    def resolve(self, value: str) -> Path:
+        """Return `value` (one of ours) as an absolute path; relative paths are relative to the project."""
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else ROOT / path
+
+    @property
+    def data(self) -> Path:
+        return self.resolve(self.data_dir)
+
+    @property
+    def cache(self) -> Path:
+        return self.resolve(self.cache_dir)
+
+    @property
+    def engine_log(self) -> Path:
+        return self.data / "logs" / "engine.log"
+
+
+class AppConfig(_Strict):
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    restart: RestartSettings = Field(default_factory=RestartSettings)
+    chat: ChatDefaults = Field(default_factory=ChatDefaults)
+    paths: PathSettings = Field(default_factory=PathSettings)
+    profiles: dict[str, EngineFlags] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_profile(self) -> AppConfig:
+        if self.engine.profile != "auto" and self.engine.profile not in self.profiles:
+            known = ", ".join(sorted(self.profiles)) or "none defined"
+            raise ValueError(f"engine.profile {self.engine.profile!r} is not defined (known: {known})")
+        return self
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, tuple[list[str], Any]]:
+    """Map each ERNIE_SECTION__KEY variable to its key path and YAML-typed value."""
+    sections = set(AppConfig.model_fields)
+    found: dict[str, tuple[list[str], Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_PATH or ENV_SEPARATOR not in name:
+            continue
+        keys = [part.lower() for part in name[len(ENV_PREFIX) :].split(ENV_SEPARATOR)]
+        if keys[0] not in sections or any(not key for key in keys):
+            raise ConfigError(
+                f"Environment variable {name} does not name a configuration key.",
+                f"Use {ENV_PREFIX}<SECTION>{ENV_SEPARATOR}<KEY> with a section among: "
+                + ", ".join(sorted(sections))
+                + f" (for example {ENV_PREFIX}SERVER{ENV_SEPARATOR}PORT=8100).",
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        found[name] = (keys, value)
+    return found
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> AppConfig:
+    """Read the YAML configuration, apply environment overrides and validate; raise ConfigError."""
+    env = os.environ if environ is None else environ
+    config_path = Path(path or env.get(ENV_CONFIG_PATH) or DEFAULT_CONFIG_PATH)
+    data: dict[str, Any] = {}
+    if config_path.exists():
+        try:
+            loaded = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f", line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(
+                f"{config_path}{where}: not valid YAML ({getattr(exc, 'problem', exc)}).",
+                "Fix the file's syntax (indentation, colons, quotes) and start again.",
+            ) from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{config_path}: the top level must be a mapping of sections.", "")
+        data = loaded or {}
+    elif path is not None or ENV_CONFIG_PATH in env:
+        raise ConfigError(f"Configuration file {config_path} does not exist.", f"Check {ENV_CONFIG_PATH}.")
+
+    sources: dict[tuple[str, ...], str] = {}
+    for name, (keys, value) in env_overrides(env).items():
+        _set_path(data, keys, value)
+        sources[tuple(keys)] = name
+    try:
+        return AppConfig(**data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(str(part) for part in err["loc"])
+            key = ".".join(loc) or "(top level)"
+            origin = sources.get(loc)
+            where = f"set by {origin}" if origin else f"in {config_path.name}"
+            got = f" (got {_describe(err['input'])})" if "input" in err and loc else ""
+            msg = err["msg"].replace("Extra inputs are not permitted", "unknown key")
+            problems.append(f"{key}: {msg}{got}, {where}")
+        raise ConfigError(
+            f"Invalid configuration in {config_path}: " + "; ".join(problems) + ".",
+            "Correct the value (see the comments in config/backend.yaml) and start again.",
+        ) from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check the configuration (file given or the default) and print the effective values."""
+    try:
+        cfg = load_config(argv[0] if argv else None)
+    except ConfigError as exc:
+        print(exc)
+        return 1
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), allow_unicode=True, sort_keys=False))
+    return 0

@@ -1,0 +1,76 @@
+"""The chat's own messages in English and Simplified Chinese; the browser's language picks one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MESSAGES: dict[str, dict[str, str]] = {
+    "starting": {
+        "en": "⏳ The model server is starting ({elapsed:.0f} s so far). Your message will be answered when it is ready.",
+        "zh": "⏳ 模型服务正在启动（已用 {elapsed:.0f} 秒），就绪后会自动回复您的消息。",
+    },
+    "restarting": {
+        "en": "⏳ The model server is restarting after a problem ({elapsed:.0f} s so far): {error}",
+        "zh": "⏳ 模型服务出现问题，正在重启（已用 {elapsed:.0f} 秒）：{error}",
+    },
+    "ready": {
+        "en": "✅ The model server is ready ({elapsed:.0f} s).",
+        "zh": "✅ 模型服务已就绪（用时 {elapsed:.0f} 秒）。",
+    },
+    "not_ready": {
+        "en": "⌛ The model server is still not ready after {elapsed:.0f} s. Please try again in a moment.",
+        "zh": "⌛ 等待 {elapsed:.0f} 秒后模型服务仍未就绪，请稍后再试。",
+    },
+    "failed": {
+        "en": "❌ The model server could not start: {error}\n\n{hint}\n\nSend another message to try again.",
+        "zh": "❌ 模型服务无法启动：{error}\n\n{hint}\n\n修复原因后再发送一条消息即可重试。",
+    },
+    "log_tail": {
+        "en": "Last lines of the engine log ({path}):",
+        "zh": "引擎日志的最后几行（{path}）：",
+    },
+    "demo": {
+        "en": "ℹ️ {note} Its answers are short and simple; see README for using the real ERNIE model.",
+        "zh": "ℹ️ 无法连接模型仓库，且本机没有 ERNIE-4.5-0.3B-PT 的副本，当前使用离线演示模型 "
+        "SmolLM2-135M-Instruct（回答较简单）。如何使用真正的 ERNIE 模型见 README。",
+    },
+    "stopped": {"en": "⏹ *Stopped.*", "zh": "⏹ *已停止。*"},
+    "interrupted": {
+        "en": "⚠️ *The reply was interrupted:* {error}",
+        "zh": "⚠️ *回复中断：* {error}",
+    },
+    "error": {"en": "⚠️ {error}", "zh": "⚠️ 出错了：{error}"},
+    "empty": {
+        "en": "Please type a message (it was empty).",
+        "zh": "请输入内容（消息为空）。",
+    },
+    "too_large": {
+        "en": "⚠️ The message has {chars} characters; at most {limit} are accepted. Please send a shorter text.",
+        "zh": "⚠️ 消息有 {chars} 个字符，最多接受 {limit} 个，请发送更短的文本。",
+    },
+    "trimmed": {
+        "en": "*The oldest {dropped} messages no longer fit in the model's context window and were left out.*",
+        "zh": "*最早的 {dropped} 条消息已超出模型的上下文窗口，本次未发送给模型。*",
+    },
+    "template_used": {"en": "Template: {name}", "zh": "模板：{name}"},
+    "template_problems": {
+        "en": "⚠️ Some prompt templates have problems (the last good version stays in use):",
+        "zh": "⚠️ 部分提示模板有错误（继续使用上一个正确的版本）：",
+    },
+    "setting_temperature": {"en": "Temperature", "zh": "温度（temperature）"},
+    "setting_top_p": {"en": "Top P", "zh": "Top P（核采样）"},
+    "setting_max_tokens": {"en": "Max tokens", "zh": "最大生成长度（max tokens）"},
+    "setting_template": {"en": "Prompt template", "zh": "提示模板"},
+    "template_auto": {"en": "auto (by message)", "zh": "自动（按消息内容）"},
+}
+
+
+def lang_of(locale: str | None) -> str:
+    """Map a browser locale such as 'zh-CN' or 'en-US' to one of our languages."""
+    return "zh" if (locale or "").lower().startswith("zh") else "en"
+
+
+def t(key: str, locale: str | None, **params: Any) -> str:
+    """The message `key` in the language of `locale`, formatted with `params`."""
+    entry = MESSAGES[key]
+    return entry.get(lang_of(locale), entry["en"]).format(**params)

@@ -1,0 +1,163 @@
+"""The chat service the UI talks to: one supervisor, one client, the templates, and request building."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.client import ChatClient, Endpoint, Message
+from backend.config import AppConfig, load_config
+from backend.errors import InvalidInputError
+from backend.history import estimate_tokens, fit_history
+from backend.launch import make_supervisor
+from backend.prompts import RenderedPrompt, TemplateStore, UnknownTemplate
+from backend.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
+
+
+@dataclass
+class UserSettings:
+    """Sampling settings one chat session chose; `changed` holds those the user moved from the defaults."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    template: str | None = None
+    changed: set[str] = field(default_factory=set)
+
+    @classmethod
+    def defaults(cls, cfg: AppConfig) -> UserSettings:
+        return cls(cfg.chat.temperature, cfg.chat.top_p, cfg.chat.max_tokens)
+
+    def update(self, values: dict[str, Any], cfg: AppConfig) -> None:
+        """Apply values from the settings panel, remembering which differ from the configured defaults."""
+        base = UserSettings.defaults(cfg)
+        for key in ("temperature", "top_p", "max_tokens"):
+            if key in values and values[key] is not None:
+                value = int(values[key]) if key == "max_tokens" else float(values[key])
+                setattr(self, key, value)
+                if value != getattr(base, key):
+                    self.changed.add(key)
+                else:
+                    self.changed.discard(key)
+        if "template" in values:
+            name = values["template"]
+            self.template = None if name in (None, "", "auto") else str(name)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What goes to the engine for one reply, and what the UI should tell the user about it."""
+
+    messages: list[Message]
+    sampling: dict[str, Any]
+    template: str
+    reason: str  # why this template: a keyword, a pattern, the user's choice
+    user_text: str  # the rendered user message, as kept in the history
+    prompt_tokens: int
+    dropped: int
+
+
+def clean_input(text: str, max_chars: int) -> str:
+    """Return the message without control characters or invalid Unicode; refuse empty or oversized ones."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    text = CONTROL_CHARS.sub("", text)
+    if not text.strip():
+        raise InvalidInputError("The message is empty.", "Type some text and send it again.")
+    if len(text) > max_chars:
+        raise InvalidInputError(
+            f"The message has {len(text)} characters; at most {max_chars} are accepted.",
+            "Send a shorter text.",
+            chars=len(text),
+            limit=max_chars,
+        )
+    return text
+
+
+class ChatService:
+    """Owns the engine supervisor, the single streaming client and the prompt templates."""
+
+    def __init__(self, cfg: AppConfig, supervisor: Supervisor, client: ChatClient, templates: TemplateStore):
+        self.cfg = cfg
+        self.supervisor = supervisor
+        self.client = client
+        self.templates = templates
+        self._max_model_len: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: AppConfig | None = None) -> ChatService:
+        """Build the service; nothing starts until start()."""
+        cfg = cfg or load_config()
+        supervisor = make_supervisor(cfg)
+        client = ChatClient(
+            supervisor.endpoint,
+            connect_timeout_s=cfg.timeouts.connect_s,
+            read_timeout_s=cfg.timeouts.read_s,
+            retries=cfg.restart.request_retries,
+        )
+        templates = TemplateStore(cfg.paths.resolve(cfg.paths.prompts_dir))
+        return cls(cfg, supervisor, client, templates)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.client.endpoint
+
+    def start(self) -> None:
+        """Start the engine in the background (the chat says 'starting' until it is ready)."""
+        self.supervisor.start_background()
+
+    async def stop(self) -> None:
+        await self.supervisor.stop()
+        await self.client.aclose()
+
+    async def context_window(self) -> int:
+        """The model's context length as the server reports it (cached), or the configured one."""
+        if self._max_model_len is None:
+            reported = await self.client.max_model_len()
+            self._max_model_len = reported or self.supervisor.flags.max_model_len or 4096
+        return self._max_model_len
+
+    async def _count(self, messages: list[Message]) -> int:
+        counted = await self.client.count_tokens(messages)
+        return counted if counted is not None else estimate_tokens(messages)
+
+    def route(self, text: str, settings: UserSettings) -> RenderedPrompt:
+        """Pick the template (a /name command, the session's choice, or routing) and render the message."""
+        name, rest = self.templates.split_command(text)
+        try:
+            return self.templates.route(rest if name else text, explicit=name or settings.template)
+        except UnknownTemplate as exc:
+            raise InvalidInputError(str(exc), "Pick another template in the settings.") from exc
+
+    async def build_request(self, history: list[Message], text: str, settings: UserSettings) -> ChatRequest:
+        """Route the message, merge sampling settings and fit the conversation into the context window."""
+        prompt = self.route(text, settings)
+        sampling: dict[str, Any] = {
+            "temperature": self.cfg.chat.temperature,
+            "top_p": self.cfg.chat.top_p,
+            "max_tokens": self.cfg.chat.max_tokens,
+        }
+        sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
+        sampling.update({k: getattr(settings, k) for k in settings.changed})
+        window = await self.context_window()
+        reserve = min(int(sampling["max_tokens"]), window // 2)
+        system = prompt.system or self.cfg.chat.system_prompt
+        fitted = await fit_history(
+            history, {"role": "user", "content": prompt.user}, self._count, window - reserve, system
+        )
+        sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - fitted.prompt_tokens))
+        return ChatRequest(
+            messages=fitted.messages,
+            sampling=sampling,
+            template=prompt.template,
+            reason=prompt.reason,
+            user_text=prompt.user,
+            prompt_tokens=fitted.prompt_tokens,
+            dropped=fitted.dropped,
+        )
