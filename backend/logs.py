@@ -11,7 +11,7 @@ def setup_logging() -> None:
     level = os.environ.get("ERNIE_LOG_LEVEL", "INFO").upper()
     logging.getLogger("backend").setLevel(level)
     logging.getLogger("app").setLevel(level)
-    for noisy in ("httpx", "httpcore", "openai"):
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

