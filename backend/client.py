@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 
 Message = dict[str, str]
 RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
+BROKEN = (
+    "The connection to the engine broke.",
+    "The engine may have stopped; it is restarted automatically. Try again in a moment.",
+)
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
 
 
@@ -73,10 +77,7 @@ def _translate(exc: BaseException) -> Exception:
             "It may be overloaded: try again, or raise timeouts.read_s.",
         )
     if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
-        return BackendError(
-            "The connection to the engine broke.",
-            "The engine may have stopped; it is restarted automatically. Try again in a moment.",
-        )
+        return BackendError(*BROKEN)
     if isinstance(exc, openai.APIStatusError):
         return BackendError(f"The engine answered with an error ({exc.status_code}): {exc.message}", "")
     return BackendError(f"Unexpected error while talking to the engine: {exc}", "")
@@ -172,6 +173,9 @@ class ChatStream:
         finally:
             self.stats.finished = time.monotonic()
             await self.aclose()
+        if self.stats.finish_reason is None:
+            # The stream ended without saying why: the engine went away mid-reply.
+            raise BackendError(BROKEN[0], BROKEN[1])
 
 
 class ChatClient:

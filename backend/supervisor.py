@@ -74,6 +74,8 @@ class Status:
 def port_is_free(host: str, port: int) -> bool:
     """Tell whether nothing listens on host:port (a bind test, as the engine itself will do)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like every server: connections of a previous engine in TIME_WAIT don't block the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -218,6 +220,8 @@ class Supervisor:
     def request_retry(self) -> None:
         """After the supervisor gave up, try a new round of starts (the cause may have been fixed)."""
         if self.status.state == State.FAILED:
+            # STARTING at once, so waiters see the new round rather than the old failure.
+            self._set(State.STARTING, error=self.status.error, hint=self.status.hint)
             self._retry.set()
 
     async def stop(self) -> None:
@@ -238,11 +242,9 @@ class Supervisor:
             try:
                 await self._start_with_backoff()
             except ServiceError as exc:
-                self._set(State.FAILED, error=exc.message, hint=exc.hint)
+                self._set(State.FAILED, error=exc.message, hint=exc.hint, log_tail=getattr(exc, "log_tail", ""))
                 log.error("Engine gave up after %d attempts: %s", self.status.attempt, exc)
-                self._retry.clear()
-                await self._retry.wait()
-                self._retry.clear()
+                await self._wait_for_retry()
                 crash_streak = 0
                 continue
             ready_at = time.monotonic()
@@ -260,13 +262,16 @@ class Supervisor:
                     hint="See the log tail; fix the cause, then send a message to try again.",
                     log_tail=tail,
                 )
-                self._retry.clear()
-                await self._retry.wait()
-                self._retry.clear()
+                await self._wait_for_retry()
                 crash_streak = 0
                 continue
             self._set(State.RESTARTING, error=f"The engine {reason}; restarting.", log_tail=tail)
             await asyncio.sleep(self._backoff(crash_streak - 1))
+
+    async def _wait_for_retry(self) -> None:
+        self._retry.clear()
+        await self._retry.wait()
+        self._retry.clear()
 
     def _backoff(self, failures: int) -> float:
         if failures <= 0:
@@ -291,7 +296,7 @@ class Supervisor:
     def _before_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning("Engine start attempt %d failed (%s); next in %.0f s", state.attempt_number, exc, wait)
+        log.warning("Engine start attempt %d failed (%s); next in %.1f s", state.attempt_number, exc, wait)
         hint = getattr(exc, "hint", "")
         tail = getattr(exc, "log_tail", "")
         msg = getattr(exc, "message", str(exc))

@@ -116,7 +116,7 @@ def main(out: Path, arch: str) -> None:
         "model_type": "ernie4_5",
         **shape,
         "hidden_act": "silu",
-        "max_position_embeddings": 131072 if real else 4096,
+        "max_position_embeddings": 131072 if real else 16384,
         "rope_theta": 500000.0,
         "rms_norm_eps": 1e-05,
         "use_bias": False,

