@@ -47,7 +47,7 @@ def tiny_model(engine_py: str) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_model(engine_py: str) -> Path:
-    return prepare_demo_model(load_config(environ={}), engine_py)
+    return prepare_demo_model(load_config(environ=inherited_env()), engine_py)
 
 
 MakeConfig = Callable[..., AppConfig]
@@ -65,8 +65,14 @@ def make_config(tmp_path: Path) -> MakeConfig:
     return make
 
 
+def inherited_env() -> dict[str, str]:
+    """The caller's settings tests keep: where converted models are cached."""
+    return {k: v for k, v in os.environ.items() if k == "ERNIE_PATHS__CACHE_DIR"}
+
+
 def service_config(data_dir: Path, model: Path | str, **overrides: object) -> AppConfig:
     env = {
+        **inherited_env(),
         "ERNIE_SERVER__PORT": "0",
         "ERNIE_PATHS__DATA_DIR": str(data_dir),
         "ERNIE_MODEL__ID": str(model),
