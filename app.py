@@ -54,6 +54,7 @@ async def shutdown() -> None:
 @cl.on_chat_start
 async def chat_start() -> None:
     cl.user_session.set("history", [])
+    cl.user_session.set("turn_lock", asyncio.Lock())
     if SERVICE is None:
         await _say(t("error", _lang(), error=STARTUP_ERROR))
         return
@@ -142,6 +143,12 @@ async def _wait_for_engine() -> bool:
 
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
+    # One reply at a time per chat: rapid repeated sends queue up instead of interleaving the history.
+    async with cl.user_session.get("turn_lock"):
+        await _answer(message)
+
+
+async def _answer(message: cl.Message) -> None:
     if SERVICE is None:
         await _say(t("error", _lang(), error=STARTUP_ERROR))
         return

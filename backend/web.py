@@ -30,12 +30,19 @@ def health_payload(service: ChatService) -> dict[str, Any]:
     }
 
 
+MAX_SOCKET_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
 def install_routes(service: ChatService, app: FastAPI | None = None) -> None:
     """Add our routes in front of Chainlit's catch-all page route."""
     if app is None:
         from chainlit.server import app as chainlit_app
+        from chainlit.server import sio
 
         app = chainlit_app
+        # Socket.IO drops the connection on a message over 1 MB, silently for the user. Accept up to
+        # 8 MB so an oversized message reaches the app and gets a clear answer (chat.max_input_chars).
+        sio.eio.max_http_buffer_size = MAX_SOCKET_MESSAGE_BYTES
 
     async def healthz() -> JSONResponse:
         payload = health_payload(service)

@@ -59,6 +59,12 @@ def group_alive(pgid: int) -> list[int]:
     return alive
 
 
+def engine_gauge(base_url: str, name: str) -> float:
+    """Sum of a metric from the engine's /metrics."""
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
 class App:
     def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
         self.proc, self.url, self.log = proc, url, log
@@ -181,10 +187,7 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: App, browser
     deadline = time.monotonic() + 5
     running = None
     while time.monotonic() < deadline:
-        metrics = urllib.request.urlopen(engine + "/metrics", timeout=5).read().decode()
-        running = sum(
-            float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
-        )
+        running = engine_gauge(engine, "vllm:num_requests_running")
         if running == 0:
             break
         await asyncio.sleep(0.2)

@@ -1,0 +1,138 @@
+"""Measure what a user sees: time to first token and tokens/s in a real browser, against a running app.
+
+usage: .venv/bin/python scripts/measure_browser.py [--url http://127.0.0.1:8501] [--runs 5] [--out results/browser]
+
+Timing is taken inside the page (performance.now() from a MutationObserver) from the moment Enter is
+pressed to the first reply text, and from the first to the last text update. Token counts come from
+the engine's own counter (vllm:generation_tokens_total) read before and after each reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPLY = '.step[data-step-type="assistant_message"] .message-content'
+PROMPTS = [
+    "Tell me a story about a small robot who learns to paint.",
+    "What are three good habits for learning a new language? Explain each one.",
+    "Describe a walk through a forest in autumn.",
+]
+OBSERVER = """([sel, n]) => {
+  window.__t = {sent: performance.now()};
+  new MutationObserver(() => {
+    const el = document.querySelectorAll(sel)[n];
+    if (!el) return;
+    const text = el.innerText || "";
+    if (!text.trim()) return;
+    const now = performance.now();
+    if (text.includes("Template:") || text.includes("模板：")) { window.__t.done ??= now; return; }
+    window.__t.first ??= now;
+    window.__t.last = now;
+    window.__t.updates = (window.__t.updates || 0) + 1;
+  }).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def engine_counter(app_url: str) -> float:
+    health = json.load(urllib.request.urlopen(app_url + "/healthz", timeout=10))
+    text = urllib.request.urlopen(health["engine"]["base_url"] + "/metrics", timeout=10).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")
+    )
+
+
+async def measure(url: str, runs: int) -> list[dict]:
+    from playwright.async_api import async_playwright
+
+    results = []
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = await browser.new_page()
+        await page.goto(url)
+        await page.wait_for_selector("#chat-input", timeout=60_000)
+        await asyncio.sleep(2)  # let on_chat_start finish
+        for i in range(runs):
+            n = await page.locator(REPLY).count()
+            before = engine_counter(url)
+            await page.click("#chat-input")
+            await page.keyboard.type(PROMPTS[i % len(PROMPTS)])
+            await page.evaluate(OBSERVER, [REPLY, n])
+            await page.keyboard.press("Enter")
+            await page.wait_for_function("() => window.__t && window.__t.done", timeout=300_000, polling=100)
+            t = await page.evaluate("() => window.__t")
+            tokens = engine_counter(url) - before
+            stream_s = (t["last"] - t["first"]) / 1000
+            results.append(
+                {
+                    "prompt": PROMPTS[i % len(PROMPTS)],
+                    "ttft_s": round((t["first"] - t["sent"]) / 1000, 4),
+                    "stream_s": round(stream_s, 3),
+                    "tokens": int(tokens),
+                    "tokens_per_s": round((tokens - 1) / stream_s, 2) if stream_s > 0 else None,
+                    "page_updates": t.get("updates", 0),
+                }
+            )
+            print(results[-1], flush=True)
+            # a fresh conversation per run keeps prompts equal in length
+            await page.goto(url)
+            await page.wait_for_selector("#chat-input", timeout=60_000)
+            await asyncio.sleep(1)
+        await browser.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8501")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", default="results/browser")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    rows = asyncio.run(measure(args.url, args.runs))
+    health = json.load(urllib.request.urlopen(args.url + "/healthz", timeout=10))
+    summary = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{os.cpu_count()} CPU cores, load average before {load[0]:.2f}",
+        "engine": health["engine"],
+        "ttft_s_median": statistics.median(r["ttft_s"] for r in rows),
+        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rows if r["tokens_per_s"]),
+        "runs": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "browser_latency.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    lines = [
+        "| run | TTFT in browser (s) | tokens | streaming (s) | tokens/s in browser | page updates |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rows, 1):
+        cells = [i, f"{r['ttft_s']:.3f}", r["tokens"], f"{r['stream_s']:.2f}", r["tokens_per_s"], r["page_updates"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines.append(f"| **median** | **{summary['ttft_s_median']:.3f}** | | | **{summary['tokens_per_s_median']}** | |")
+    (out / "browser_latency.md").write_text(
+        f"Measured {summary['when']} on {summary['machine']}; model: {health['engine']['note'] or 'configured'}\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
