@@ -9,6 +9,8 @@ COMMANDS = {
     "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
     "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
     "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
+    "check-flags": ("backend.preflight", "check engine flags against the installed engine's own parser"),
+    "build-trt-engine": ("backend.trtllm", "build the TensorRT-LLM engine for trtllm.backend: tensorrt"),
 }
 
 
@@ -18,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] not in COMMANDS:
         print("usage: python -m backend <command> [args]\n\ncommands:")
         for name, (_, text) in COMMANDS.items():
-            print(f"  {name:<15} {text}")
+            print(f"  {name:<17} {text}")
         return 0 if not args or args[0] in ("-h", "--help") else 2
     module = importlib.import_module(COMMANDS[args[0]][0])
     return int(module.main(args[1:]))

@@ -20,7 +20,7 @@ ENV_PREFIX = "ERNIE_"
 ENV_CONFIG_PATH = "ERNIE_CONFIG"
 ENV_SEPARATOR = "__"
 
-EngineName = Literal["auto", "vllm", "vllm-cpu", "external"]
+EngineName = Literal["auto", "vllm", "vllm-cpu", "external", "trtllm"]
 
 
 class _Strict(BaseModel):
@@ -132,6 +132,20 @@ class PathSettings(_Strict):
         return self.data / "logs" / "engine.log"
 
 
+class TrtllmSettings(_Strict):
+    """TensorRT-LLM's trtllm-serve (engine.name: trtllm); see docs/engines.md."""
+
+    backend: Literal["pytorch", "tensorrt"] = "pytorch"
+    max_batch_size: int = Field(64, ge=1, le=4096)
+    max_num_tokens: int = Field(8192, ge=64, le=1_048_576)
+    max_seq_len: int | None = Field(None, ge=64, le=131072)
+    kv_cache_free_gpu_memory_fraction: float = Field(0.85, gt=0.0, le=1.0)
+    tp_size: int = Field(1, ge=1, le=64)
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    engine_dir: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -141,6 +155,7 @@ class AppConfig(_Strict):
     chat: ChatDefaults = Field(default_factory=ChatDefaults)
     paths: PathSettings = Field(default_factory=PathSettings)
     profiles: dict[str, EngineFlags] = Field(default_factory=dict)
+    trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
 
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:

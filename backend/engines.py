@@ -8,9 +8,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend import trtllm
 from backend.config import ROOT, AppConfig, EngineFlags
 from backend.errors import ConfigError, EngineNotInstalledError
 from backend.hardware import Gpu
+from backend.profiles import select_profile
 
 ENGINE_VENV_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 
@@ -59,11 +61,11 @@ def choose_engine(cfg: AppConfig, gpus: list[Gpu]) -> str:
     return "vllm" if gpus else "vllm-cpu"
 
 
-def choose_profile(cfg: AppConfig, engine: str) -> str:
-    """Return the profile name: the configured one, or cpu/gpu by engine."""
+def choose_profile(cfg: AppConfig, engine: str, gpus: list[Gpu] | None = None) -> str:
+    """Return the profile name: the configured one, or the one that suits the detected GPUs (backend.profiles)."""
     if cfg.engine.profile != "auto":
         return cfg.engine.profile
-    return "cpu" if engine == "vllm-cpu" else "gpu"
+    return select_profile(gpus or [], engine, cfg.profiles).name
 
 
 def effective_flags(cfg: AppConfig, profile: str) -> EngineFlags:
@@ -142,6 +144,19 @@ def build_launch(
     flags: EngineFlags | None = None,
 ) -> LaunchSpec:
     """Build the argument list and environment that start `engine` serving `model` on `port`."""
+    if engine == "trtllm":
+        flags = flags or effective_flags(cfg, choose_profile(cfg, engine))
+        serve = trtllm.find_tool(python or engine_python(cfg), trtllm.SERVE) or trtllm.SERVE
+        return LaunchSpec(
+            engine=engine,
+            argv=[serve, trtllm.serve_target(cfg, model), *trtllm.serve_args(cfg, model, port, flags)],
+            env=trtllm.serve_env(model),
+            host=cfg.server.host,
+            port=port,
+            served_name=cfg.model.served_name,
+            api_key=api_key,  # trtllm-serve checks no key; it listens on loopback only
+            flags=flags.merged(EngineFlags(max_model_len=trtllm.max_seq_len(cfg, flags))),
+        )
     if engine not in ("vllm", "vllm-cpu"):
         raise ConfigError(f"Engine {engine!r} cannot be started by this app.", "Use vllm or vllm-cpu.")
     flags = flags or effective_flags(cfg, choose_profile(cfg, engine))

@@ -18,7 +18,9 @@ from backend.engines import (
 )
 from backend.hardware import detect_gpus
 from backend.models import ResolvedModel, resolve_model
+from backend.preflight import check_launch
 from backend.supervisor import Supervisor, free_port, new_api_key
+from backend.trtllm import check_trtllm_installed
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,9 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
         spec = external_launch(cfg, api_key)
         return Supervisor(cfg, lambda: spec, Endpoint(spec.base_url, api_key, spec.served_name), spec.flags)
 
-    engine = choose_engine(cfg, detect_gpus())
-    profile = choose_profile(cfg, engine)
+    gpus = detect_gpus()
+    engine = choose_engine(cfg, gpus)
+    profile = choose_profile(cfg, engine, gpus)
     flags = effective_flags(cfg, profile)
     port = cfg.server.port or free_port(cfg.server.host)
     endpoint = Endpoint(f"http://{cfg.server.host}:{port}", api_key, cfg.model.served_name)
@@ -42,11 +45,16 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
         # Runs in a worker thread at each start attempt; once the model is resolved it stays resolved,
         # and a failure here (engine not installed, no model) is retried with the next attempt.
         python = engine_python(cfg)
-        check_vllm_installed(python)
+        if engine == "trtllm":
+            check_trtllm_installed(python)
+        else:
+            check_vllm_installed(python)
         if not resolved:
             resolved.append(resolve_model(cfg, python))
         supervisor.status.note = resolved[0].note
-        return build_launch(cfg, engine, resolved[0].model, port, api_key, python=python, flags=flags)
+        spec = build_launch(cfg, engine, resolved[0].model, port, api_key, python=python, flags=flags)
+        check_launch(cfg, spec, resolved[0].model, gpus, python, profile)  # a bad flag stops here, not in the child
+        return spec
 
     supervisor = Supervisor(cfg, prepare, endpoint, flags)
     return supervisor
