@@ -27,7 +27,7 @@ import httpx
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     wait_exponential,
 )
@@ -35,7 +35,13 @@ from tenacity import (
 from backend.client import Endpoint
 from backend.config import AppConfig, EngineFlags
 from backend.engines import LaunchSpec
-from backend.errors import EngineStartError, ServiceError
+from backend.errors import (
+    ConfigError,
+    EngineNotInstalledError,
+    EngineStartError,
+    ModelNotFoundError,
+    ServiceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +290,7 @@ class Supervisor:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(r.max_attempts),
             wait=wait_exponential(multiplier=r.backoff_initial_s, min=r.backoff_initial_s, max=r.backoff_max_s),
-            retry=retry_if_exception_type(ServiceError),
+            retry=retry_if_exception(_worth_retrying),
             before_sleep=self._before_retry,
             reraise=True,
         )
@@ -437,6 +443,14 @@ class Supervisor:
                     indent=2,
                 )
             )
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    # A wrong setting, a missing engine or model won't fix itself: report it at once instead of
+    # backing off for minutes. A new chat message starts another round once the cause is fixed.
+    return isinstance(exc, ServiceError) and not isinstance(
+        exc, ConfigError | EngineNotInstalledError | ModelNotFoundError
+    )
 
 
 def new_api_key() -> str:
