@@ -5,22 +5,16 @@ The app starts its own engine; with the hub out of reach it serves the offline d
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from backend.config import ROOT
-from backend.supervisor import free_port
+from tests.app_process import App, engine_gauge, group_alive, start_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -38,82 +32,18 @@ CHROMIUM_ARGS = [
 REPLY = '.step[data-step-type="assistant_message"] .message-content'
 
 
-def get_json(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
-def group_alive(pgid: int) -> list[int]:
-    """PIDs still alive in process group `pgid` (zombies excluded)."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(stat.parent.name))
-    return alive
-
-
-def engine_gauge(base_url: str, name: str) -> float:
-    """Sum of a metric from the engine's /metrics."""
-    text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
-class App:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
-
-    def health(self) -> dict:
-        return get_json(self.url + "/healthz")[1]
-
-
 @pytest.fixture(scope="module")
 def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: apt-get install -y chromium (make test-deps does it)")
+        pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("app-data")
-    port = free_port()
-    env = {
-        **os.environ,
-        "ERNIE_PATHS__DATA_DIR": str(data),
-        "ERNIE_SERVER__PORT": "0",
-        "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
-        "HF_ENDPOINT": "http://127.0.0.1:9",  # the hub is out of reach: the app falls back to the demo model
-        "HF_HOME": str(data / "hf"),
-    }
-    log = data / "app.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    app = App(proc, f"http://127.0.0.1:{port}", log)
+    # The hub is out of reach and the HF cache is empty: the app falls back to the demo model.
+    app = start_app(data, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if app.health()["status"] == "ok":
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("the app's engine did not become ready:\n" + log.read_text()[-3000:])
+        app.wait_ready()
         yield app
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        app.kill()
 
 
 @pytest_asyncio.fixture(scope="module")

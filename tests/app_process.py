@@ -1,0 +1,96 @@
+"""Starting the real app (`chainlit run app.py`) as a child process for tests, and watching processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from backend.config import ROOT
+from backend.supervisor import free_port
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def group_alive(pgid: int) -> list[int]:
+    """PIDs still alive in process group `pgid` (zombies excluded)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def engine_gauge(base_url: str, name: str) -> float:
+    """Sum of a metric from the engine's /metrics."""
+    text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+class App:
+    """A running `chainlit run app.py` child process."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc, self.url, self.log = proc, url, log
+
+    def health(self) -> dict:
+        return get_json(self.url + "/healthz")[1]
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("the app exited:\n" + self.log.read_text()[-3000:])
+            try:
+                if self.health()["status"] == "ok":
+                    return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise AssertionError("the app's engine did not become ready:\n" + self.log.read_text()[-3000:])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def start_app(data: Path, **overrides: str) -> App:
+    """Start the app with its data under `data`; `model__id="x"` sets ERNIE_MODEL__ID, `HF_HOME="y"` sets HF_HOME."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "ERNIE_PATHS__DATA_DIR": str(data),
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
+        # lower-case keys are configuration keys (model__id); upper-case ones plain variables (HF_HOME)
+        **{(f"ERNIE_{k.upper()}" if k.islower() else k): v for k, v in overrides.items()},
+    }
+    log = data / "app.log"
+    data.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return App(proc, f"http://127.0.0.1:{port}", log)
