@@ -8,6 +8,7 @@ import sys
 COMMANDS = {
     "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
     "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
+    "loadtest": ("backend.loadtest", "many chat sessions at once through the app's websocket"),
     "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
     "check-flags": ("backend.preflight", "check engine flags against the installed engine's own parser"),
     "build-trt-engine": ("backend.trtllm", "build the TensorRT-LLM engine for trtllm.backend: tensorrt"),
