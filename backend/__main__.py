@@ -9,6 +9,8 @@ COMMANDS = {
     "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
     "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
     "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
+    "bench": ("backend.benchmark", "benchmark latency/throughput against concurrency, HF baseline, app overhead"),
+    "doctor": ("backend.doctor", "check the app, the engine, its metrics and its log; explain known failures"),
 }
 
 
