@@ -9,7 +9,7 @@ import time
 import chainlit as cl
 from chainlit.input_widget import Select, Slider
 
-from backend import web
+from backend import metrics, web
 from backend.config import load_config
 from backend.errors import ConfigError, InvalidInputError, PromptTooLongError, ServiceError
 from backend.i18n import t
@@ -42,6 +42,7 @@ async def startup() -> None:
         log.error("%s", exc)
         return
     web.install_routes(SERVICE)
+    metrics.watch(SERVICE.supervisor)
     SERVICE.start()
 
 
@@ -53,6 +54,7 @@ async def shutdown() -> None:
 
 @cl.on_chat_start
 async def chat_start() -> None:
+    metrics.chat_started(cl.context.session.id)
     cl.user_session.set("history", [])
     cl.user_session.set("turn_lock", asyncio.Lock())
     if SERVICE is None:
@@ -92,6 +94,11 @@ async def chat_start() -> None:
     if SERVICE.supervisor.status.note:
         await _say(t("demo", lang, note=SERVICE.supervisor.status.note))
     await _show_template_problems()
+
+
+@cl.on_chat_end
+async def chat_end() -> None:
+    metrics.chat_ended(cl.context.session.id)
 
 
 @cl.on_settings_update
@@ -163,10 +170,12 @@ async def _answer(message: cl.Message) -> None:
         return
     await _show_template_problems()
     if not await _wait_for_engine():
+        metrics.record_error("unavailable")
         return
     try:
         request = await SERVICE.build_request(history, text, settings)
     except (PromptTooLongError, ServiceError) as exc:
+        metrics.record_error(exc)
         await _say(t("error", lang, error=exc))
         return
     if request.dropped:
@@ -175,17 +184,20 @@ async def _answer(message: cl.Message) -> None:
     reply = cl.Message(content="")
     parts: list[str] = []
     ending = ""
+    failure: BaseException | None = None
+    stream = SERVICE.client.stream(request.messages, **request.sampling)
     try:
-        async with SERVICE.client.stream(request.messages, **request.sampling) as stream:
+        async with stream:
             async for piece in paced(stream, cfg.chat.stream_flush_ms / 1000):
                 parts.append(piece)
                 await reply.stream_token(piece)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         # The stop button: the stream is closed above (vLLM aborts the request); keep what arrived.
-        ending = t("stopped", lang)
+        failure, ending = exc, t("stopped", lang)
     except ServiceError as exc:
         log.warning("Reply failed: %s", exc)
-        ending = t("interrupted" if parts else "error", lang, error=exc)
+        failure, ending = exc, t("interrupted" if parts else "error", lang, error=exc)
+    metrics.reply_finished(stream.stats, failure)
     text_out = "".join(parts)
     footer = f"\n\n*{t('template_used', lang, name=request.template)} · {request.reason}*"
     reply.content = text_out + (f"\n\n{ending}" if ending else "") + footer

@@ -12,6 +12,8 @@ COMMANDS = {
     "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
     "check-flags": ("backend.preflight", "check engine flags against the installed engine's own parser"),
     "build-trt-engine": ("backend.trtllm", "build the TensorRT-LLM engine for trtllm.backend: tensorrt"),
+    "bench": ("backend.benchmark", "benchmark latency/throughput against concurrency, HF baseline, app overhead"),
+    "doctor": ("backend.doctor", "check the app, the engine, its metrics and its log; explain known failures"),
 }
 
 

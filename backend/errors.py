@@ -70,3 +70,9 @@ class InvalidInputError(ServiceError):
     """The message cannot be sent as it is (empty, or too large to accept)."""
 
     key = "error.input"
+
+
+class BenchmarkError(ServiceError):
+    """The benchmark cannot run as asked (bad option, server not reachable, engine or baseline failed)."""
+
+    key = "error.benchmark"
