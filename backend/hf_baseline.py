@@ -40,6 +40,8 @@ def _load(model_dir: str, dtype_name: str) -> tuple[Any, Any, str]:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
         weights = "random"
+    # The GPU when there is one: the baseline people compare with runs where the engine runs.
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     model.eval()
     return model, tokenizer, weights
 
@@ -66,6 +68,7 @@ def _generate_batch(model: Any, tokenizer: Any, requests: list[dict[str, Any]], 
         return_tensors="pt",
         padding=True,
     )
+    enc = enc.to(model.device)
     prompt_tokens = enc["attention_mask"].sum(dim=1).tolist()
     sampling: dict[str, Any] = {"do_sample": False}
     if job.get("temperature", 0) > 0:
@@ -142,6 +145,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         "dtype": job.get("dtype", "bfloat16"),
         "cache": job.get("cache", "static"),
         "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch_version": torch.__version__,
         "load_s": load_s,
         "levels": levels,

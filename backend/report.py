@@ -7,12 +7,12 @@ transformers), "comparison" the server/HF ratios and "overhead" the app's added 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-from matplotlib.figure import Figure
 
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL"))
 TARGET_NAMES = {"server": "server (HTTP)", "app": "app client", "hf": "HF transformers"}
@@ -171,6 +171,8 @@ def _concurrency_axis(ax: Any, doc: dict[str, Any]) -> None:
 
 def plot_latency(doc: dict[str, Any], dataset: str, path: Path) -> None:
     """TTFT, TPOT, ITL and E2EL percentiles (P50 solid, P90 dashed, P99 dotted) against concurrency."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (key, title) in zip(axes.flat, LATENCIES, strict=True):
@@ -191,6 +193,8 @@ def plot_latency(doc: dict[str, Any], dataset: str, path: Path) -> None:
 
 def plot_throughput(doc: dict[str, Any], dataset: str, path: Path) -> None:
     """Output tokens/s and requests/s against concurrency, one line per target."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     tokens_ax, requests_ax = fig.subplots(1, 2)
     for index, (target, levels) in enumerate(_series(doc, dataset)):
@@ -212,9 +216,28 @@ def write_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     written = [out_dir / "results.json", out_dir / "report.md"]
     written[0].write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
     written[1].write_text(markdown(doc), encoding="utf-8")
+    if importlib.util.find_spec("matplotlib") is None:
+        # e.g. on a GPU machine with no matplotlib: `python -m backend.report results.json` draws them later
+        return written
     for dataset in datasets(doc):
         for kind, draw in (("latency", plot_latency), ("throughput", plot_throughput)):
             path = out_dir / f"{dataset}_{kind}.png"
             draw(doc, dataset, path)
             written.append(path)
     return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite report.md and the plots from a results.json: python -m backend.report PATH/results.json"""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m backend.report RESULTS_JSON")
+        return 2
+    path = Path(args[0])
+    for written in write_report(json.loads(path.read_text(encoding="utf-8")), path.parent):
+        print(written)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
