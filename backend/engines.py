@@ -160,12 +160,16 @@ def build_launch(
     if engine not in ("vllm", "vllm-cpu"):
         raise ConfigError(f"Engine {engine!r} cannot be started by this app.", "Use vllm or vllm-cpu.")
     flags = flags or effective_flags(cfg, choose_profile(cfg, engine))
+    # On a GPU the `serve` entry point: only it runs --data-parallel-size and --api-server-count.
+    # vllm-cpu's `serve` fails on its own package name (vllm-cpu, not vllm): it gets the API server module.
+    if engine == "vllm":
+        entry = ["vllm.entrypoints.cli.main", "serve", model]
+    else:
+        entry = ["vllm.entrypoints.openai.api_server", "--model", model]
     argv = [
         python or engine_python(cfg),
         "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
+        *entry,
         "--served-model-name",
         cfg.model.served_name,
         "--host",

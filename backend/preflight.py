@@ -35,7 +35,7 @@ VLLM_ENGINES = frozenset({"vllm", "vllm-cpu"})
 def engine_args(spec: LaunchSpec) -> list[str]:
     """The flags part of the engine's argv: after `python -m module` (vLLM) or `trtllm-serve MODEL`."""
     if spec.engine in VLLM_ENGINES:
-        return spec.argv[3:]
+        return spec.argv[5:] if spec.argv[3:4] == ["serve"] else spec.argv[3:]
     return spec.argv[2:]
 
 

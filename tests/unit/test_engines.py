@@ -28,6 +28,7 @@ def test_gpu_launch_uses_gpu_profile() -> None:
     cfg = load_config(environ={})
     spec = build_launch(cfg, "vllm", "org/model", 8000, "k", python="/py")
     argv = spec.argv
+    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/model"], "the GPU engine runs `vllm serve`"
     share = cfg.profiles["gpu"].gpu_memory_utilization
     assert share is not None and argv[argv.index("--gpu-memory-utilization") + 1] == str(share)
     assert "--enforce-eager" not in argv
