@@ -6,7 +6,7 @@ VENV := .venv
 ENGINE_VENV := .venv-engine
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: run setup test lint unit integration browser-deps clean
+.PHONY: run setup test lint unit integration browser-deps bench-cpu doctor clean
 
 ## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
 run: setup
@@ -51,6 +51,17 @@ browser-deps:
 	@command -v chromium >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "Chromium is missing: sudo apt-get install chromium"; exit 1; fi; }
+
+## bench-cpu: the committed CPU benchmark (ERNIE-4.5-0.3B architecture, random weights): ~15 min, quiet machine
+bench-cpu: setup
+	$(ENGINE_VENV)/bin/python scripts/make_tiny_ernie.py .cache/test-models/ernie-0.3b-arch --arch 0.3b
+	ERNIE_MODEL__ID=$(CURDIR)/.cache/test-models/ernie-0.3b-arch ERNIE_MODEL__LOAD_FORMAT=dummy \
+	  $(VENV)/bin/python -m backend bench --name cpu-ernie-0.3b --concurrency 1,2,4,8 --rounds 2 \
+	  --input-len 256 --output-len 128 --app-concurrency 1,8 --hf-threads 1
+
+## doctor: explain what is wrong with a running app and its engine
+doctor: $(VENV)/.installed
+	$(VENV)/bin/python -m backend doctor
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .cache .data .files .pytest_cache .ruff_cache .mypy_cache
