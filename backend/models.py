@@ -109,7 +109,12 @@ def resolve_model(cfg: AppConfig, python: str) -> ResolvedModel:
                 "Point model.id at a folder holding the model's config.json, weights and tokenizer.",
             )
         return ResolvedModel(str(local))
-    if wanted.startswith(("/", ".", "~")) or wanted.count("/") != 1:
+    if wanted.startswith(("/", ".", "~")):
+        raise ModelNotFoundError(
+            f"Model folder {local} does not exist.",
+            "Copy the model there, or point model.id (ERNIE_MODEL__ID) at the folder that holds it.",
+        )
+    if wanted.count("/") != 1:
         raise ModelNotFoundError(
             f"Model {wanted!r} is neither an existing folder nor a hub id (owner/name).",
             "Check model.id in config/backend.yaml (or ERNIE_MODEL__ID).",

