@@ -135,6 +135,41 @@ async def test_chinese_browser_gets_chinese_messages(app: App, browser) -> None:
     await page.wait_for_selector(f"{REPLY} >> text=模板：default", timeout=120_000)
 
 
+USER = '.step[data-step-type="user_message"]'
+
+
+async def test_user_text_is_never_rendered_as_html(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+    page = await open_chat(browser, app, "en-US")
+    before = await page.locator(REPLY).count()
+    await send(page, "<b id=injected>bold</b> <img id=injected-img src=x onerror=alert(1)>")
+    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
+    assert await page.locator("#injected, #injected-img").count() == 0
+    assert "<b id=injected>bold</b>" in await page.locator(USER).last.inner_text()
+
+
+async def test_megabyte_message_gets_a_clear_answer(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+    page = await open_chat(browser, app, "en-US")
+    await page.click("#chat-input")
+    await page.keyboard.insert_text("长" * 1_000_000)
+    await page.keyboard.press("Enter")
+    await page.wait_for_selector(f"{REPLY} >> text=at most 200000 are accepted", timeout=60_000)
+    before = await page.locator(REPLY).count()
+    await send(page, "Hello")  # the chat still works
+    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
+
+
+async def test_stop_at_once_then_chat_goes_on(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+    page = await open_chat(browser, app, "en-US")
+    await send(page, "Write a long poem about the sea.")
+    await page.click("#stop-button", timeout=10_000)  # as soon as it shows, before or at the first token
+    await page.wait_for_selector("#chat-submit", timeout=10_000)
+    assert await page.locator('.step[data-step-type="assistant_message"] >> text=⚠').count() == 0
+    before = await page.locator(REPLY).count()
+    await send(page, "What is the capital of France?")
+    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
+    assert engine_gauge(app.health()["engine"]["base_url"], "vllm:num_requests_running") == 0
+
+
 def test_app_shutdown_leaves_no_engine_behind(app: App) -> None:
     engine_pid = app.health()["engine"]["pid"]
     assert engine_pid and group_alive(engine_pid)
