@@ -9,6 +9,7 @@ COMMANDS = {
     "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
     "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
     "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
+    "convert-gguf": ("backend.gguf_cache", "convert a model folder to GGUF for llama.cpp now (cached)"),
 }
 
 
