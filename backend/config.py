@@ -20,7 +20,7 @@ ENV_PREFIX = "ERNIE_"
 ENV_CONFIG_PATH = "ERNIE_CONFIG"
 ENV_SEPARATOR = "__"
 
-EngineName = Literal["auto", "vllm", "vllm-cpu", "external", "trtllm"]
+EngineName = Literal["auto", "vllm", "vllm-cpu", "llama.cpp", "external", "trtllm"]
 
 
 class _Strict(BaseModel):
@@ -146,6 +146,21 @@ class TrtllmSettings(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class LlamaCppSettings(_Strict):
+    """The llama.cpp engine (llama-cpp-python's server): which GGUF file and how to run it."""
+
+    gguf: str | None = None
+    quantization: Literal["bf16", "q8_0", "q4_k_m"] = "q8_0"
+    n_ctx: int = Field(4096, ge=256, le=131072)
+    threads: int = Field(0, ge=0, le=1024)
+    threads_batch: int = Field(0, ge=0, le=1024)
+    n_batch: int = Field(512, ge=32, le=8192)
+    flash_attn: bool = False
+    chat_format: str | None = None
+    python: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -156,6 +171,7 @@ class AppConfig(_Strict):
     paths: PathSettings = Field(default_factory=PathSettings)
     profiles: dict[str, EngineFlags] = Field(default_factory=dict)
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
+    llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
 
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:

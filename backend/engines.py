@@ -47,6 +47,7 @@ class LaunchSpec:
     api_key: str
     flags: EngineFlags = field(default_factory=EngineFlags)
     url: str | None = None  # set for an external server; else derived from host and port
+    health_path: str = "/health"  # a GET that answers 200 while the server is alive
 
     @property
     def base_url(self) -> str:

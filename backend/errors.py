@@ -31,6 +31,10 @@ class ModelNotFoundError(ServiceError):
     key = "error.model"
 
 
+class ModelConversionError(ModelNotFoundError):
+    """The model could not be converted to the format the engine needs (GGUF for llama.cpp)."""
+
+
 class EngineNotInstalledError(ServiceError):
     """The chosen engine's program or Python package is missing."""
 

@@ -17,6 +17,8 @@ from backend.engines import (
     external_launch,
 )
 from backend.hardware import detect_gpus
+from backend.llamacpp import ENGINE as LLAMACPP
+from backend.llamacpp import llamacpp_flags, prepare_launch
 from backend.models import ResolvedModel, resolve_model
 from backend.preflight import check_launch
 from backend.supervisor import Supervisor, free_port, new_api_key
@@ -35,7 +37,7 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
     gpus = detect_gpus()
     engine = choose_engine(cfg, gpus)
     profile = choose_profile(cfg, engine, gpus)
-    flags = effective_flags(cfg, profile)
+    flags = llamacpp_flags(cfg) if engine == LLAMACPP else effective_flags(cfg, profile)
     port = cfg.server.port or free_port(cfg.server.host)
     endpoint = Endpoint(f"http://{cfg.server.host}:{port}", api_key, cfg.model.served_name)
     log.info("Engine %s, profile %s, serving on %s", engine, profile, endpoint.base_url)
@@ -44,6 +46,8 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
     def prepare() -> LaunchSpec:
         # Runs in a worker thread at each start attempt; once the model is resolved it stays resolved,
         # and a failure here (engine not installed, no model) is retried with the next attempt.
+        if engine == LLAMACPP:
+            return prepare_launch(cfg, port, api_key, resolved, note=lambda t: setattr(supervisor.status, "note", t))
         python = engine_python(cfg)
         if engine == "trtllm":
             check_trtllm_installed(python)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -98,8 +99,12 @@ def prepare_demo_model(cfg: AppConfig, python: str) -> Path:
     return target
 
 
-def resolve_model(cfg: AppConfig, python: str) -> ResolvedModel:
-    """Decide what the engine serves: the configured model when it can be had, else the demo model."""
+def resolve_model(
+    cfg: AppConfig, python: str, prepare_demo: Callable[[AppConfig, str], Path] | None = None
+) -> ResolvedModel:
+    """Decide what the engine serves: the configured model when it can be had, else the demo model.
+
+    `prepare_demo` makes the demo model in the engine's format (default: a safetensors folder for vLLM)."""
     wanted = cfg.model.id
     local = Path(wanted).expanduser()
     if local.exists():
@@ -131,7 +136,7 @@ def resolve_model(cfg: AppConfig, python: str) -> ResolvedModel:
             "Download it on a machine with access (huggingface-cli download "
             f"{wanted} --local-dir DIR), copy DIR here and set model.id to DIR; or set model.fallback: demo.",
         )
-    folder = prepare_demo_model(cfg, python)
+    folder = (prepare_demo or prepare_demo_model)(cfg, python)
     note = f"{reason} Serving the offline demo model {DEMO_NAME} instead."
     log.warning(note)
     return ResolvedModel(str(folder), is_demo=True, note=note)

@@ -347,7 +347,7 @@ class Supervisor:
                         exit_code=code,
                         log_tail=process.tail() if process else "",
                     )
-                if await self._is_ready(http, headers, spec.served_name):
+                if await self._is_ready(http, headers, spec.served_name, spec.health_path):
                     break
                 if time.monotonic() > deadline:
                     raise EngineStartError(
@@ -360,9 +360,11 @@ class Supervisor:
         self._set(State.READY)
 
     @staticmethod
-    async def _is_ready(http: httpx.AsyncClient, headers: dict[str, str], served_name: str) -> bool:
+    async def _is_ready(
+        http: httpx.AsyncClient, headers: dict[str, str], served_name: str, health_path: str = "/health"
+    ) -> bool:
         try:
-            health = await http.get("/health")
+            health = await http.get(health_path)
             if health.status_code != 200:
                 return False
             models = await http.get("/v1/models", headers=headers)
@@ -385,7 +387,7 @@ class Supervisor:
                 if time.monotonic() < next_ping:
                     continue
                 try:
-                    ok = (await http.get("/health")).status_code == 200
+                    ok = (await http.get(self.spec.health_path)).status_code == 200
                 except httpx.HTTPError:
                     ok = False
                 next_ping = time.monotonic() + t.health_interval_s

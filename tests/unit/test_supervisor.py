@@ -60,7 +60,7 @@ def alive(pid: int) -> bool:
 async def test_ready_then_stop_leaves_no_process(tmp_path: Path) -> None:
     sup, _ = make(tmp_path, "--ready-after", "0.5", "--spawn-child")
     sup.start_background()
-    assert await sup.wait_ready(15)
+    assert await sup.wait_ready(40)
     pid = sup.status.pid
     assert pid and alive(pid)
     log = sup.log_path.read_text()
@@ -75,7 +75,7 @@ async def test_exit_during_startup_is_reported_at_once_with_code_and_tail(tmp_pa
     sup, _ = make(tmp_path, "--exit-at-start", "3", ERNIE_RESTART__MAX_ATTEMPTS="2")
     started = time.monotonic()
     sup.start_background()
-    assert not await sup.wait_ready(15)
+    assert not await sup.wait_ready(40)
     assert time.monotonic() - started < 10, "a dead child must not wait for the start-up timeout"
     st = sup.status
     assert st.state == State.FAILED and st.attempt == 2
@@ -91,7 +91,7 @@ async def test_fixing_the_cause_and_retrying_works(tmp_path: Path) -> None:
     assert sup.status.state == State.FAILED
     set_args([])
     sup.request_retry()
-    assert await sup.wait_ready(15)
+    assert await sup.wait_ready(40)
     await sup.stop()
 
 
@@ -111,7 +111,7 @@ async def test_port_in_use_is_explained(tmp_path: Path) -> None:
 async def test_killed_engine_is_restarted(tmp_path: Path) -> None:
     sup, _ = make(tmp_path)
     sup.start_background()
-    assert await sup.wait_ready(15)
+    assert await sup.wait_ready(40)
     first = sup.status.pid
     assert first is not None
     os.killpg(first, signal.SIGKILL)
@@ -126,7 +126,7 @@ async def test_killed_engine_is_restarted(tmp_path: Path) -> None:
 async def test_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
     sup, _ = make(tmp_path)
     sup.start_background()
-    assert await sup.wait_ready(15)
+    assert await sup.wait_ready(40)
     first = sup.status.pid
     assert first is not None
     os.kill(first, signal.SIGSTOP)
@@ -143,7 +143,7 @@ async def test_crash_loop_gives_up(tmp_path: Path, sig: int) -> None:
     sup, _ = make(tmp_path, ERNIE_RESTART__MAX_ATTEMPTS="2", ERNIE_RESTART__STABLE_AFTER_S="60")
     sup.start_background()
     for _ in range(2):
-        assert await sup.wait_ready(15)
+        assert await sup.wait_ready(40)
         pid = sup.status.pid
         assert pid is not None
         os.killpg(pid, sig)
