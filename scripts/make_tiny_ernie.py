@@ -129,9 +129,6 @@ def main(out: Path, arch: str) -> None:
         "initializer_range": 0.02,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|end_of_sentence|>"]]})
-    )
     if not real:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -139,6 +136,10 @@ def main(out: Path, arch: str) -> None:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
         model.save_pretrained(out)
+    # after save_pretrained, which writes its own generation_config.json with one end token only
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|end_of_sentence|>"]]})
+    )
     print(f"wrote {out}")
 
 
