@@ -57,6 +57,34 @@ TINY = {
 }
 
 
+def model_config(shape: dict, ids: dict, real: bool) -> dict:
+    """config.json of an Ernie4_5ForCausalLM with `shape` (TINY or REAL_03B) and these special token ids."""
+    return {
+        "architectures": ["Ernie4_5ForCausalLM"],
+        "model_type": "ernie4_5",
+        **shape,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072 if real else 16384,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-05,
+        "use_bias": False,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "bos_token_id": ids["<s>"],
+        "eos_token_id": ids["</s>"],
+        "pad_token_id": ids["<unk>"],
+        "initializer_range": 0.02,
+    }
+
+
+def write_generation_config(out: Path, ids: dict) -> None:
+    """Both end tokens; call after save_pretrained, which writes its own file with one end token only."""
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|end_of_sentence|>"]]})
+    )
+
+
 def build_tokenizer(vocab_size: int | None):
     """Train a byte-level BPE on the built-in corpus; pad to `vocab_size` ids when given."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -111,23 +139,7 @@ def main(out: Path, arch: str) -> None:
         )
     )
     shape = REAL_03B if real else {**TINY, "vocab_size": tok.get_vocab_size(with_added_tokens=True)}
-    config = {
-        "architectures": ["Ernie4_5ForCausalLM"],
-        "model_type": "ernie4_5",
-        **shape,
-        "hidden_act": "silu",
-        "max_position_embeddings": 131072 if real else 16384,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-05,
-        "use_bias": False,
-        "tie_word_embeddings": True,
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-        "bos_token_id": ids["<s>"],
-        "eos_token_id": ids["</s>"],
-        "pad_token_id": ids["<unk>"],
-        "initializer_range": 0.02,
-    }
+    config = model_config(shape, ids, real)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     if not real:
         import torch
@@ -136,10 +148,7 @@ def main(out: Path, arch: str) -> None:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
         model.save_pretrained(out)
-    # after save_pretrained, which writes its own generation_config.json with one end token only
-    (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|end_of_sentence|>"]]})
-    )
+    write_generation_config(out, ids)
     print(f"wrote {out}")
 
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_ernie import CHAT_TEMPLATE, CORPUS, REAL_03B, TINY
+from make_tiny_ernie import CHAT_TEMPLATE, CORPUS, REAL_03B, TINY, model_config, write_generation_config
 
 USER_SYMBOLS = ["<|begin_of_sentence|>", "<|end_of_sentence|>", "<mask:0>", "<mask:1>"]
 
@@ -81,23 +81,8 @@ def main(out: Path, arch: str, seed: int) -> None:
     )
     real = arch == "0.3b"
     shape = REAL_03B if real else {**TINY, "vocab_size": sp.vocab_size()}  # type: ignore[attr-defined]
-    config = {
-        "architectures": ["Ernie4_5ForCausalLM"],
-        "model_type": "ernie4_5",
-        **shape,
-        "hidden_act": "silu",
-        "max_position_embeddings": 131072 if real else 4096,
-        "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-05,
-        "use_bias": False,
-        "tie_word_embeddings": True,
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-        "bos_token_id": ids["<s>"],
-        "eos_token_id": ids["</s>"],
-        "pad_token_id": ids["<unk>"],
-        "initializer_range": 0.02,
-    }
+    config = model_config(shape, ids, real)
+    config["max_position_embeddings"] = 131072 if real else 4096
     (out / "config.json").write_text(json.dumps(config, indent=2))
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -105,10 +90,7 @@ def main(out: Path, arch: str, seed: int) -> None:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
     model.save_pretrained(out)
-    # After saving: save_pretrained writes its own generation_config.json with one end token.
-    (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": ids["<s>"], "eos_token_id": [ids["</s>"], ids["<|end_of_sentence|>"]]})
-    )
+    write_generation_config(out, ids)
     print(f"wrote {out}")
 
 
