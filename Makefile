@@ -6,7 +6,7 @@ VENV := .venv
 ENGINE_VENV := .venv-engine
 PIP_FLAGS ?= --disable-pip-version-check -q
 
-.PHONY: run setup test lint unit integration browser-deps clean
+.PHONY: run setup test lint unit integration browser-deps clean add-user
 
 ## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
 run: setup
@@ -45,6 +45,10 @@ unit: $(VENV)/.installed
 
 integration: setup
 	$(VENV)/bin/python -m pytest -m "integration and not browser"
+
+## add-user: add a login user or change a password: make add-user NAME=alice (docs/accounts.md)
+add-user: $(VENV)/.installed
+	$(VENV)/bin/python -m backend add-user $(NAME)
 
 ## browser-deps: Debian's Chromium for the browser tests (never a downloaded browser build)
 browser-deps:

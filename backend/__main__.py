@@ -9,6 +9,7 @@ COMMANDS = {
     "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
     "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
     "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
+    "add-user": ("backend.accounts", "add a login user or change a password (see docs/accounts.md)"),
 }
 
 

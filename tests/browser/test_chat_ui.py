@@ -181,9 +181,13 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: App, browser
     deadline = time.monotonic() + 5
     running = None
     while time.monotonic() < deadline:
-        metrics = urllib.request.urlopen(engine + "/metrics", timeout=5).read().decode()
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(engine + "/metrics", timeout=5).read().decode()
+        )
         running = sum(
-            float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("vllm:num_requests_running{")
         )
         if running == 0:
             break
