@@ -251,7 +251,7 @@ def setup_login(cfg: AppConfig | None = None) -> Accounts | None:
         return None
     ensure_auth_secret(cfg.paths.data)
     accounts = Accounts.from_config(cfg)
-    log.info("Login enabled: %d users (%s).", len(accounts.names()), accounts.users_file)
+    log.info("Login enabled; users: %d (%s and ERNIE_AUTH__USERS).", len(accounts.names()), accounts.users_file)
     return accounts
 
 

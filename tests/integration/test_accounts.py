@@ -173,3 +173,32 @@ async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Si
             left = db.execute('SELECT COUNT(*) FROM steps WHERE "threadId" = ?', (site.alice_thread,)).fetchone()
         assert left == (0,)
     assert "conversation database" not in site.app.log_text(), "no storage errors"
+
+
+async def test_damaged_database_leaves_a_working_chat_without_history(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if POSTGRES_URL:
+        pytest.skip("an SQLite file is damaged here")
+    root = tmp_path_factory.mktemp("damaged")
+    users = root / "users.yaml"
+    write_users_file(users, {"alice": hash_password(PASSWORDS["alice"])})
+    (root / "data").mkdir()
+    (root / "data" / "chat.db").write_bytes(b"\x00garbage, not an SQLite file\n" * 200)
+    app = start_app(login_env(root / "data", tiny_model, users), root / "app.log")
+    try:
+        await asyncio.to_thread(app.wait_ready)
+        assert "is damaged" in app.log_text() and "Conversations are not saved" in app.log_text()
+        alice = await login(app.url, "alice", PASSWORDS["alice"])
+        chat = ChatSocket(app.url, alice)
+        await chat.connect()
+        assert "Template:" in await chat.ask("Hello?")
+        assert "Template:" in await chat.ask("Still there?")
+        told = [n for n in chat.notices() if "Conversation history is unavailable" in n]
+        assert len(told) == 1 and "chat.db" in told[0], chat.notices()
+        await chat.close()
+        assert (await alice.post("/project/threads", json=THREADS)).status_code == 400  # no history, no list
+        await alice.aclose()
+    finally:
+        app.stop()
+    assert (root / "data" / "chat.db").read_bytes().startswith(b"\x00garbage"), "the file is left for the owner"
