@@ -19,8 +19,8 @@ from backend.errors import ConfigError, InvalidInputError, PromptTooLongError, S
 from backend.i18n import t
 from backend.logs import setup_logging
 from backend.pacing import paced
+from backend.persistence import Persistence
 from backend.service import ChatService, UserSettings, clean_input
-from backend.storage import Persistence
 from backend.supervisor import State
 from backend.threads import TURN_KEY, history_from_thread, turn_metadata
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from backend.accounts import write_users_file
 from backend.passwords import hash_password
+from backend.users import write_users_file
 from tests.app_process import RunningApp, login_env, start_app
 from tests.chat_api import ChatSocket, login
 

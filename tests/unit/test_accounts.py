@@ -1,4 +1,4 @@
-"""Login accounts: the users file (errors name file and line), ERNIE_AUTH__USERS, the session secret, add-user."""
+"""Login: the users file (errors name file and line), ERNIE_AUTH__USERS, the session secret, add-user."""
 
 from __future__ import annotations
 
@@ -9,20 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.accounts import (
-    SECRET_ENV,
-    Accounts,
-    UsersFileError,
-    ensure_auth_secret,
-    main,
-    parse_users_env,
-    parse_users_file,
-    read_users_file,
-    setup_login,
-    write_users_file,
-)
+from backend.accounts import SECRET_ENV, Accounts, ensure_auth_secret, main, setup_login
 from backend.errors import ConfigError
 from backend.passwords import hash_password, verify_password
+from backend.users import UsersFileError, parse_users_env, parse_users_file, read_users_file, write_users_file
 from tests.conftest import MakeConfig
 
 HASH = hash_password("alice-password")

@@ -16,8 +16,9 @@ from chainlit.types import Pagination, ThreadFilter
 from chainlit.user import User
 from sqlalchemy import text
 
+from backend.persistence import Persistence, database_url
 from backend.schema import LATEST, TABLES, VERSION_TABLE, create_tables
-from backend.storage import HistoryStore, Persistence, StorageError, database_url, redact
+from backend.storage import HistoryStore, StorageError, redact
 from backend.threads import history_from_thread, turn_metadata
 from tests.conftest import MakeConfig
 
