@@ -8,7 +8,7 @@ PIP_FLAGS ?= --disable-pip-version-check -q
 # For an image meant for other CPUs: -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: run setup test lint unit integration browser-deps bench-cpu doctor clean
+.PHONY: run setup test lint unit integration browser-deps bench-cpu doctor add-user clean
 
 ## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
 run: setup
@@ -49,6 +49,10 @@ unit: $(VENV)/.installed
 
 integration: setup
 	$(VENV)/bin/python -m pytest -m "integration and not browser"
+
+## add-user: add a login user or change a password: make add-user NAME=alice (docs/accounts.md)
+add-user: $(VENV)/.installed
+	$(VENV)/bin/python -m backend add-user $(NAME)
 
 ## browser-deps: Debian's Chromium for the browser tests (never a downloaded browser build)
 browser-deps:

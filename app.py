@@ -7,20 +7,42 @@ import logging
 import time
 
 import chainlit as cl
+from chainlit.data.base import BaseDataLayer
 from chainlit.input_widget import Select, Slider
+from chainlit.types import ThreadDict
+from chainlit.utils import utc_now
 
 from backend import metrics, web
+from backend.accounts import setup_login
 from backend.config import load_config
 from backend.errors import ConfigError, InvalidInputError, PromptTooLongError, ServiceError
 from backend.i18n import t
 from backend.logs import setup_logging
 from backend.pacing import paced
+from backend.persistence import Persistence
 from backend.service import ChatService, UserSettings, clean_input
 from backend.supervisor import State
+from backend.threads import TURN_KEY, history_from_thread, turn_metadata
 
 log = logging.getLogger("app")
 SERVICE: ChatService | None = None
 STARTUP_ERROR: ConfigError | None = None
+# Decided at import: Chainlit asks whether a login page is needed right after importing this file.
+ACCOUNTS = setup_login()
+PERSISTENCE = Persistence()
+
+if ACCOUNTS is not None:
+
+    @cl.password_auth_callback
+    async def password_login(username: str, password: str) -> cl.User | None:
+        assert ACCOUNTS is not None
+        name = await ACCOUNTS.login(username, password)
+        return cl.User(identifier=name, metadata={"provider": "password"}) if name else None
+
+
+@cl.data_layer
+def data_layer() -> BaseDataLayer | None:
+    return PERSISTENCE.layer()  # None (no history) until startup opened the database, or if it failed
 
 
 def _lang() -> str:
@@ -41,6 +63,7 @@ async def startup() -> None:
         STARTUP_ERROR = exc
         log.error("%s", exc)
         return
+    await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
     web.install_routes(SERVICE)
     metrics.watch(SERVICE.supervisor)
     SERVICE.start()
@@ -60,24 +83,47 @@ async def chat_start() -> None:
     if SERVICE is None:
         await _say(t("error", _lang(), error=STARTUP_ERROR))
         return
-    cfg, lang = SERVICE.cfg, _lang()
-    cl.user_session.set("settings", UserSettings.defaults(cfg))
+    cl.user_session.set("settings", UserSettings.defaults(SERVICE.cfg))
+    cl.user_session.set("storage_mark", PERSISTENCE.mark())
+    await _send_settings()
+    if SERVICE.supervisor.status.note:
+        await _say(t("demo", _lang(), note=SERVICE.supervisor.status.note))
+    await _show_template_problems()
+    await _show_storage_problem()
+
+
+@cl.on_chat_resume
+async def chat_resume(thread: ThreadDict) -> None:
+    cl.user_session.set("history", history_from_thread(thread))
+    if SERVICE is None:
+        await _say(t("error", _lang(), error=STARTUP_ERROR))
+        return
+    settings = UserSettings.defaults(SERVICE.cfg)
+    settings.update(cl.context.session.chat_settings or {}, SERVICE.cfg)
+    cl.user_session.set("settings", settings)
+    cl.user_session.set("storage_mark", PERSISTENCE.mark())
+    await _send_settings()
+
+
+async def _send_settings() -> None:
+    assert SERVICE is not None
+    lang, settings = _lang(), cl.user_session.get("settings")
     names = ["auto", *SERVICE.templates.names()]
     await cl.ChatSettings(
         [
             Slider(
                 id="temperature",
                 label=t("setting_temperature", lang),
-                initial=cfg.chat.temperature,
+                initial=settings.temperature,
                 min=0,
                 max=2,
                 step=0.05,
             ),
-            Slider(id="top_p", label=t("setting_top_p", lang), initial=cfg.chat.top_p, min=0.05, max=1, step=0.05),
+            Slider(id="top_p", label=t("setting_top_p", lang), initial=settings.top_p, min=0.05, max=1, step=0.05),
             Slider(
                 id="max_tokens",
                 label=t("setting_max_tokens", lang),
-                initial=cfg.chat.max_tokens,
+                initial=settings.max_tokens,
                 min=16,
                 max=4096,
                 step=16,
@@ -86,14 +132,11 @@ async def chat_start() -> None:
                 id="template",
                 label=t("setting_template", lang),
                 values=names,
-                initial_value="auto",
+                initial_value=settings.template if settings.template in names else "auto",
                 description=t("template_auto", lang),
             ),
         ]
     ).send()
-    if SERVICE.supervisor.status.note:
-        await _say(t("demo", lang, note=SERVICE.supervisor.status.note))
-    await _show_template_problems()
 
 
 @cl.on_chat_end
@@ -114,6 +157,13 @@ async def _show_template_problems() -> None:
     if problems and problems != seen:
         await _say(t("template_problems", _lang()) + "\n" + "\n".join(f"- {p}" for p in problems))
     cl.user_session.set("template_problems", problems)
+
+
+async def _show_storage_problem() -> None:
+    """Tell the user once when conversations cannot be saved (the chat goes on without history)."""
+    problem = PERSISTENCE.news(cl.user_session.get("storage_mark"))
+    if problem is not None:
+        await _say(t("storage_failed", _lang(), error=problem))
 
 
 async def _wait_for_engine() -> bool:
@@ -181,7 +231,8 @@ async def _answer(message: cl.Message) -> None:
     if request.dropped:
         await _say(t("trimmed", lang, dropped=request.dropped))
 
-    reply = cl.Message(content="")
+    # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
+    reply = cl.Message(content="", created_at=utc_now())
     parts: list[str] = []
     ending = ""
     failure: BaseException | None = None
@@ -201,9 +252,10 @@ async def _answer(message: cl.Message) -> None:
     text_out = "".join(parts)
     footer = f"\n\n*{t('template_used', lang, name=request.template)} · {request.reason}*"
     reply.content = text_out + (f"\n\n{ending}" if ending else "") + footer
+    if text_out:
+        # The turn as the model saw it: a resumed thread rebuilds the history from these.
+        reply.metadata = turn_metadata(request.user_text, text_out)
     await (reply.update() if parts else reply.send())
     if text_out:
-        history += [
-            {"role": "user", "content": request.user_text},
-            {"role": "assistant", "content": text_out},
-        ]
+        history += reply.metadata[TURN_KEY]
+    await _show_storage_problem()

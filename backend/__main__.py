@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": ("backend.benchmark", "benchmark latency/throughput against concurrency, HF baseline, app overhead"),
     "doctor": ("backend.doctor", "check the app, the engine, its metrics and its log; explain known failures"),
     "convert-gguf": ("backend.gguf_cache", "convert a model folder to GGUF for llama.cpp now (cached)"),
+    "add-user": ("backend.accounts", "add a login user or change a password (see docs/accounts.md)"),
 }
 
 

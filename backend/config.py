@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from backend.errors import ConfigError
 
@@ -161,6 +161,23 @@ class LlamaCppSettings(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class AuthSettings(_Strict):
+    """Login with a password (docs/accounts.md); users come from the users file and ERNIE_AUTH__USERS."""
+
+    enabled: bool = False
+    users_file: str = "config/users.yaml"
+    # "name:hash,name:hash" with hashes from `python -m backend add-user NAME --print`; wins over the file.
+    users: SecretStr | None = None
+
+
+class StorageSettings(_Strict):
+    """Where conversations are kept (only with login: Chainlit lists and resumes threads per user)."""
+
+    enabled: bool = True
+    # Empty: SQLite in paths.data_dir/chat.db. Several app instances: postgresql+asyncpg://user:pw@host/db
+    database_url: SecretStr | None = None
+
+
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -172,6 +189,8 @@ class AppConfig(_Strict):
     profiles: dict[str, EngineFlags] = Field(default_factory=dict)
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
 
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:

@@ -58,6 +58,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "⚠️ Some prompt templates have problems (the last good version stays in use):",
         "zh": "⚠️ 部分提示模板有错误（继续使用上一个正确的版本）：",
     },
+    "storage_failed": {
+        "en": "⚠️ Conversation history is unavailable: {error} The chat still works, but is not being saved.",
+        "zh": "⚠️ 对话历史暂不可用：{error} 仍可正常聊天，但本次对话不会被保存。",
+    },
     "setting_temperature": {"en": "Temperature", "zh": "温度（temperature）"},
     "setting_top_p": {"en": "Top P", "zh": "Top P（核采样）"},
     "setting_max_tokens": {"en": "Max tokens", "zh": "最大生成长度（max tokens）"},

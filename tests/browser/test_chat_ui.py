@@ -117,7 +117,7 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: App, browser
     deadline = time.monotonic() + 5
     running = None
     while time.monotonic() < deadline:
-        running = engine_gauge(engine, "vllm:num_requests_running")
+        running = await asyncio.to_thread(engine_gauge, engine, "vllm:num_requests_running")
         if running == 0:
             break
         await asyncio.sleep(0.2)
@@ -167,7 +167,8 @@ async def test_stop_at_once_then_chat_goes_on(app: App, browser) -> None:  # typ
     before = await page.locator(REPLY).count()
     await send(page, "What is the capital of France?")
     await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
-    assert engine_gauge(app.health()["engine"]["base_url"], "vllm:num_requests_running") == 0
+    running = await asyncio.to_thread(engine_gauge, app.health()["engine"]["base_url"], "vllm:num_requests_running")
+    assert running == 0
 
 
 def test_app_shutdown_leaves_no_engine_behind(app: App) -> None:

