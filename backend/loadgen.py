@@ -94,7 +94,7 @@ class RawSender:
         start = time.perf_counter()
         last = start
         first = True
-        text_chunks = 0
+        token_chunks = 0
         try:
             async with self.http.stream("POST", self.url, json=body, headers=self.headers) as resp:
                 if resp.status_code != 200:
@@ -119,8 +119,9 @@ class RawSender:
                             first = False
                         else:
                             result.itl.append(now - last)
+                        if content is not None:
+                            token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)
                         if content:
-                            text_chunks += 1
                             if result.first_text is None:
                                 result.first_text = now - start
                         last = now
@@ -136,7 +137,7 @@ class RawSender:
         result.success = True
         result.latency = last - start
         if not result.output_tokens:
-            result.output_tokens = text_chunks  # a server without usage counts: one token per chunk
+            result.output_tokens = token_chunks  # a server without usage counts: one token per chunk
         return result
 
 
