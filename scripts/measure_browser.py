@@ -14,21 +14,14 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-REPLY = '.step[data-step-type="assistant_message"] .message-content'
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY
+
 PROMPTS = [
     "Tell me a story about a small robot who learns to paint.",
     "What are three good habits for learning a new language? Explain each one.",
@@ -63,7 +56,7 @@ async def measure(url: str, runs: int) -> list[dict]:
 
     results = []
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = await browser.new_page()
         await page.goto(url)
         await page.wait_for_selector("#chat-input", timeout=60_000)

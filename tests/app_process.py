@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,20 @@ from pathlib import Path
 
 from backend.config import ROOT
 from backend.supervisor import free_port
+
+# Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPLY = '.step[data-step-type="assistant_message"] .message-content'
 
 
 def get_json(url: str) -> tuple[int, dict]:
@@ -41,59 +56,6 @@ def engine_gauge(base_url: str, name: str) -> float:
     """Sum of a metric from the engine's /metrics."""
     text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
-class App:
-    """A running `chainlit run app.py` child process."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
-
-    def health(self) -> dict:
-        return get_json(self.url + "/healthz")[1]
-
-    def wait_ready(self, timeout_s: float = 300) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("the app exited:\n" + self.log.read_text()[-3000:])
-            try:
-                if self.health()["status"] == "ok":
-                    return
-            except OSError:
-                pass
-            time.sleep(1)
-        raise AssertionError("the app's engine did not become ready:\n" + self.log.read_text()[-3000:])
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def start_app(data: Path, **overrides: str) -> App:
-    """Start the app with its data under `data`; `model__id="x"` sets ERNIE_MODEL__ID, `HF_HOME="y"` sets HF_HOME."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "ERNIE_PATHS__DATA_DIR": str(data),
-        "ERNIE_SERVER__PORT": "0",
-        "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
-        # lower-case keys are configuration keys (model__id); upper-case ones plain variables (HF_HOME)
-        **{(f"ERNIE_{k.upper()}" if k.islower() else k): v for k, v in overrides.items()},
-    }
-    log = data / "app.log"
-    data.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return App(proc, f"http://127.0.0.1:{port}", log)
 
 
 class RunningApp:
@@ -141,10 +103,15 @@ class RunningApp:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the app and anything it started in its group)."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.proc.wait()
 
 
 def launch_app(env: dict[str, str], log: Path, port: int | None = None) -> RunningApp:
@@ -162,6 +129,21 @@ def launch_app(env: dict[str, str], log: Path, port: int | None = None) -> Runni
             start_new_session=True,
         )
     return RunningApp(proc, f"http://127.0.0.1:{port}", log)
+
+
+def start_app(data: Path, **overrides: str) -> RunningApp:
+    """Start the app with its data under `data`; `model__id="x"` sets ERNIE_MODEL__ID, `HF_HOME="y"` sets HF_HOME."""
+    data.mkdir(parents=True, exist_ok=True)
+    cache = os.environ.get("ERNIE_PATHS__CACHE_DIR")
+    env = {
+        "ERNIE_PATHS__DATA_DIR": str(data),
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
+        **({"ERNIE_PATHS__CACHE_DIR": cache} if cache else {}),
+        # lower-case keys are configuration keys (model__id); upper-case ones plain variables (HF_HOME)
+        **{(f"ERNIE_{k.upper()}" if k.islower() else k): v for k, v in overrides.items()},
+    }
+    return launch_app(env, data / "app.log")
 
 
 POSTGRES_URL = os.environ.get("ERNIE_TEST_POSTGRES_URL", "")

@@ -5,7 +5,6 @@ The app starts its own engine; with the hub out of reach it serves the offline d
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,26 +13,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.app_process import App, engine_gauge, group_alive, start_app
+from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY, RunningApp, engine_gauge, group_alive, start_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-REPLY = '.step[data-step-type="assistant_message"] .message-content'
-
 
 @pytest.fixture(scope="module")
-def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("app-data")
@@ -56,7 +42,7 @@ async def browser() -> AsyncIterator[object]:
         await browser.close()
 
 
-async def open_chat(browser, app: App, locale: str):  # type: ignore[no-untyped-def]
+async def open_chat(browser, app: RunningApp, locale: str):  # type: ignore[no-untyped-def]
     page = await (await browser.new_context(locale=locale)).new_page()
     await page.goto(app.url)
     await page.wait_for_selector("#chat-input", timeout=60_000)
@@ -71,7 +57,7 @@ async def send(page, text: str) -> None:  # type: ignore[no-untyped-def]
     await page.keyboard.press("Enter")
 
 
-async def test_reply_streams_token_by_token(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_reply_streams_token_by_token(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
     await send(page, "What is the capital of France?")
@@ -97,7 +83,7 @@ async def test_reply_streams_token_by_token(app: App, browser) -> None:  # type:
     await page.screenshot(path=str(app.log.parent / "chat.png"), full_page=True)
 
 
-async def test_stop_button_ends_the_reply_and_frees_the_engine(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
     await send(page, "Write a very long story about a robot who learns to paint.")
@@ -125,7 +111,7 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: App, browser
     assert await page.is_visible("#chat-input")
 
 
-async def test_chinese_browser_gets_chinese_messages(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_chinese_browser_gets_chinese_messages(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await (await browser.new_context(locale="zh-CN")).new_page()
     await page.goto(app.url)
     await page.wait_for_selector(f"{REPLY} >> text=离线演示模型", timeout=60_000)
@@ -138,7 +124,7 @@ async def test_chinese_browser_gets_chinese_messages(app: App, browser) -> None:
 USER = '.step[data-step-type="user_message"]'
 
 
-async def test_user_text_is_never_rendered_as_html(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_user_text_is_never_rendered_as_html(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
     await send(page, "<b id=injected>bold</b> <img id=injected-img src=x onerror=alert(1)>")
@@ -147,7 +133,7 @@ async def test_user_text_is_never_rendered_as_html(app: App, browser) -> None:  
     assert "<b id=injected>bold</b>" in await page.locator(USER).last.inner_text()
 
 
-async def test_megabyte_message_gets_a_clear_answer(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_megabyte_message_gets_a_clear_answer(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     await page.click("#chat-input")
     await page.keyboard.insert_text("长" * 1_000_000)
@@ -158,7 +144,7 @@ async def test_megabyte_message_gets_a_clear_answer(app: App, browser) -> None: 
     await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
 
 
-async def test_stop_at_once_then_chat_goes_on(app: App, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_stop_at_once_then_chat_goes_on(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     await send(page, "Write a long poem about the sea.")
     await page.click("#stop-button", timeout=10_000)  # as soon as it shows, before or at the first token
@@ -171,7 +157,7 @@ async def test_stop_at_once_then_chat_goes_on(app: App, browser) -> None:  # typ
     assert running == 0
 
 
-def test_app_shutdown_leaves_no_engine_behind(app: App) -> None:
+def test_app_shutdown_leaves_no_engine_behind(app: RunningApp) -> None:
     engine_pid = app.health()["engine"]["pid"]
     assert engine_pid and group_alive(engine_pid)
     app.proc.send_signal(signal.SIGINT)

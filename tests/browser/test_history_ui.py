@@ -4,7 +4,6 @@ the sidebar and go on with the model seeing the earlier turn; another user does 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,23 +12,11 @@ import pytest_asyncio
 
 from backend.passwords import hash_password
 from backend.users import write_users_file
-from tests.app_process import RunningApp, launch_app, login_env
+from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY, RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-REPLY = '.step[data-step-type="assistant_message"] .message-content'
 USER = '.step[data-step-type="user_message"]'
 READY = "#chat-settings-open-modal"  # the settings panel is the last thing a chat's start (or resume) sends
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
