@@ -201,7 +201,11 @@ async def _wait_for_engine() -> bool:
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
     # One reply at a time per chat: rapid repeated sends queue up instead of interleaving the history.
-    async with cl.user_session.get("turn_lock"):
+    lock = cl.user_session.get("turn_lock")
+    if lock is None:  # a resumed chat starts without on_chat_start
+        lock = asyncio.Lock()
+        cl.user_session.set("turn_lock", lock)
+    async with lock:
         await _answer(message)
 
 
