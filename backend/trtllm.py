@@ -21,6 +21,7 @@ from pathlib import Path
 
 from backend.compat import ModelInfo
 from backend.config import ROOT, AppConfig, EngineFlags
+from backend.engine_options import has_package
 from backend.errors import ConfigError, EngineNotInstalledError, ServiceError
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,10 @@ def find_tool(python: str, name: str) -> str | None:
 
 def check_trtllm_installed(python: str) -> str:
     """Return trtllm-serve's path; raise EngineNotInstalledError when TensorRT-LLM is missing for `python`."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorrt_llm') is None)"
-    try:
-        has_package = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        has_package = False
+    installed = has_package(python, "tensorrt_llm")
     serve = find_tool(python, SERVE)
-    if not has_package or serve is None:
-        missing = "the tensorrt_llm package" if not has_package else f"the {SERVE} command"
+    if not installed or serve is None:
+        missing = "the tensorrt_llm package" if not installed else f"the {SERVE} command"
         raise EngineNotInstalledError(
             f"TensorRT-LLM is not installed for {python} ({missing} is missing), so engine trtllm cannot start.",
             "Install TensorRT-LLM on a machine with an NVIDIA GPU (pip install tensorrt-llm, or NVIDIA's "

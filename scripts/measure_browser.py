@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY
+from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY, engine_gauge
 
 PROMPTS = [
     "Tell me a story about a small robot who learns to paint.",
@@ -45,10 +45,7 @@ OBSERVER = """([sel, n]) => {
 
 def engine_counter(app_url: str) -> float:
     health = json.load(urllib.request.urlopen(app_url + "/healthz", timeout=10))
-    text = urllib.request.urlopen(health["engine"]["base_url"] + "/metrics", timeout=10).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")
-    )
+    return engine_gauge(health["engine"]["base_url"], "vllm:generation_tokens_total")
 
 
 async def measure(url: str, runs: int) -> list[dict]:

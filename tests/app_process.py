@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from backend.config import ROOT
+from backend.promtext import sample_totals
 from backend.supervisor import free_port
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
@@ -55,7 +56,7 @@ def group_alive(pgid: int) -> list[int]:
 def engine_gauge(base_url: str, name: str) -> float:
     """Sum of a metric from the engine's /metrics."""
     text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sample_totals(text).get(name, 0.0)
 
 
 class RunningApp:
@@ -73,10 +74,7 @@ class RunningApp:
 
     def engine_metric(self, name: str) -> float:
         """Sum of one Prometheus metric of the app's engine."""
-        base = self.health()["engine"]["base_url"]
-        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+        return engine_gauge(self.health()["engine"]["base_url"], name)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
-from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY, RunningApp, engine_gauge, group_alive, start_app
+from tests.app_process import CHROMIUM, REPLY, RunningApp, engine_gauge, group_alive, start_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -30,16 +29,6 @@ def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield app
     finally:
         app.kill()
-
-
-@pytest_asyncio.fixture(scope="module")
-async def browser() -> AsyncIterator[object]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        await browser.close()
 
 
 async def open_chat(browser, app: RunningApp, locale: str):  # type: ignore[no-untyped-def]

@@ -4,15 +4,14 @@ the sidebar and go on with the model seeing the earlier turn; another user does 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from backend.passwords import hash_password
 from backend.users import write_users_file
-from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY, RunningApp, launch_app, login_env
+from tests.app_process import CHROMIUM, REPLY, RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -48,16 +47,6 @@ def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield site
     finally:
         site.app.stop()
-
-
-@pytest_asyncio.fixture(scope="module")
-async def browser() -> AsyncIterator[object]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        await browser.close()
 
 
 async def log_in(browser, site: Site, name: str):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from backend.errors import BackendError, PromptTooLongError
+from backend.promtext import sample_totals
 from backend.service import ChatService, UserSettings
 from backend.supervisor import State
 
@@ -22,7 +23,7 @@ async def engine_metric(service: ChatService, name: str) -> float:
     """Sum of a Prometheus metric from the engine's /metrics."""
     async with httpx.AsyncClient(trust_env=False) as http:
         text = (await http.get(service.endpoint.base_url + "/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sample_totals(text).get(name, 0.0)
 
 
 async def test_engine_is_ready_on_loopback_and_requires_the_key(tiny_service: ChatService) -> None:
