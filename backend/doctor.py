@@ -106,6 +106,12 @@ async def check_app(http: httpx.AsyncClient, url: str) -> Check:
     except (ValueError, KeyError, TypeError):
         return Check("app", FAIL, f"{url}/healthz answered {resp.status_code} without the app's health data.")
     restarts = f"{engine.get('restarts', 0)} restart(s)"
+    check = payload.get("check") or {}
+    if check:
+        fallbacks = check.get("fallbacks") or []
+        restarts += f"; serving {check.get('candidate')}, answer check {check.get('check')}"
+        if fallbacks:
+            restarts += f"; fell back after: {'; '.join(fallbacks)}"
     if resp.status_code == 200:
         return Check("app", OK, f"{url} is up; engine {engine.get('state')}, {restarts}.")
     return Check(

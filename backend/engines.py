@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend import trtllm
+from backend.canary import Weights
 from backend.config import ROOT, AppConfig, EngineFlags
 from backend.engine_options import has_package
 from backend.errors import ConfigError, EngineNotInstalledError
@@ -48,6 +50,14 @@ class LaunchSpec:
     flags: EngineFlags = field(default_factory=EngineFlags)
     url: str | None = None  # set for an external server; else derived from host and port
     health_path: str = "/health"  # a GET that answers 200 while the server is alive
+    cwd: str | None = None  # the child's working directory (None: the app's)
+    variant: str | None = None  # which of the engine's own alternatives runs (llama.cpp: the CPU kernels)
+    weights: Weights | None = None  # what the canary checks this engine against (None: no check)
+    build: str = ""  # identifies the engine's installed build, for the canary's verdict cache
+
+    def with_check(self, weights: Weights, build: str) -> LaunchSpec:
+        """This spec with what the canary checks it against."""
+        return dataclasses.replace(self, weights=weights, build=build)
 
     @property
     def base_url(self) -> str:
@@ -56,7 +66,9 @@ class LaunchSpec:
 
 
 def choose_engine(cfg: AppConfig, gpus: list[Gpu]) -> str:
-    """Return the engine to run: the configured one, or vllm with a GPU and vllm-cpu without."""
+    """The vLLM engine the profiles' flags are for: the configured one, or vllm with a GPU and vllm-cpu without.
+
+    Which engines the app actually tries (llama.cpp first on a CPU) is backend.launch.choose_engines."""
     if cfg.engine.name != "auto":
         return cfg.engine.name
     return "vllm" if gpus else "vllm-cpu"

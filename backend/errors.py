@@ -52,6 +52,12 @@ class EngineStartError(ServiceError):
         self.log_tail = log_tail
 
 
+class CanaryError(ServiceError):
+    """No way to run the engine on this machine gives answers that match the float32 reference."""
+
+    key = "error.canary"
+
+
 class BackendUnavailableError(ServiceError):
     """The engine is not ready (starting, restarting, or given up) when a reply is asked for."""
 

@@ -1,7 +1,8 @@
 """GGUF files for llama.cpp, made once: a Hugging Face folder converted and quantized, cached by source + quant.
 
-The conversion itself (backend.gguf_convert) runs in the engine's interpreter, which has gguf, torch
-and llama_cpp; this side picks the cache file, runs it when the file is missing and reports failures.
+The conversion itself (backend.gguf_convert) runs in the engine's interpreter, which has gguf and torch
+(quantizing runs llama.cpp's llama-quantize); this side picks the cache file, runs it when the file is
+missing and reports failures.
 Cache layout: <paths.cache_dir>/gguf/<folder name>-<key>/<folder name>.<quant>.gguf, where the key
 hashes the folder's path and the size and time of every file the conversion reads. The bf16 file
 stays beside the quantized one: it is the quantizer's input, so switching quantization is quick.
@@ -21,7 +22,7 @@ from backend.errors import ModelConversionError, ServiceError
 
 log = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 1  # bump when backend.gguf_convert writes different files
+CONVERTER_VERSION = 2  # bump when backend.gguf_convert writes different files (2: add_space_prefix from HF)
 QUANTS = ("bf16", "q8_0", "q4_k_m")
 CONVERT_TIMEOUT_S = 3600
 TAIL_LINES = 15
@@ -72,7 +73,14 @@ def _run_converter(python: str, args: list[str], log_file: Path | None) -> None:
         )
 
 
-def ensure_gguf(cfg: AppConfig, python: str, source: Path, quant: str, log_file: Path | None = None) -> Path:
+def ensure_gguf(
+    cfg: AppConfig,
+    python: str,
+    source: Path,
+    quant: str,
+    log_file: Path | None = None,
+    quantize_tool: Path | None = None,
+) -> Path:
     """Return the cached GGUF of `source` at `quant`, converting (bf16 first) and quantizing once when missing."""
     target = cached_gguf(cfg, source, quant)
     if target.is_file():
@@ -85,7 +93,9 @@ def ensure_gguf(cfg: AppConfig, python: str, source: Path, quant: str, log_file:
         _run_converter(python, [str(source), str(bf16), "--quant", "bf16", *progress], log_file)
     if quant != "bf16":
         log.info("Quantizing %s to %s (once)", bf16.name, quant)
-        _run_converter(python, [str(source), str(target), "--quant", quant, "--bf16", str(bf16), *progress], log_file)
+        tool = ["--quantize-tool", str(quantize_tool)] if quantize_tool else []
+        args = [str(source), str(target), "--quant", quant, "--bf16", str(bf16), *tool, *progress]
+        _run_converter(python, args, log_file)
     log.info("GGUF %s ready in %.1f s", target, time.monotonic() - started)
     return target
 
@@ -93,7 +103,8 @@ def ensure_gguf(cfg: AppConfig, python: str, source: Path, quant: str, log_file:
 def main(argv: list[str] | None = None) -> int:
     """Convert a model folder (default: the configured model) to GGUF now, with progress bars; print the path."""
     from backend.config import load_config
-    from backend.llamacpp import llamacpp_python
+    from backend.engines import engine_python
+    from backend.llamacpp import quantize_binary
 
     parser = argparse.ArgumentParser(prog="python -m backend convert-gguf", description=main.__doc__)
     parser.add_argument("source", nargs="?", type=Path, help="Hugging Face model folder (default: model.id)")
@@ -106,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if not source.is_dir():
             print(f"{source} is not a model folder: give the folder of a Hugging Face ERNIE-4.5 model.")
             return 2
-        path = ensure_gguf(cfg, llamacpp_python(cfg), source, args.quant or cfg.llamacpp.quantization)
+        quant = args.quant or cfg.llamacpp.quantization
+        path = ensure_gguf(cfg, engine_python(cfg), source, quant, quantize_tool=quantize_binary(cfg))
     except ServiceError as exc:
         print(exc)
         return 1

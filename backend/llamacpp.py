@@ -1,23 +1,19 @@
-"""The llama.cpp engine: llama-cpp-python's OpenAI-compatible server as the supervised child process.
+"""The llama.cpp engine: llama.cpp's own C++ server (`llama-server`) as the supervised child process.
 
-What its server (llama-cpp-python 0.3.36, `python -m llama_cpp.server`) offers and lacks, and what
-follows here:
-- No /health and no /metrics. /v1/models and every generation endpoint wait on one lock that a
-  streaming reply holds to its end, so they cannot be health pings. /docs is served by FastAPI
-  alone: it answers while a reply streams, hence the health path.
-- One model instance and no parallel slots (no continuous batching): requests run one at a time in
-  arrival order. Its default `interrupt_requests` ends the running reply whenever another request
-  arrives; that would cut one user's reply for another's, so it is turned off.
-- Every setting is read from the command line AND from environment variables of the same name
-  (pydantic-settings, any case; HOST, PORT and CONFIG_FILE even win over the command line): the
-  key goes in API_KEY, so it never shows in `ps`, and variables that happen to share a setting's
-  name are removed from the child's environment.
+llama-server (built from the sources in llama-cpp-python's sdist by backend.llamacpp_build) serves an
+OpenAI-compatible API with parallel slots and continuous batching, `/health` (200 once the model is
+loaded), `/metrics` (with --metrics), `/tokenize`, `/apply-template`, usage in streamed replies, and
+the GGUF's own chat template (--jinja).
+
+Its CPU kernels are loaded at run time, one library per instruction-set level (backend.llamacpp_build):
+the program's folder holds none of them, and GGML_BACKEND_PATH names the one to use. Which one is a
+"candidate" of the canary (backend.canary): the best the CPU claims first, the next on a crash or a
+wrong answer. Every setting also reads an LLAMA_ARG_* variable: the key goes in LLAMA_API_KEY (never
+on the command line), and inherited LLAMA_* variables are dropped so that none overrides a flag.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 import subprocess
@@ -28,45 +24,53 @@ from backend.config import ROOT, AppConfig, EngineFlags
 from backend.engines import LaunchSpec, engine_python
 from backend.errors import EngineNotInstalledError, ModelNotFoundError
 from backend.gguf_cache import cached_gguf, convert_log, ensure_gguf
+from backend.llamacpp_build import LADDER, cpu_flags
 from backend.models import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
 
 ENGINE = "llama.cpp"
-HEALTH_PATH = "/docs"
-INSTALL_COMMAND = (
-    "make setup-llamacpp (or: "
-    'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" '
-    ".venv-engine/bin/pip install 'llama-cpp-python[server]==0.3.36')"
-)
-# Variables the server reads although they are not settings fields.
-EXTRA_ENV_NAMES = frozenset({"host", "port", "config_file"})
-PROBE = (
-    "import json, llama_cpp.server.app, llama_cpp.server.settings as s; "
-    "print(json.dumps(sorted(s.Settings.model_fields)))"
-)
+HEALTH_PATH = "/health"
+DEFAULT_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
+INSTALL_COMMAND = "make setup-llamacpp (about 10 minutes on 2 cores: it compiles llama.cpp's server)"
 
 
-def llamacpp_python(cfg: AppConfig) -> str:
-    """The interpreter that has llama-cpp-python: llamacpp.python, else the engine's interpreter."""
-    return str(Path(cfg.llamacpp.python).expanduser()) if cfg.llamacpp.python else engine_python(cfg)
+def install_prefix(cfg: AppConfig) -> Path:
+    """The folder holding bin/llama-server and bin/cpu/ (llamacpp.prefix, else .venv-engine/llama.cpp)."""
+    return cfg.paths.resolve(cfg.llamacpp.prefix) if cfg.llamacpp.prefix else DEFAULT_PREFIX
 
 
-@functools.cache
-def server_setting_names(python: str) -> frozenset[str]:
-    """Import llama_cpp's server with `python` and return its settings' names; raise when it cannot."""
-    try:
-        proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise EngineNotInstalledError(f"Could not run {python} ({exc}).", "Check llamacpp.python.") from exc
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+def server_binary(cfg: AppConfig) -> Path:
+    """The llama-server program; raise EngineNotInstalledError with the install command when it is missing."""
+    path = install_prefix(cfg) / "bin" / "llama-server"
+    if not path.is_file():
         raise EngineNotInstalledError(
-            f"llama.cpp's server cannot be imported by {python}: {last}",
-            f"Install it (about 9 minutes, it compiles llama.cpp): {INSTALL_COMMAND}; "
-            "or set llamacpp.python in config/backend.yaml to an interpreter that has it.",
+            f"llama.cpp's server is not installed ({path} does not exist).",
+            f"Build it: {INSTALL_COMMAND}; or set llamacpp.prefix in config/backend.yaml to a folder "
+            "with bin/llama-server.",
         )
-    return frozenset(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return path
+
+
+def quantize_binary(cfg: AppConfig) -> Path:
+    """The llama-quantize program beside llama-server."""
+    return install_prefix(cfg) / "bin" / "llama-quantize"
+
+
+def cpu_variants(cfg: AppConfig, flags: set[str] | None = None) -> list[str]:
+    """The built CPU kernel variants this CPU claims to run, best first (or just llamacpp.cpu_variant)."""
+    folder = install_prefix(cfg) / "bin" / "cpu"
+    built = {p.name.removeprefix("libggml-cpu-").removesuffix(".so") for p in folder.glob("libggml-cpu-*.so")}
+    if cfg.llamacpp.cpu_variant != "auto":
+        return [cfg.llamacpp.cpu_variant] if cfg.llamacpp.cpu_variant in built else []
+    claimed = cpu_flags() if flags is None else flags
+    ladder = [name for name, needs in LADDER.items() if name in built and set(needs) <= claimed]
+    # Variants outside our x86 ladder (an image built with --variants all, or ARM) follow in name order.
+    return ladder + sorted(built - set(LADDER))
+
+
+def variant_library(cfg: AppConfig, variant: str) -> Path:
+    return install_prefix(cfg) / "bin" / "cpu" / f"libggml-cpu-{variant}.so"
 
 
 def llamacpp_flags(cfg: AppConfig) -> EngineFlags:
@@ -74,11 +78,10 @@ def llamacpp_flags(cfg: AppConfig) -> EngineFlags:
     return EngineFlags(max_model_len=cfg.llamacpp.n_ctx)
 
 
-def child_env(api_key: str, setting_names: frozenset[str]) -> dict[str, str]:
-    """Our environment without variables the server would take for settings, plus the API key."""
-    blocked = setting_names | EXTRA_ENV_NAMES
-    env = {name: value for name, value in os.environ.items() if name.lower() not in blocked}
-    env.update({"API_KEY": api_key, "PYTHONUNBUFFERED": "1"})
+def child_env(api_key: str, backend_library: Path) -> dict[str, str]:
+    """Our environment without inherited LLAMA_* settings, plus the API key and the CPU kernels to load."""
+    env = {name: value for name, value in os.environ.items() if not name.upper().startswith(("LLAMA_", "GGML_"))}
+    env.update({"LLAMA_API_KEY": api_key, "GGML_BACKEND_PATH": str(backend_library)})
     return env
 
 
@@ -118,64 +121,73 @@ def resolve_gguf(cfg: AppConfig, python: str, note: Callable[[str | None], None]
     quant = cfg.llamacpp.quantization
     if not cached_gguf(cfg, source, quant).is_file():
         note(f"Converting {source.name} to GGUF {quant} for llama.cpp (once; log: {convert_log(cfg)}).")
-    gguf = ensure_gguf(cfg, python, source, quant, log_file=convert_log(cfg))
-    return ResolvedModel(str(gguf), note=resolved.note)
+    tool = quantize_binary(cfg)
+    gguf = ensure_gguf(cfg, python, source, quant, log_file=convert_log(cfg), quantize_tool=tool)
+    return ResolvedModel(str(gguf), note=resolved.note, source=str(source))
 
 
 def build_llamacpp_launch(
-    cfg: AppConfig, gguf: str, port: int, api_key: str, python: str, setting_names: frozenset[str]
+    cfg: AppConfig, gguf: str, port: int, api_key: str, server: Path, variant: str = "x64"
 ) -> LaunchSpec:
-    """The argument list and environment that start llama_cpp.server serving `gguf` on `port`."""
+    """The argument list and environment that start llama-server serving `gguf` on `port` with `variant`."""
     ll = cfg.llamacpp
     threads = ll.threads or len(os.sched_getaffinity(0))
     argv = [
-        python,
-        "-m",
-        "llama_cpp.server",
+        str(server),
         "--model",
         gguf,
-        "--model_alias",
+        "--alias",
         cfg.model.served_name,
         "--host",
         cfg.server.host,
         "--port",
         str(port),
-        "--n_ctx",
+        "--parallel",
+        str(ll.parallel),
+        # One KV pool shared by the slots (--kv-unified below), each slot limited to n_ctx: a chat may use
+        # the whole window, and the pool holds parallel x n_ctx tokens.
+        "--kv-unified-per-slot",
         str(ll.n_ctx),
-        "--n_batch",
-        str(ll.n_batch),
-        "--n_threads",
+        "--threads",
         str(threads),
-        "--n_threads_batch",
+        "--threads-batch",
         str(ll.threads_batch or threads),
-        "--flash_attn",
-        str(ll.flash_attn),
-        "--interrupt_requests",
-        "False",
+        "--batch-size",
+        str(ll.n_batch),
+        "--flash-attn",
+        "on" if ll.flash_attn else "off",
+        "--kv-unified",
+        "--jinja",  # the GGUF's own chat template, rendered as transformers does
+        "--metrics",
+        "--no-webui",
     ]
-    if ll.chat_format:
-        argv += ["--chat_format", ll.chat_format]
     argv += list(ll.extra_args)
     return LaunchSpec(
         engine=ENGINE,
         argv=argv,
-        env=child_env(api_key, setting_names),
+        env=child_env(api_key, variant_library(cfg, variant)),
         host=cfg.server.host,
         port=port,
         served_name=cfg.model.served_name,
         api_key=api_key,
         flags=llamacpp_flags(cfg),
         health_path=HEALTH_PATH,
+        cwd=str(cfg.paths.data),  # llama.cpp also looks for kernel libraries in the working directory
+        variant=variant,
     )
 
 
 def prepare_launch(
-    cfg: AppConfig, port: int, api_key: str, resolved: list[ResolvedModel], note: Callable[[str | None], None]
+    cfg: AppConfig,
+    port: int,
+    api_key: str,
+    resolved: list[ResolvedModel],
+    note: Callable[[str | None], None],
+    variant: str,
 ) -> LaunchSpec:
     """Check the install, pick (once) and if need be convert the GGUF file, and build the launch spec."""
-    python = llamacpp_python(cfg)
-    names = server_setting_names(python)
+    server = server_binary(cfg)
     if not resolved:
-        resolved.append(resolve_gguf(cfg, python, note))
+        resolved.append(resolve_gguf(cfg, engine_python(cfg), note))
     note(resolved[0].note)
-    return build_llamacpp_launch(cfg, resolved[0].model, port, api_key, python, names)
+    return build_llamacpp_launch(cfg, resolved[0].model, port, api_key, server, variant)

@@ -30,6 +30,7 @@ class ResolvedModel:
     model: str
     is_demo: bool = False
     note: str | None = None
+    source: str | None = None  # the folder `model` was made from (a converted GGUF's Hugging Face folder)
 
 
 def hub_cache_snapshot(repo_id: str) -> Path | None:

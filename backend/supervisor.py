@@ -32,13 +32,16 @@ from tenacity import (
     wait_exponential,
 )
 
+from backend.canary import Guard, Rejected, crash_signal
 from backend.client import Endpoint
 from backend.config import AppConfig, EngineFlags
 from backend.engines import LaunchSpec
 from backend.errors import (
+    CanaryError,
     ConfigError,
     EngineNotInstalledError,
     EngineStartError,
+    ModelConversionError,
     ModelNotFoundError,
     ServiceError,
 )
@@ -121,8 +124,11 @@ class EngineProcess:
             header = f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.spec.argv)}\n"
             out.write(header.encode())
             out.flush()
+            if self.spec.cwd:
+                Path(self.spec.cwd).mkdir(parents=True, exist_ok=True)
             self.proc = subprocess.Popen(
                 self.spec.argv,
+                cwd=self.spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -174,12 +180,18 @@ class Supervisor:
     """Keeps one engine process serving: start, readiness, health watch, restart with backoff, stop."""
 
     def __init__(
-        self, cfg: AppConfig, prepare: Callable[[], LaunchSpec], endpoint: Endpoint, flags: EngineFlags
+        self,
+        cfg: AppConfig,
+        prepare: Callable[[], LaunchSpec],
+        endpoint: Endpoint,
+        flags: EngineFlags,
+        guard: Guard | None = None,
     ) -> None:
         self.cfg = cfg
         self._prepare = prepare
         self.endpoint = endpoint
-        self.flags = flags
+        self._flags = flags
+        self.guard = guard
         self.spec: LaunchSpec | None = None
         self.process: EngineProcess | None = None
         self.status = Status()
@@ -190,6 +202,11 @@ class Supervisor:
         self._listeners: list[Callable[[Status], None]] = []
 
     # ----- public API -------------------------------------------------------------------------
+    @property
+    def flags(self) -> EngineFlags:
+        """The running engine's flags (they change when the canary falls back to another engine)."""
+        return self.spec.flags if self.spec is not None else self._flags
+
     @property
     def log_path(self) -> Path:
         return self.cfg.paths.engine_log
@@ -256,6 +273,16 @@ class Supervisor:
             ready_at = time.monotonic()
             reason = await self._watch()
             uptime = time.monotonic() - ready_at
+            crashed = crash_signal(self.process.exit_code() if self.process else None)
+            if crashed and self.guard is not None:
+                # A wrong instruction set can fault on a later, larger request: that candidate is done for.
+                await self._stop_process()
+                try:
+                    self._reject(f"crashed with {crashed} while serving")
+                except CanaryError as exc:
+                    self._set(State.FAILED, error=exc.message, hint=exc.hint)
+                    await self._wait_for_retry()
+                continue
             crash_streak = crash_streak + 1 if uptime < self.cfg.restart.stable_after_s else 1
             self.status.restarts += 1
             tail = self.process.tail() if self.process else ""
@@ -309,12 +336,46 @@ class Supervisor:
         self._set(State.RESTARTING, error=msg, hint=hint, log_tail=tail)
 
     async def _start_once(self) -> None:
+        """Start the current candidate; when it is rejected (crash, wrong answers) start the next one."""
+        while True:
+            try:
+                await self._start_candidate()
+                return
+            except Rejected as exc:
+                await self._stop_process()
+                self._reject(exc.reason, exc.whole_engine)  # raises CanaryError when no candidate is left
+            except (EngineNotInstalledError, ModelConversionError) as exc:
+                # With engine.name auto: llama.cpp not built, or a model it cannot convert; vllm-cpu may serve.
+                if self.guard is None or not self.guard.has_other_engine():
+                    raise
+                self.guard.reject_engine(exc.message)
+                self._set(State.STARTING, error=f"Falling back to {self.guard.current.label}: {exc.message}")
+
+    def _reject(self, reason: str, whole_engine: bool = False) -> None:
+        assert self.guard is not None
+        spec = self.spec
+        if spec is not None and spec.weights is not None and reason.startswith("crashed"):
+            self.guard.record_crash(spec.weights, spec.build, reason)
+        if whole_engine:
+            self.guard.reject_engine(reason)
+        else:
+            self.guard.reject(reason)
+        self._set(State.STARTING, error=f"Falling back to {self.guard.current.label}: {reason}")
+
+    async def _start_candidate(self) -> None:
         self._set(State.STARTING, error=self.status.error, hint=self.status.hint, log_tail="")
         spec = await asyncio.to_thread(self._prepare)
         self.spec = spec
         if spec.engine == "external":
             await self._wait_ready(None, spec)
+            self._set(State.READY)
             return
+        guard = self.guard if spec.weights is not None else None
+        if guard is not None and spec.weights is not None:
+            known = guard.cached_rejection(spec.weights, spec.build)
+            if known:
+                raise Rejected(f"{known} (remembered from an earlier start)")
+            guard.prefetch_reference(spec.weights)
         if not port_is_free(spec.host, spec.port):
             raise EngineStartError(
                 f"Port {spec.port} on {spec.host} is already in use by another program.",
@@ -329,9 +390,12 @@ class Supervisor:
         log.info("Engine %s started (pid %s), log: %s", spec.engine, process.pid, self.log_path)
         try:
             await self._wait_ready(process, spec)
+            if guard is not None and spec.weights is not None:
+                await guard.verify(spec.base_url, spec.api_key, spec.served_name, spec.weights, spec.build)
         except BaseException:
             await self._stop_process()
             raise
+        self._set(State.READY)
 
     async def _wait_ready(self, process: EngineProcess | None, spec: LaunchSpec) -> None:
         started = time.monotonic()
@@ -340,6 +404,9 @@ class Supervisor:
         async with httpx.AsyncClient(base_url=spec.base_url, timeout=5.0, trust_env=False) as http:
             while True:
                 code = process.exit_code() if process else None
+                crashed = crash_signal(code)
+                if crashed and self.guard is not None:
+                    raise Rejected(f"crashed with {crashed} during start-up")
                 if code is not None:
                     raise EngineStartError(
                         f"The engine exited during start-up with exit code {code}.",
@@ -357,7 +424,6 @@ class Supervisor:
                     )
                 await asyncio.sleep(POLL_S)
         log.info("Engine ready after %.1f s at %s", time.monotonic() - started, spec.base_url)
-        self._set(State.READY)
 
     @staticmethod
     async def _is_ready(
@@ -451,7 +517,7 @@ def _worth_retrying(exc: BaseException) -> bool:
     # A wrong setting, a missing engine or model won't fix itself: report it at once instead of
     # backing off for minutes. A new chat message starts another round once the cause is fixed.
     return isinstance(exc, ServiceError) and not isinstance(
-        exc, ConfigError | EngineNotInstalledError | ModelNotFoundError
+        exc, ConfigError | EngineNotInstalledError | ModelNotFoundError | CanaryError
     )
 
 

@@ -92,7 +92,10 @@ async def external_server(cfg: AppConfig, base_url: str, api_key: str, model: st
         if model is None and not names:
             raise BenchmarkError(f"{root} lists no model.", "Pass --model.")
         model = model or names[0]
-        endpoint = Endpoint(root, api_key, str(model))
+        # llama.cpp's server has /props (vLLM answers 404): its /tokenize takes text, not messages.
+        props = await http.get(root + "/props", headers={"Authorization": f"Bearer {api_key}"})
+        flavor = "llama.cpp" if props.status_code == 200 and "default_generation_settings" in props.text else "vllm"
+        endpoint = Endpoint(root, api_key, str(model), flavor=flavor)
         client = ChatClient(endpoint, cfg.timeouts.connect_s, cfg.timeouts.read_s, cfg.restart.request_retries)
 
         async def memory() -> int | None:

@@ -22,6 +22,7 @@ def health_payload(service: ChatService) -> dict[str, Any]:
     return {
         "status": "ok" if service.supervisor.ready else "degraded",
         "engine": {
+            "name": service.supervisor.spec.engine if service.supervisor.spec else None,
             "state": st.state.value,
             "for_s": round(st.elapsed_s, 1),
             "restarts": st.restarts,
@@ -31,6 +32,9 @@ def health_payload(service: ChatService) -> dict[str, Any]:
             "model": service.endpoint.model,
             "note": st.note,
         },
+        # The canary (backend.canary): which way of running the engine serves, what its answer check said,
+        # and which ones were tried before and why they were dropped.
+        "check": service.supervisor.guard.summary() if service.supervisor.guard else None,
     }
 
 

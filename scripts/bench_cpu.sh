@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=.cache/test-models/ernie-0.3b-arch
-SPM=.cache/test-models/ernie-0.3b-spm   # the same shape with weights and a SentencePiece tokenizer
+SPM=.cache/test-models/ernie-0.3b-spm2   # the same shape with weights and a SentencePiece tokenizer
 [ -f $ARCH/config.json ] || .venv-engine/bin/python scripts/make_tiny_ernie.py $ARCH --arch 0.3b
 [ -f $SPM/model.safetensors ] || .venv-engine/bin/python scripts/make_tiny_ernie_spm.py $SPM --arch 0.3b
 echo "load before: $(cat /proc/loadavg)"

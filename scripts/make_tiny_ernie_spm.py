@@ -44,6 +44,10 @@ def train_tokenizer(out: Path) -> object:
         hard_vocab_limit=False,
         num_threads=1,
         minloglevel=2,
+        # Like the tokenizers of chat models: keep newlines and runs of spaces. SentencePiece's default
+        # (nmt_nfkc) turns "\n" into a space, which transformers applies and llama.cpp does not.
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
     )
     (out / "tokenizer.model").write_bytes(model.getvalue())
     return spm.SentencePieceProcessor(model_proto=model.getvalue())

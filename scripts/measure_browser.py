@@ -4,7 +4,8 @@ usage: .venv/bin/python scripts/measure_browser.py [--url http://127.0.0.1:8501]
 
 Timing is taken inside the page (performance.now() from a MutationObserver) from the moment Enter is
 pressed to the first reply text, and from the first to the last text update. Token counts come from
-the engine's own counter (vllm:generation_tokens_total) read before and after each reply.
+the engine's own counter (vllm:generation_tokens_total, llamacpp:tokens_predicted_total) read before and
+after each reply.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY, engine_gauge
+from backend.promtext import sample_totals
+from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY
 
 PROMPTS = [
     "Tell me a story about a small robot who learns to paint.",
@@ -43,9 +45,15 @@ OBSERVER = """([sel, n]) => {
 }"""
 
 
+GENERATED = {"llama.cpp": "llamacpp:tokens_predicted_total"}  # else vLLM's name
+
+
 def engine_counter(app_url: str) -> float:
+    """Tokens the engine generated so far, by its own counter (through the app's /metrics/engine)."""
     health = json.load(urllib.request.urlopen(app_url + "/healthz", timeout=10))
-    return engine_gauge(health["engine"]["base_url"], "vllm:generation_tokens_total")
+    name = GENERATED.get(health["engine"].get("name"), "vllm:generation_tokens_total")
+    text = urllib.request.urlopen(app_url + "/metrics/engine", timeout=10).read().decode()
+    return sample_totals(text).get(name, 0.0)
 
 
 async def measure(url: str, runs: int) -> list[dict]:

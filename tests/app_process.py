@@ -53,10 +53,11 @@ def group_alive(pgid: int) -> list[int]:
     return alive
 
 
-def engine_gauge(base_url: str, name: str) -> float:
-    """Sum of a metric from the engine's /metrics."""
-    text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
-    return sample_totals(text).get(name, 0.0)
+# The same count under each engine's own metric name.
+ENGINE_METRICS = {
+    "requests_running": {"vllm": "vllm:num_requests_running", "llama.cpp": "llamacpp:requests_processing"},
+    "prompt_tokens": {"vllm": "vllm:prompt_tokens_total", "llama.cpp": "llamacpp:prompt_tokens_total"},
+}
 
 
 class RunningApp:
@@ -73,8 +74,14 @@ class RunningApp:
             return json.loads(err.read() or b"{}")
 
     def engine_metric(self, name: str) -> float:
-        """Sum of one Prometheus metric of the app's engine."""
-        return engine_gauge(self.health()["engine"]["base_url"], name)
+        """Sum of one Prometheus metric of the app's engine, read through the app's /metrics/engine.
+
+        `name` is a metric's own name, or one of ENGINE_METRICS' names for the same count in every engine."""
+        if name in ENGINE_METRICS:
+            family = "llama.cpp" if self.health()["engine"]["name"] == "llama.cpp" else "vllm"
+            name = ENGINE_METRICS[name][family]
+        text = urllib.request.urlopen(self.url + "/metrics/engine", timeout=5).read().decode()
+        return sample_totals(text).get(name, 0.0)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

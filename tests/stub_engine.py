@@ -1,11 +1,13 @@
 """A stand-in engine process for supervisor unit tests: a real child serving /health and /v1/models.
 
-usage: python stub_engine.py PORT MODEL [--exit-at-start CODE] [--ready-after S] [--spawn-child]
+usage: python stub_engine.py PORT MODEL [--exit-at-start CODE] [--die-with SIGNAL] [--ready-after S] [--spawn-child]
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +21,8 @@ def main() -> None:
     if "--exit-at-start" in opts:
         print("ValueError: unknown flag --bogus", flush=True)
         sys.exit(int(opts[opts.index("--exit-at-start") + 1]))
+    if "--die-with" in opts:  # like kernels built for instructions this CPU does not run: SIGILL
+        os.kill(os.getpid(), signal.Signals[opts[opts.index("--die-with") + 1]])
     ready_at = time.monotonic() + (float(opts[opts.index("--ready-after") + 1]) if "--ready-after" in opts else 0)
     if "--spawn-child" in opts:  # like vLLM's engine core: a grandchild in the same process group
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

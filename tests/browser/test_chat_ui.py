@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_process import CHROMIUM, REPLY, RunningApp, engine_gauge, group_alive, start_app
+from tests.app_process import CHROMIUM, REPLY, RunningApp, group_alive, start_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -88,11 +88,10 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, 
     text = await reply.inner_text()
     assert "Template: writing" in text and len(text) > 20
     # the engine is no longer working on that reply
-    engine = app.health()["engine"]["base_url"]
     deadline = time.monotonic() + 5
     running = None
     while time.monotonic() < deadline:
-        running = await asyncio.to_thread(engine_gauge, engine, "vllm:num_requests_running")
+        running = await asyncio.to_thread(app.engine_metric, "requests_running")
         if running == 0:
             break
         await asyncio.sleep(0.2)
@@ -142,7 +141,7 @@ async def test_stop_at_once_then_chat_goes_on(app: RunningApp, browser) -> None:
     before = await page.locator(REPLY).count()
     await send(page, "What is the capital of France?")
     await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
-    running = await asyncio.to_thread(engine_gauge, app.health()["engine"]["base_url"], "vllm:num_requests_running")
+    running = await asyncio.to_thread(app.engine_metric, "requests_running")
     assert running == 0
 
 

@@ -102,10 +102,10 @@ async def test_login_chat_restart_and_resume(browser, site: Site) -> None:  # ty
     await page.wait_for_selector(READY, timeout=60_000)
     assert (await page.locator(REPLY).first.inner_text()).strip() == first.strip()
 
-    before = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total")
+    before = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
     await send(page, "And of Germany?")
     await wait_reply(page, 1)
-    with_history = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total") - before
+    with_history = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens") - before
     assert f"Resumed thread {thread_id}: 2 messages restored" in site.app.log_text()
     await page.screenshot(path=str(site.root / "resumed.png"), full_page=True)
 
@@ -113,9 +113,9 @@ async def test_login_chat_restart_and_resume(browser, site: Site) -> None:  # ty
     http = await login(site.app.url, "alice", PASSWORDS["alice"])
     fresh = ChatSocket(site.app.url, http)
     await fresh.connect()
-    before = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total")
+    before = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
     await fresh.ask("And of Germany?")
-    without = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total") - before
+    without = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens") - before
     await fresh.close()
     await http.aclose()
     assert with_history >= without + 20, (with_history, without)

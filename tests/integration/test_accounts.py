@@ -131,9 +131,9 @@ async def test_each_user_sees_only_their_own_threads(
 
 async def prompt_tokens_of(site: Site, chat: ChatSocket, text: str) -> int:
     """Prompt tokens the engine processed for one message (its counter, read before and after)."""
-    before = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total")
+    before = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
     assert (await chat.ask(text)).strip()
-    after = await asyncio.to_thread(site.app.engine_metric, "vllm:prompt_tokens_total")
+    after = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
     return int(after - before)
 
 

@@ -14,18 +14,20 @@ from backend.config import AppConfig, load_config
 from backend.errors import ConfigError, EngineNotInstalledError, ModelConversionError, ModelNotFoundError
 from backend.gguf_cache import cached_gguf, ensure_gguf, source_key
 from backend.gguf_convert import ConversionError, check_source, split_fused
-from backend.launch import make_supervisor
+from backend.launch import choose_engines, engine_candidates, make_supervisor
 from backend.llamacpp import (
     HEALTH_PATH,
     build_llamacpp_launch,
     child_env,
+    cpu_variants,
     resolve_gguf,
-    server_setting_names,
+    server_binary,
 )
+from backend.llamacpp_build import claimed_variants, cpu_flags, keep_variants
 from backend.supervisor import State
 
-SETTINGS = frozenset({"model", "model_alias", "n_ctx", "host", "port", "api_key", "verbose", "cache"})
 KEY = "sk-local-secret"
+SERVER = Path("/opt/llama/bin/llama-server")
 
 
 def config(tmp_path: Path, **overrides: object) -> AppConfig:
@@ -39,6 +41,15 @@ def config(tmp_path: Path, **overrides: object) -> AppConfig:
     return load_config(environ=env)
 
 
+def fake_install(prefix: Path, variants: list[str]) -> Path:
+    """A prefix laid out as backend.llamacpp_build installs it (empty files: nothing is run)."""
+    (prefix / "bin" / "cpu").mkdir(parents=True)
+    (prefix / "bin" / "llama-server").write_text("")
+    for name in variants:
+        (prefix / "bin" / "cpu" / f"libggml-cpu-{name}.so").write_text("")
+    return prefix
+
+
 def hf_folder(path: Path, arch: str = "Ernie4_5ForCausalLM", tokenizer: bool = True, weights: bool = True) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"architectures": [arch]}))
@@ -50,59 +61,100 @@ def hf_folder(path: Path, arch: str = "Ernie4_5ForCausalLM", tokenizer: bool = T
 
 
 def test_llamacpp_settings_have_defaults_and_env_overrides(tmp_path: Path) -> None:
-    cfg = config(tmp_path, llamacpp__quantization="q4_k_m", llamacpp__n_ctx=2048)
+    cfg = config(tmp_path, llamacpp__quantization="q4_k_m", llamacpp__n_ctx=2048, llamacpp__parallel=4)
     assert cfg.engine.name == "llama.cpp"
-    assert (cfg.llamacpp.quantization, cfg.llamacpp.n_ctx, cfg.llamacpp.threads) == ("q4_k_m", 2048, 0)
+    assert (cfg.llamacpp.quantization, cfg.llamacpp.n_ctx, cfg.llamacpp.parallel) == ("q4_k_m", 2048, 4)
     with pytest.raises(ConfigError, match=r"llamacpp\.quantization.*ERNIE_LLAMACPP__QUANTIZATION"):
         config(tmp_path, llamacpp__quantization="q5")
-    with pytest.raises(ConfigError, match=r"llamacpp\.parallel: unknown key"):
-        config(tmp_path, llamacpp__parallel=4)
+    with pytest.raises(ConfigError, match=r"llamacpp\.python: unknown key"):
+        config(tmp_path, llamacpp__python="/usr/bin/python3")  # llama-cpp-python's server is gone
 
 
 def test_the_shipped_config_documents_the_llamacpp_section() -> None:
     cfg = load_config(environ={})
     assert cfg.llamacpp.quantization == "q8_0" and cfg.llamacpp.gguf is None
+    assert cfg.llamacpp.cpu_variant == "auto" and cfg.canary.enabled
 
 
 def test_command_line_names_the_model_and_never_the_key(tmp_path: Path) -> None:
-    cfg = config(tmp_path, llamacpp__n_ctx=2048, llamacpp__threads=2, llamacpp__extra_args='["--n_ubatch", "256"]')
-    spec = build_llamacpp_launch(cfg, "/m/x.gguf", 8123, KEY, "/py", SETTINGS)
+    cfg = config(tmp_path, llamacpp__n_ctx=2048, llamacpp__threads=2, llamacpp__extra_args='["--ubatch-size", "256"]')
+    spec = build_llamacpp_launch(cfg, "/m/x.gguf", 8123, KEY, SERVER, "zen4")
     argv = spec.argv
-    assert argv[:3] == ["/py", "-m", "llama_cpp.server"]
-    pairs = dict(zip(argv[3::2], argv[4::2], strict=False))
-    assert pairs["--model"] == "/m/x.gguf" and pairs["--model_alias"] == cfg.model.served_name
-    assert (pairs["--host"], pairs["--port"], pairs["--n_ctx"]) == ("127.0.0.1", "8123", "2048")
-    assert pairs["--n_threads"] == pairs["--n_threads_batch"] == "2"
-    assert pairs["--interrupt_requests"] == "False", "a new request must not cut the running reply"
-    assert argv[-2:] == ["--n_ubatch", "256"]
-    assert KEY not in " ".join(argv) and spec.env["API_KEY"] == KEY
-    assert spec.health_path == HEALTH_PATH and spec.engine == "llama.cpp"
+    assert argv[0] == str(SERVER)
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert pairs["--model"] == "/m/x.gguf" and pairs["--alias"] == cfg.model.served_name
+    assert (pairs["--host"], pairs["--port"], pairs["--kv-unified-per-slot"]) == ("127.0.0.1", "8123", "2048")
+    assert pairs["--threads"] == pairs["--threads-batch"] == "2"
+    assert pairs["--parallel"] == "8", "eight chats are answered at once by default"
+    assert {"--jinja", "--metrics", "--kv-unified"} <= set(argv), "the GGUF's template; /metrics; one KV pool"
+    assert argv[-2:] == ["--ubatch-size", "256"]
+    assert KEY not in " ".join(argv) and spec.env["LLAMA_API_KEY"] == KEY
+    assert spec.env["GGML_BACKEND_PATH"].endswith("/bin/cpu/libggml-cpu-zen4.so")
+    assert spec.health_path == HEALTH_PATH == "/health" and spec.engine == "llama.cpp"
+    assert spec.cwd == str(cfg.paths.data), "not the project folder: llama.cpp loads kernels from its cwd"
     assert spec.flags.max_model_len == 2048, "the app's context window is llama.cpp's n_ctx"
 
 
 def test_threads_default_to_every_usable_core(tmp_path: Path) -> None:
-    spec = build_llamacpp_launch(config(tmp_path), "/x.gguf", 1, KEY, "/py", SETTINGS)
-    assert spec.argv[spec.argv.index("--n_threads") + 1] == str(len(os.sched_getaffinity(0)))
+    spec = build_llamacpp_launch(config(tmp_path), "/x.gguf", 1, KEY, SERVER)
+    assert spec.argv[spec.argv.index("--threads") + 1] == str(len(os.sched_getaffinity(0)))
 
 
-def test_child_env_drops_variables_the_server_would_read_as_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {
-        "MODEL": "/evil.gguf",
-        "Host": "0.0.0.0",
-        "PORT": "80",
-        "N_CTX": "1",
-        "CONFIG_FILE": "x",
-    }.items():
-        monkeypatch.setenv(name, value)
+def test_child_env_drops_inherited_llama_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_ARG_MODEL", "/evil.gguf")
+    monkeypatch.setenv("LLAMA_ARG_HOST", "0.0.0.0")
+    monkeypatch.setenv("GGML_BACKEND_PATH", "/evil.so")
     monkeypatch.setenv("KEEP_ME", "1")
-    env = child_env(KEY, SETTINGS)
-    assert not {"MODEL", "Host", "PORT", "N_CTX", "CONFIG_FILE"} & set(env)
-    assert env["KEEP_ME"] == "1" and env["API_KEY"] == KEY and env["PATH"] == os.environ["PATH"]
+    env = child_env(KEY, Path("/k/libggml-cpu-x64.so"))
+    assert "LLAMA_ARG_MODEL" not in env and "LLAMA_ARG_HOST" not in env
+    assert env["GGML_BACKEND_PATH"] == "/k/libggml-cpu-x64.so" and env["LLAMA_API_KEY"] == KEY
+    assert env["KEEP_ME"] == "1" and env["PATH"] == os.environ["PATH"]
 
 
-def test_missing_llama_cpp_names_the_install_command() -> None:
-    with pytest.raises(EngineNotInstalledError, match=r"llama-cpp-python\[server\]==0\.3\.36"):
-        server_setting_names(sys.executable)  # the app's interpreter has no llama_cpp
+def test_missing_llama_server_names_the_build_command(tmp_path: Path) -> None:
+    with pytest.raises(EngineNotInstalledError, match=r"make setup-llamacpp"):
+        server_binary(config(tmp_path, llamacpp__prefix=tmp_path / "none"))
+
+
+def test_kernel_variants_are_tried_best_first_among_those_the_cpu_claims(tmp_path: Path) -> None:
+    prefix = fake_install(tmp_path / "ll", ["x64", "haswell", "skylakex", "zen4", "sapphirerapids"])
+    cfg = config(tmp_path, llamacpp__prefix=prefix)
+    avx2 = {"avx", "avx2", "fma", "f16c", "bmi2"}
+    avx512 = avx2 | {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"}
+    amx = avx512 | {"avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"}
+    assert cpu_variants(cfg, amx) == ["sapphirerapids", "zen4", "skylakex", "haswell", "x64"]
+    assert cpu_variants(cfg, avx2) == ["haswell", "x64"]
+    assert cpu_variants(cfg, set()) == ["x64"]
+    forced = config(tmp_path, llamacpp__prefix=prefix, llamacpp__cpu_variant="skylakex")
+    assert cpu_variants(forced, amx) == ["skylakex"]
+    assert [c.variant for c in engine_candidates(forced, "llama.cpp", "cpu")] == ["skylakex"]
+
+
+def test_the_build_keeps_only_the_claimed_variants_of_llama_cpps_list() -> None:
+    cmake = (
+        "if (GGML_CPU_ALL_VARIANTS)\n    if (GGML_SYSTEM_ARCH STREQUAL \"x86\")\n"
+        "        ggml_add_cpu_backend_variant(x64)\n"
+        "        ggml_add_cpu_backend_variant(haswell            SSE42 AVX F16C FMA AVX2 BMI2)\n"
+        "        ggml_add_cpu_backend_variant(alderlake          SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI)\n"
+        "    elseif(GGML_SYSTEM_ARCH STREQUAL \"ARM\")\n        ggml_add_cpu_backend_variant(armv8.0_1)\n"
+    )
+    kept = keep_variants(cmake, {"x64", "haswell"})
+    assert "ggml_add_cpu_backend_variant(haswell" in kept and "ggml_add_cpu_backend_variant(x64)" in kept
+    assert "ggml_add_cpu_backend_variant(alderlake" not in kept and "# not built here: alderlake" in kept
+    assert "ggml_add_cpu_backend_variant(armv8.0_1)" in kept, "other architectures' lists are left alone"
+    with pytest.raises(SystemExit, match="zen4"):
+        keep_variants(cmake, {"zen4"})
+    assert claimed_variants(cpu_flags("flags\t: fpu sse avx avx2 fma f16c bmi2\n")) == ["haswell", "x64"]
+
+
+def test_auto_on_a_cpu_tries_llama_cpp_first_then_vllm_cpu(tmp_path: Path) -> None:
+    prefix = fake_install(tmp_path / "ll", ["x64"])
+    cfg = config(tmp_path, engine__name="auto", llamacpp__prefix=prefix)
+    assert choose_engines(cfg, [], sys.executable) == ["llama.cpp"], "no vllm here: llama.cpp alone"
+    bare = config(tmp_path, engine__name="auto", llamacpp__prefix=tmp_path / "none")
+    assert choose_engines(bare, [], sys.executable) == ["vllm-cpu"], "nothing built: vllm-cpu says what is missing"
+    labels = [c.label for c in engine_candidates(cfg, "vllm-cpu", "cpu")]
+    assert labels == ["vllm-cpu bfloat16", "vllm-cpu float32"], "bfloat16 first, float32 as the fallback"
 
 
 def test_configured_gguf_is_served_as_is_or_refused_when_missing(tmp_path: Path) -> None:
@@ -171,14 +223,14 @@ def test_fused_ernie_tensors_are_split_like_llama_cpp_does() -> None:
     assert (gate[0], up[0]) == ("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight")
 
 
-async def test_supervisor_gives_up_with_the_install_hint_when_llama_cpp_is_missing(tmp_path: Path) -> None:
-    cfg = config(tmp_path, llamacpp__python=sys.executable, restart__max_attempts=1, llamacpp__n_ctx=1024)
+async def test_supervisor_gives_up_with_the_build_hint_when_llama_server_is_missing(tmp_path: Path) -> None:
+    cfg = config(tmp_path, llamacpp__prefix=tmp_path / "none", restart__max_attempts=1, llamacpp__n_ctx=1024)
     supervisor = make_supervisor(cfg)
     assert supervisor.flags.max_model_len == 1024
     supervisor.start_background()
     try:
         assert not await supervisor.wait_ready(60)
         assert supervisor.status.state == State.FAILED
-        assert "pip install 'llama-cpp-python[server]==0.3.36'" in (supervisor.status.hint or "")
+        assert "make setup-llamacpp" in (supervisor.status.hint or "")
     finally:
         await supervisor.stop()

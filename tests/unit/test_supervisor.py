@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.canary import Candidate, Guard, Weights
 from backend.client import Endpoint
 from backend.config import AppConfig, EngineFlags, load_config
 from backend.engines import LaunchSpec
@@ -156,3 +157,63 @@ async def test_crash_loop_gives_up(tmp_path: Path, sig: int) -> None:
     assert sup.status.state == State.FAILED
     assert "2 times in a row" in (sup.status.error or "")
     await sup.stop()
+
+
+def guarded(tmp_path: Path, plan: dict[str, list[str]]) -> Supervisor:
+    """A supervisor whose candidates are stub engines started with `plan[variant]` (the canary's check is off:
+    a crash alone decides here; the answer check has tests of its own)."""
+    cfg = load_config(
+        environ={
+            "ERNIE_PATHS__DATA_DIR": str(tmp_path / "data"),
+            "ERNIE_PATHS__CACHE_DIR": str(tmp_path / "cache"),
+            "ERNIE_RESTART__MAX_ATTEMPTS": "1",
+            "ERNIE_TIMEOUTS__STARTUP_S": "20",
+            "ERNIE_CANARY__ENABLED": "false",
+        }
+    )
+    guard = Guard(cfg, [Candidate("stub", v) for v in plan], sys.executable)
+    port = free_port()
+
+    def prepare() -> LaunchSpec:
+        argv = [sys.executable, str(STUB), str(port), "m", *plan[guard.current.variant]]
+        spec = LaunchSpec("stub", argv, dict(os.environ), "127.0.0.1", port, "m", "k")
+        return spec.with_check(Weights(str(tmp_path / "model"), None, "bfloat16"), "stub-build-1")
+
+    return Supervisor(cfg, prepare, Endpoint(f"http://127.0.0.1:{port}", "k", "m"), EngineFlags(), guard=guard)
+
+
+async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remembered(tmp_path: Path) -> None:
+    plan = {"amx": ["--die-with", "SIGILL"], "avx512": []}
+    sup = guarded(tmp_path, plan)
+    sup.start_background()
+    try:
+        assert await sup.wait_ready(40), sup.status
+        assert sup.guard is not None and sup.guard.current.variant == "avx512"
+        assert sup.guard.rejected == ["stub amx: crashed with SIGILL during start-up"]
+        summary = sup.guard.summary()
+        assert summary["candidate"] == "stub avx512" and summary["fallbacks"] == sup.guard.rejected
+    finally:
+        await sup.stop()
+    again = guarded(tmp_path, plan)  # the next start of the app on this machine
+    again.start_background()
+    try:
+        assert await again.wait_ready(40), again.status
+        assert again.guard is not None and again.guard.rejected[0].endswith("(remembered from an earlier start)")
+        assert "starting: " + sys.executable in sup.log_path.read_text()
+        assert again.log_path.read_text().count("--die-with") == 1, "the crashing candidate is not started again"
+    finally:
+        await again.stop()
+
+
+async def test_when_every_candidate_crashes_the_app_says_what_was_tried(tmp_path: Path) -> None:
+    sup = guarded(tmp_path, {"amx": ["--die-with", "SIGILL"], "x64": ["--die-with", "SIGSEGV"]})
+    sup.start_background()
+    try:
+        assert not await sup.wait_ready(40)
+        assert sup.status.state == State.FAILED
+        error = sup.status.error or ""
+        assert "No configuration of the engine gives correct answers" in error
+        assert "stub amx: crashed with SIGILL" in error and "stub x64: crashed with SIGSEGV" in error
+        assert "llamacpp.cpu_variant" in (sup.status.hint or "")
+    finally:
+        await sup.stop()

