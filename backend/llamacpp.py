@@ -156,6 +156,8 @@ def build_llamacpp_launch(
         str(ll.n_batch),
         "--flash-attn",
         "on" if ll.flash_attn else "off",
+        "--prio",
+        str(ll.priority),
         "--kv-unified",
         "--jinja",  # the GGUF's own chat template, rendered as transformers does
         "--metrics",

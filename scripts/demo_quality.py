@@ -25,7 +25,8 @@ Scores of one answer (all in 0..1, higher is better unless noted):
              Chinese answer, Latin letters for one that expects English (the translation into English
              and the code question expect English).
   on_topic   1 when the answer contains one of the question's keywords (e.g. "Paris"/"巴黎" for the
-             capital of France, "spring"/"春" for the spring poem), else 0.
+             capital of France, "spring"/"春" for the spring poem; the translation needs "happy"/"glad"
+             and "weather"), else 0. `report` recomputes every score from the stored text.
   sensible   1 when all of these hold: finished, rep4 <= 0.2, junk <= 0.02, lang >= 0.6, on_topic.
   sensible_en  the same, but an English reply to a Chinese question passes the language test (lang of
              Latin letters >= 0.6): the measure for configurations that ask the model to answer in English.
@@ -65,7 +66,8 @@ SEEDS = (11, 22, 33)
 
 # ---------------------------------------------------------------------------------------------------
 # The fixed questions. lang: the language the answer should be in. keywords: any one of them (case
-# insensitive) makes the answer on topic.
+# insensitive) makes the answer on topic; an item that is a list is a group of alternatives, and then
+# every item must match (the translation needs "happy"/"glad" AND "weather").
 
 SUMMARY_PASSAGE = (
     "长城是中国古代修建的军事防御工程，东西绵延上万里。它最早修建于春秋战国时期，秦始皇统一中国后把各段"
@@ -94,7 +96,7 @@ QUESTIONS: list[dict[str, Any]] = [
     {"id": "zh-summary", "lang": "zh", "kind": "summary", "text": "总结下面这段话：\n" + SUMMARY_PASSAGE,
      "keywords": ["长城", "Great Wall"]},
     {"id": "zh-translate", "lang": "en", "kind": "translation", "text": "把这句话翻译成英文：我今天很高兴，因为天气很好。",
-     "keywords": ["happy", "glad", "weather"]},
+     "keywords": [["happy", "glad"], "weather"]},
     {"id": "zh-hello", "lang": "zh", "kind": "greeting", "text": "你好",
      "keywords": ["你好", "您好", "帮", "hello", "hi", "help"]},
 ]
@@ -183,7 +185,11 @@ def score(text: str, finish: str | None, question: dict[str, Any]) -> dict[str, 
     lang = ((cjk if question["lang"] == "zh" else latin) / letters) if letters else 0.0
     latin_share = latin / letters if letters else 0.0
     low = text.lower()
-    on_topic = any(k.lower() in low for k in question["keywords"])
+    keys = question["keywords"]
+    if any(isinstance(k, list) for k in keys):
+        on_topic = all(any(x.lower() in low for x in ([k] if isinstance(k, str) else k)) for k in keys)
+    else:
+        on_topic = any(k.lower() in low for k in keys)
     finished = finish == "stop"
     clean = finished and rep4 <= 0.2 and junk <= 0.02 and on_topic and bool(chars)
     return {
@@ -226,12 +232,14 @@ def engine_version(engine: str) -> str:
 class Engine:
     """Start one engine process, wait for /health, stop it (by its own process group) at the end."""
 
-    def __init__(self, engine: str, cpu_variant: str, log: Path) -> None:
-        self.engine, self.cpu_variant, self.log = engine, cpu_variant, log
+    def __init__(self, engine: str, cpu_variant: str, log: Path, threads: int = 0) -> None:
+        self.engine, self.cpu_variant, self.log, self.threads = engine, cpu_variant, log, threads
         self.port, self.key = free_port(), secrets.token_hex(8)
         self.proc: subprocess.Popen | None = None
-        self.precision = {"llama.cpp": "Q4_1 GGUF", "vllm-bf16": "bfloat16 (dequantized Q4_1)",
-                          "vllm-fp32": "float32 (dequantized Q4_1)"}[engine]
+        # The demo folder holds the dequantized Q4_1 weights rounded to bfloat16: --dtype float32 computes in
+        # float32 on those same bfloat16 values.
+        self.precision = {"llama.cpp": "Q4_1 GGUF", "vllm-bf16": "bfloat16 weights, bfloat16 compute",
+                          "vllm-fp32": "bfloat16 weights, float32 compute"}[engine]
         self.model = "demo"
 
     @property
@@ -247,6 +255,8 @@ class Engine:
             cmd = [str(LLAMA_PREFIX / "bin" / "llama-server"), "-m", str(gguf_file()), "--host", "127.0.0.1",
                    "--port", str(self.port), "--parallel", "4", "--kv-unified", "--jinja", "-c", "8192",
                    "--api-key", self.key, "--alias", self.model]
+            if self.threads:
+                cmd += ["--threads", str(self.threads)]
             cwd = tempfile.gettempdir()  # no libggml files there: the backend comes from GGML_BACKEND_PATH
         else:
             if not (DEMO_DIR / "config.json").exists():
@@ -345,7 +355,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         url, key, model, ready_s = args.base_url.rstrip("/"), args.api_key, args.model, None
         precision = args.precision
     else:
-        engine = Engine(args.engine, args.cpu_variant, Path(tempfile.gettempdir()) / f"demo-quality-{args.engine}.log")
+        engine = Engine(args.engine, args.cpu_variant, Path(tempfile.gettempdir()) / f"demo-quality-{args.engine}.log",
+                        args.threads)
         ready_s = engine.start()
         url, key, model, precision = engine.base_url, engine.key, engine.model, engine.precision
         print(f"{args.engine} ready in {ready_s:.1f} s", flush=True)
@@ -367,9 +378,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     finally:
         if engine:
             engine.stop()
+    results.setdefault("sessions", []).append({
+        "engine": args.engine, "configs": names, "questions": args.questions, "threads": args.threads,
+        "seconds": round(time.monotonic() - started, 1), "date": time.strftime("%Y-%m-%d %H:%M"),
+        "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()]})
     results.setdefault("engines", {})[args.engine] = {
         "version": engine_version(args.engine), "precision": precision, "cpu_model": cpu_model(),
-        "cpu_variant": args.cpu_variant if args.engine == "llama.cpp" else None, "ready_s": ready_s,
+        "cpu_variant": args.cpu_variant if args.engine == "llama.cpp" else None,
+        "threads": args.threads if args.engine == "llama.cpp" else None, "ready_s": ready_s,
         "run_seconds": round(time.monotonic() - started, 1), "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -423,6 +439,15 @@ def first_answer(run: dict, qid: str) -> dict | None:
 def cmd_report(args: argparse.Namespace) -> None:
     res = load_results()
     runs = res["runs"]
+    qs = {q["id"]: q for q in QUESTIONS}
+    for r in runs:  # the scores always follow the current heuristics
+        for a in r["answers"]:
+            a["scores"] = score(a["text"], a["finish_reason"], qs[a["question"]])
+    res["questions"] = QUESTIONS
+    res["scoring"] = __doc__.split("Scores of one answer")[1].strip()
+    if args.conclusion:
+        res["conclusion"] = Path(args.conclusion).read_text(encoding="utf-8").strip()
+    RESULTS.write_text(json.dumps(res, ensure_ascii=False, indent=1), encoding="utf-8")
     qtext = {q["id"]: q["text"] for q in QUESTIONS}
     by = {(r["engine"], r["config"]): r for r in runs}
     main = [r for r in runs if r["engine"] == "llama.cpp" and r["questions"] == "all"]
@@ -433,11 +458,17 @@ def cmd_report(args: argparse.Namespace) -> None:
     for name, e in sorted(res.get("engines", {}).items()):
         lines.append(f"- {name}: {e['version']}, weights {e['precision']}"
                      + (f", CPU kernels {e['cpu_variant']}" if e.get("cpu_variant") else "")
-                     + f"; ready in {e['ready_s'] or 0:.0f} s, whole run {e['run_seconds']:.0f} s, "
-                       f"load average {e['loadavg_before'][0]} before / {e['loadavg_after'][0]} after "
-                       f"(2 cores shared with other work), {e['date']}.")
-    total = sum(e["run_seconds"] for e in res.get("engines", {}).values())
-    lines += [f"- Total run time: {total:.0f} s.", "",
+                     + (f", {e['threads']} decode thread(s)" if e.get("threads") else "")
+                     + f"; ready in {e['ready_s'] or 0:.0f} s (last start, {e['date']}).")
+    sessions = res.get("sessions", [])
+    total = sum(x["seconds"] for x in sessions)
+    lines += [f"- Total run time: {total:.0f} s in {len(sessions)} runs:"]
+    lines += [f"  - {x['date']} {x['engine']} configs {','.join(x['configs'])} ({x['questions']} questions"
+              + (f", --threads {x['threads']}" if x['engine'] == 'llama.cpp' else "")
+              + f"): {x['seconds']:.0f} s, load average {x['loadavg_before'][0]} → {x['loadavg_after'][0]}"
+              + (f" ({x['note']})" if x.get("note") else "")
+              for x in sessions]
+    lines += ["",
               "12 fixed questions (6 English, 6 Chinese: fact, explanation, poem, code or summary, translation, "
               "greeting), sent as the plain user message (the app's default template) plus the configuration's "
               f"system message. Temperature > 0: 3 seeds {list(SEEDS)} per question; temperature 0: one answer.", "",
@@ -455,7 +486,10 @@ def cmd_report(args: argparse.Namespace) -> None:
         for lang in ("en", "zh"):
             lines.append(row(f"{r['config']} {lang}", means(r["answers"], lang)))
     lines += ["", "Settings of each configuration:", ""]
+    ran = {r["config"] for r in runs}
     for name, c in CONFIGS.items():
+        if name not in ran:
+            continue
         shown = {k: v for k, v in c.items() if k != "label"}
         lines.append(f"- **{name}** ({c['label']}): `{json.dumps(shown, ensure_ascii=False)}`")
     writing = [r for r in main if CONFIGS.get(r["config"], {}).get("only")]
@@ -515,8 +549,8 @@ def cmd_report(args: argparse.Namespace) -> None:
             lines.append(f"| {cell(q['text'], 80)} | {fmt(b)} | {fmt(a)} |")
         lines += ["", "Means, before and after:", "", HEADER, row("before (a)", means(before["answers"])),
                   row(f"after ({rec})", means(after["answers"]))]
-    if args.conclusion and Path(args.conclusion).exists():
-        lines += ["", Path(args.conclusion).read_text(encoding="utf-8").strip()]
+    if res.get("conclusion"):
+        lines += ["", res["conclusion"]]
     REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {REPORT} (recommended: {rec})")
 
@@ -526,10 +560,12 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="start an engine, ask every question under each configuration, save")
     r.add_argument("--engine", choices=["llama.cpp", "vllm-bf16", "vllm-fp32"], default="llama.cpp")
-    r.add_argument("--configs", default="a,b,c,d,e1,e2,f,w0,w1", help="comma-separated: " + ",".join(CONFIGS))
+    r.add_argument("--configs", default="a,b,c,d,e1,e2,f,w1", help="comma-separated: " + ",".join(CONFIGS))
     r.add_argument("--questions", choices=["all", "precision"], default="all")
     r.add_argument("--concurrency", type=int, default=4)
     r.add_argument("--cpu-variant", default="zen4", help="llama.cpp CPU kernels (bin/cpu/libggml-cpu-NAME.so)")
+    r.add_argument("--threads", type=int, default=0,
+                   help="llama.cpp decode threads (0: all cores; 1 is faster when other programs share the cores)")
     r.add_argument("--base-url", help="an engine already running (then nothing is started)")
     r.add_argument("--api-key", default="")
     r.add_argument("--model", default="demo")
@@ -537,7 +573,7 @@ def main() -> None:
     r.set_defaults(func=cmd_run)
     s = sub.add_parser("report", help="write report.md from results.json")
     s.add_argument("--recommended", help="configuration shown as 'after' (default: the most sensible one)")
-    s.add_argument("--conclusion", help="a Markdown file appended as the conclusion")
+    s.add_argument("--conclusion", help="a Markdown file: kept in results.json and appended to the report")
     s.set_defaults(func=cmd_report)
     args = p.parse_args()
     args.func(args)
