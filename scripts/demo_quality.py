@@ -4,10 +4,10 @@ The demo model (SmolLM2-135M-Instruct, see backend/demo_model.py) answers a FIXE
 6 English and 6 Simplified Chinese, under several chat configurations; every answer is scored with the
 simple heuristics below and the means are compared. Runs with the app's interpreter (httpx, yaml):
 
-    .venv/bin/python scripts/demo_quality.py run --engine llama.cpp            # configurations a-f
-    .venv/bin/python scripts/demo_quality.py run --engine vllm-bf16 --configs e2 --questions precision
-    .venv/bin/python scripts/demo_quality.py run --engine vllm-fp32 --configs e2 --questions precision
-    .venv/bin/python scripts/demo_quality.py report --recommended e2
+    .venv/bin/python scripts/demo_quality.py run --engine llama.cpp --threads 1   # configurations a-f, w1
+    .venv/bin/python scripts/demo_quality.py run --engine vllm-bf16 --configs f --questions precision
+    .venv/bin/python scripts/demo_quality.py run --engine vllm-fp32 --configs f --questions precision
+    .venv/bin/python scripts/demo_quality.py report --recommended f [--conclusion FILE.md]
 
 `run` starts the engine itself (one at a time), sends every question through /v1/chat/completions, stops
 the engine and merges the answers into results/demo-quality/results.json (a later run of the same engine
@@ -456,7 +456,7 @@ def cmd_report(args: argparse.Namespace) -> None:
              f"Model: SmolLM2-135M-Instruct (the offline demo model). CPU: {res.get('cpu_model')}. "
              f"Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.", ""]
     for name, e in sorted(res.get("engines", {}).items()):
-        lines.append(f"- {name}: {e['version']}, weights {e['precision']}"
+        lines.append(f"- {name}: {e['version']}, {e['precision']}"
                      + (f", CPU kernels {e['cpu_variant']}" if e.get("cpu_variant") else "")
                      + (f", {e['threads']} decode thread(s)" if e.get("threads") else "")
                      + f"; ready in {e['ready_s'] or 0:.0f} s (last start, {e['date']}).")
