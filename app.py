@@ -83,7 +83,7 @@ async def chat_start() -> None:
     if SERVICE is None:
         await _say(t("error", _lang(), error=STARTUP_ERROR))
         return
-    cl.user_session.set("settings", UserSettings.defaults(SERVICE.cfg))
+    cl.user_session.set("settings", UserSettings.defaults(SERVICE.cfg, SERVICE.serving_demo))
     cl.user_session.set("storage_mark", PERSISTENCE.mark())
     await _send_settings()
     if SERVICE.supervisor.status.note:
@@ -98,8 +98,8 @@ async def chat_resume(thread: ThreadDict) -> None:
     if SERVICE is None:
         await _say(t("error", _lang(), error=STARTUP_ERROR))
         return
-    settings = UserSettings.defaults(SERVICE.cfg)
-    settings.update(cl.context.session.chat_settings or {}, SERVICE.cfg)
+    settings = UserSettings.defaults(SERVICE.cfg, SERVICE.serving_demo)
+    settings.update(cl.context.session.chat_settings or {}, SERVICE.cfg, SERVICE.serving_demo)
     cl.user_session.set("settings", settings)
     cl.user_session.set("storage_mark", PERSISTENCE.mark())
     await _send_settings()
@@ -147,7 +147,7 @@ async def chat_end() -> None:
 @cl.on_settings_update
 async def settings_update(values: dict) -> None:
     if SERVICE is not None:
-        cl.user_session.get("settings").update(values, SERVICE.cfg)
+        cl.user_session.get("settings").update(values, SERVICE.cfg, SERVICE.serving_demo)
 
 
 async def _show_template_problems() -> None:

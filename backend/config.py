@@ -109,6 +109,17 @@ class ChatDefaults(_Strict):
     max_input_chars: int = Field(200_000, ge=100)
 
 
+class DemoChat(_Strict):
+    """Chat defaults while the offline demo model answers (measured: results/demo-quality/report.md)."""
+
+    temperature: float = Field(0.3, ge=0, le=2)
+    top_p: float = Field(0.9, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1, le=32768)
+    frequency_penalty: float = Field(0.4, ge=-2, le=2)
+    presence_penalty: float = Field(0.2, ge=-2, le=2)
+    system_prompt: str | None = None
+
+
 class PathSettings(_Strict):
     data_dir: str = ".data"
     cache_dir: str = "~/.cache/ernie-chat"
@@ -195,6 +206,7 @@ class AppConfig(_Strict):
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     restart: RestartSettings = Field(default_factory=RestartSettings)
     chat: ChatDefaults = Field(default_factory=ChatDefaults)
+    demo: DemoChat = Field(default_factory=DemoChat)
     paths: PathSettings = Field(default_factory=PathSettings)
     profiles: dict[str, EngineFlags] = Field(default_factory=dict)
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)

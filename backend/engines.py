@@ -54,10 +54,11 @@ class LaunchSpec:
     variant: str | None = None  # which of the engine's own alternatives runs (llama.cpp: the CPU kernels)
     weights: Weights | None = None  # what the canary checks this engine against (None: no check)
     build: str = ""  # identifies the engine's installed build, for the canary's verdict cache
+    demo: bool = False  # the offline demo model answers (the chat uses the demo's own defaults)
 
-    def with_check(self, weights: Weights, build: str) -> LaunchSpec:
-        """This spec with what the canary checks it against."""
-        return dataclasses.replace(self, weights=weights, build=build)
+    def with_check(self, weights: Weights, build: str, demo: bool = False) -> LaunchSpec:
+        """This spec with what the canary checks it against (and whether it serves the demo model)."""
+        return dataclasses.replace(self, weights=weights, build=build, demo=demo)
 
     @property
     def base_url(self) -> str:

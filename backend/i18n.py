@@ -31,9 +31,15 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "引擎日志的最后几行（{path}）：",
     },
     "demo": {
-        "en": "ℹ️ {note} Its answers are short and simple; see README for using the real ERNIE model.",
-        "zh": "ℹ️ 无法连接模型仓库，且本机没有 ERNIE-4.5-0.3B-PT 的副本，当前使用离线演示模型 "
-        "SmolLM2-135M-Instruct（回答较简单）。如何使用真正的 ERNIE 模型见 README。",
+        "en": "ℹ️ Demo mode: {note} This tiny stand-in (135 million parameters, English only) handles greetings, "
+        "short English questions and simple explanations, but it often gets facts wrong, its longer texts ramble "
+        "and get cut off, and it cannot write Chinese. Use it to try the chat; for reliable answers, and for "
+        "Chinese, install the ERNIE model (see README).",
+        "zh": "ℹ️ 演示模式：无法连接模型仓库，且本机没有 ERNIE-4.5-0.3B-PT 的副本，现在回答你的是一个很小的离线替代模型"
+        "（SmolLM2-135M-Instruct，1.35 亿参数，只懂英文）。"
+        "它能比较好地回应问候、简短的英文问题和简单的解释，但常常答错事实，"
+        "较长的文字会跑题并被截断，而且它不会写中文：中文消息往往得到错乱或重复的文字。它只适合用来试用界面；要得到可靠的回答"
+        "或使用中文，请安装 ERNIE 模型（见 README）。",
     },
     "stopped": {"en": "⏹ *Stopped.*", "zh": "⏹ *已停止。*"},
     "interrupted": {

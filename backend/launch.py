@@ -135,7 +135,7 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
             # A bad flag stops here, not in the child.
             check_launch(cfg, spec, resolved[engine].model, gpus, python, profiles[engine])
         weights = check_weights(candidate, resolved[engine], cfg.llamacpp.quantization)
-        return spec.with_check(weights, engine_build(cfg, engine, python))
+        return spec.with_check(weights, engine_build(cfg, engine, python), demo=resolved[engine].is_demo)
 
     supervisor = Supervisor(cfg, prepare, endpoint, flags, guard=guard)
     return supervisor

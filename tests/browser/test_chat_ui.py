@@ -107,7 +107,7 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, 
 async def test_chinese_browser_gets_chinese_messages(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await (await browser.new_context(locale="zh-CN")).new_page()
     await page.goto(app.url)
-    await page.wait_for_selector(f"{REPLY} >> text=离线演示模型", timeout=60_000)
+    await page.wait_for_selector(f"{REPLY} >> text=演示模式", timeout=60_000)
     await send(page, "   ")  # whitespace only: a friendly message, nothing sent to the engine
     assert await page.locator("#chat-input").is_visible()
     await send(page, "你好")

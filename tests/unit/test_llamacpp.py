@@ -132,11 +132,11 @@ def test_kernel_variants_are_tried_best_first_among_those_the_cpu_claims(tmp_pat
 
 def test_the_build_keeps_only_the_claimed_variants_of_llama_cpps_list() -> None:
     cmake = (
-        "if (GGML_CPU_ALL_VARIANTS)\n    if (GGML_SYSTEM_ARCH STREQUAL \"x86\")\n"
+        'if (GGML_CPU_ALL_VARIANTS)\n    if (GGML_SYSTEM_ARCH STREQUAL "x86")\n'
         "        ggml_add_cpu_backend_variant(x64)\n"
         "        ggml_add_cpu_backend_variant(haswell            SSE42 AVX F16C FMA AVX2 BMI2)\n"
         "        ggml_add_cpu_backend_variant(alderlake          SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI)\n"
-        "    elseif(GGML_SYSTEM_ARCH STREQUAL \"ARM\")\n        ggml_add_cpu_backend_variant(armv8.0_1)\n"
+        '    elseif(GGML_SYSTEM_ARCH STREQUAL "ARM")\n        ggml_add_cpu_backend_variant(armv8.0_1)\n'
     )
     kept = keep_variants(cmake, {"x64", "haswell"})
     assert "ggml_add_cpu_backend_variant(haswell" in kept and "ggml_add_cpu_backend_variant(x64)" in kept
