@@ -27,12 +27,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
 	touch $@
 
-$(ENGINE_VENV)/.installed: requirements-engine.txt
+# Where torch 2.13.0+cpu comes from: pip as configured if it finds it (quickly, without downloading:
+# a dry run), else PyTorch's CPU wheel index. The answer is kept in this file for the install below.
+$(ENGINE_VENV)/.torch-index:
 	$(PYTHON) -m venv $(ENGINE_VENV)
 	@if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
-	  echo "$(TORCH_PIN): found by pip as configured"; : > $(ENGINE_VENV)/.torch-index; \
+	  echo "$(TORCH_PIN): found by pip as configured"; : > $@; \
 	else echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
-	  echo "--extra-index-url $(TORCH_INDEX)" > $(ENGINE_VENV)/.torch-index; fi
+	  echo "--extra-index-url $(TORCH_INDEX)" > $@; fi
+
+$(ENGINE_VENV)/.installed: requirements-engine.txt $(ENGINE_VENV)/.torch-index
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $$(cat $(ENGINE_VENV)/.torch-index) -r requirements-engine.txt
 	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true

@@ -130,7 +130,8 @@ class Guard:
         self.rejected: list[str] = []  # "candidate: why", in the order they were tried
         self.outcome: Outcome | None = None
         self._reference: dict[str, asyncio.Task[Path]] = {}
-        self._cache_file = cfg.paths.cache / "canary" / "verdicts.json"
+        self._dir = cfg.paths.resolve(cfg.canary.dir) if cfg.canary.dir else cfg.paths.cache / "canary"
+        self._cache_file = self._dir / "verdicts.json"
         self._cpu = cpu_signature()
 
     @property
@@ -178,7 +179,7 @@ class Guard:
             if shipped.is_file():
                 return shipped
         key = files_key(model_path) if model_path.exists() else hashlib.sha256(weights.model.encode()).hexdigest()[:16]
-        return self.cfg.paths.cache / "canary" / f"reference-v{REFERENCE_VERSION}-{key}.json"
+        return self._dir / f"reference-v{REFERENCE_VERSION}-{key}.json"
 
     def prefetch_reference(self, weights: Weights) -> None:
         """Start computing the reference now (the engine starts meanwhile), unless it exists or runs."""

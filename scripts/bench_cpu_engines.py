@@ -166,6 +166,7 @@ async def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu-engines")
+    parser.add_argument("--first-round", type=int, default=1, help="go on from this round (earlier ones on disk)")
     args = parser.parse_args()
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     if any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(SPM) for n in names) and not (SPM / "model.safetensors").exists():
@@ -173,13 +174,15 @@ async def main() -> None:
         script = str(ROOT / "scripts" / "make_tiny_ernie_spm.py")
         await asyncio.to_thread(subprocess.run, [engine_py, script, str(SPM), "--arch", "0.3b"], check=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs: list[dict[str, Any]] = []
-    for r in range(1, args.rounds + 1):
+    for r in range(args.first_round, args.rounds + 1):
         args.round = r
         for name in names:
             run = await measure(name, CONFIGS[name], args, args.out)
             print(json.dumps({k: run[k] for k in ("config", "round", "ready_s", "levels")}), flush=True)
-            runs.append(run)
+            (args.out / "runs" / f"{name.replace(' ', '_')}-r{r}" / "run.json").write_text(json.dumps(run, indent=1))
+    # Every round on disk, including those of an earlier invocation (--first-round).
+    runs = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/run.json"))]
+    runs = [run for run in runs if run["config"] in names and run["round"] <= args.rounds]
     meta = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -105,9 +106,16 @@ def main() -> None:
     load = os.getloadavg()
     rows = asyncio.run(measure(args.url, args.runs))
     health = json.load(urllib.request.urlopen(args.url + "/healthz", timeout=10))
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    ttfts = sorted(r["ttft_s"] for r in rows)
+    rates = sorted(r["tokens_per_s"] for r in rows if r["tokens_per_s"])
     summary = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": f"{os.cpu_count()} CPU cores, load average before {load[0]:.2f}",
+        "machine": f"{cpu}, {os.cpu_count()} CPU cores, load average before {load[0]:.2f}",
+        "check": health.get("check"),
+        "ttft_s_quartiles": [ttfts[len(ttfts) // 4], ttfts[(3 * len(ttfts)) // 4]],
+        "tokens_per_s_quartiles": [rates[len(rates) // 4], rates[(3 * len(rates)) // 4]],
         "engine": health["engine"],
         "ttft_s_median": statistics.median(r["ttft_s"] for r in rows),
         "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rows if r["tokens_per_s"]),
@@ -124,8 +132,11 @@ def main() -> None:
         cells = [i, f"{r['ttft_s']:.3f}", r["tokens"], f"{r['stream_s']:.2f}", r["tokens_per_s"], r["page_updates"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append(f"| **median** | **{summary['ttft_s_median']:.3f}** | | | **{summary['tokens_per_s_median']}** | |")
+    q_ttft, q_rate = summary["ttft_s_quartiles"], summary["tokens_per_s_quartiles"]
+    lines.append(f"| quartiles | {q_ttft[0]:.3f}-{q_ttft[1]:.3f} | | | {q_rate[0]}-{q_rate[1]} | |")
     (out / "browser_latency.md").write_text(
-        f"Measured {summary['when']} on {summary['machine']}; model: {health['engine']['note'] or 'configured'}\n\n"
+        f"Measured {summary['when']} on {summary['machine']}; engine {health['engine'].get('name')} "
+        f"({(health.get('check') or {}).get('candidate')}); model: {health['engine']['note'] or 'configured'}\n\n"
         + "\n".join(lines)
         + "\n"
     )

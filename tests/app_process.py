@@ -140,11 +140,13 @@ def start_app(data: Path, **overrides: str) -> RunningApp:
     """Start the app with its data under `data`; `model__id="x"` sets ERNIE_MODEL__ID, `HF_HOME="y"` sets HF_HOME."""
     data.mkdir(parents=True, exist_ok=True)
     cache = os.environ.get("ERNIE_PATHS__CACHE_DIR")
+    canary = os.environ.get("ERNIE_CANARY__DIR")
     env = {
         "ERNIE_PATHS__DATA_DIR": str(data),
         "ERNIE_SERVER__PORT": "0",
         "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
         **({"ERNIE_PATHS__CACHE_DIR": cache} if cache else {}),
+        **({"ERNIE_CANARY__DIR": canary} if canary else {}),
         # lower-case keys are configuration keys (model__id); upper-case ones plain variables (HF_HOME)
         **{(f"ERNIE_{k.upper()}" if k.islower() else k): v for k, v in overrides.items()},
     }
@@ -180,6 +182,7 @@ def login_env(data: Path, model: Path, users_file: Path) -> dict[str, str]:
 
     The conversations go to SQLite in `data`, or to PostgreSQL when ERNIE_TEST_POSTGRES_URL is set."""
     cache = os.environ.get("ERNIE_PATHS__CACHE_DIR")
+    canary = os.environ.get("ERNIE_CANARY__DIR")
     reset_postgres()
     return {
         "ERNIE_PATHS__DATA_DIR": str(data),
@@ -191,5 +194,6 @@ def login_env(data: Path, model: Path, users_file: Path) -> dict[str, str]:
         "ERNIE_CHAT__MAX_TOKENS": "16",
         "ERNIE_CHAT__TEMPERATURE": "0",
         **({"ERNIE_PATHS__CACHE_DIR": cache} if cache else {}),
+        **({"ERNIE_CANARY__DIR": canary} if canary else {}),
         **({"ERNIE_STORAGE__DATABASE_URL": POSTGRES_URL} if POSTGRES_URL else {}),
     }

