@@ -47,8 +47,8 @@ $(ENGINE_VENV)/.installed: requirements-engine.txt $(ENGINE_VENV)/.torch-index
 ## setup-llamacpp: llama.cpp's own server (llama-server), compiled from the sources in llama-cpp-python's sdist
 setup-llamacpp: $(ENGINE_VENV)/.llamacpp
 
-$(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed backend/llamacpp_build.py
-	$(ENGINE_VENV)/bin/python -m backend.llamacpp_build --prefix $(ENGINE_VENV)/llama.cpp --variants $(LLAMA_VARIANTS)
+$(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed backend/child/llamacpp_build.py
+	$(ENGINE_VENV)/bin/python -m backend.child.llamacpp_build --prefix $(ENGINE_VENV)/llama.cpp --variants $(LLAMA_VARIANTS)
 	touch $@
 
 ## test: the whole suite: lint, type check, template check, unit, integration and browser tests

@@ -12,17 +12,17 @@ from chainlit.input_widget import Select, Slider
 from chainlit.types import ThreadDict
 from chainlit.utils import utc_now
 
-from backend import metrics, web
-from backend.accounts import setup_login
+from backend.accounts.login import setup_login
+from backend.chat.i18n import t
+from backend.chat.pacing import paced
+from backend.chat.service import ChatService, UserSettings, clean_input
 from backend.config import load_config
 from backend.errors import ConfigError, InvalidInputError, PromptTooLongError, ServiceError
-from backend.i18n import t
 from backend.logs import setup_logging
-from backend.pacing import paced
-from backend.persistence import Persistence
-from backend.service import ChatService, UserSettings, clean_input
-from backend.supervisor import State
-from backend.threads import TURN_KEY, history_from_thread, turn_metadata
+from backend.ops import metrics, web
+from backend.serving.supervisor import State
+from backend.storage.persistence import Persistence
+from backend.storage.resume import TURN_KEY, history_from_thread, turn_metadata
 
 log = logging.getLogger("app")
 SERVICE: ChatService | None = None

@@ -6,16 +6,16 @@ import importlib
 import sys
 
 COMMANDS = {
-    "check-prompts": ("backend.prompts", "validate the prompt templates folder (exit 1 on problems)"),
+    "check-prompts": ("backend.prompts.templates", "validate the prompt templates folder (exit 1 on problems)"),
     "check-config": ("backend.config", "validate config/backend.yaml and ERNIE_* overrides"),
-    "loadtest": ("backend.loadtest", "many chat sessions at once through the app's websocket"),
-    "prepare-model": ("backend.models", "resolve the model now (converts the offline demo model once)"),
-    "check-flags": ("backend.preflight", "check engine flags against the installed engine's own parser"),
-    "build-trt-engine": ("backend.trtllm", "build the TensorRT-LLM engine for trtllm.backend: tensorrt"),
-    "bench": ("backend.benchmark", "benchmark latency/throughput against concurrency, HF baseline, app overhead"),
-    "doctor": ("backend.doctor", "check the app, the engine, its metrics and its log; explain known failures"),
-    "convert-gguf": ("backend.gguf_cache", "convert a model folder to GGUF for llama.cpp now (cached)"),
-    "add-user": ("backend.accounts", "add a login user or change a password (see docs/accounts.md)"),
+    "loadtest": ("backend.benchmarks.loadtest", "many chat sessions at once through the app's websocket"),
+    "prepare-model": ("backend.models.resolve", "resolve the model now (converts the offline demo model once)"),
+    "check-flags": ("backend.serving.preflight", "check engine flags against the installed engine's own parser"),
+    "build-trt-engine": ("backend.engines.trtllm", "build the TensorRT-LLM engine for trtllm.backend: tensorrt"),
+    "bench": ("backend.benchmarks.run", "benchmark latency/throughput against concurrency, HF baseline, app overhead"),
+    "doctor": ("backend.ops.doctor", "check the app, the engine, its metrics and its log; explain known failures"),
+    "convert-gguf": ("backend.models.gguf", "convert a model folder to GGUF for llama.cpp now (cached)"),
+    "add-user": ("backend.accounts.login", "add a login user or change a password (see docs/accounts.md)"),
 }
 
 

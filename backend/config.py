@@ -176,7 +176,7 @@ class LlamaCppSettings(_Strict):
 
 
 class CanarySettings(_Strict):
-    """The start-up check of the engine's answers against a float32 reference (backend.canary)."""
+    """The start-up check of the engine's answers against a float32 reference (backend.serving.canary)."""
 
     enabled: bool = True
     timeout_s: float = Field(300, gt=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 class ServiceError(Exception):
     """Base of every error meant for a person: `str()` is the full message, `hint` what to do next."""
 
-    #: key of the translated chat message in backend.i18n (falls back to the English text)
+    #: key of the translated chat message in backend.chat.i18n (falls back to the English text)
     key = "error.generic"
 
     def __init__(self, message: str, hint: str = "", **params: object) -> None:

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
-from backend.service import ChatService
 
 SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
 OFFLINE = {"HF_HUB_OFFLINE": "1"}

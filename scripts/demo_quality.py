@@ -1,6 +1,6 @@
 """Which precision, system prompt and sampling defaults give the offline demo model its most sensible answers.
 
-The demo model (SmolLM2-135M-Instruct, see backend/demo_model.py) answers a FIXED set of 12 questions,
+The demo model (SmolLM2-135M-Instruct, see backend/child/demo_model.py) answers a FIXED set of 12 questions,
 6 English and 6 Simplified Chinese, under several chat configurations; every answer is scored with the
 simple heuristics below and the means are compared. Runs with the app's interpreter (httpx, yaml):
 

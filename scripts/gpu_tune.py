@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.benchmark import parse_args, run
+from backend.benchmarks.report import write_report
+from backend.benchmarks.run import parse_args, run
+from backend.chat.service import ChatService
 from backend.config import load_config
-from backend.report import write_report
-from backend.service import ChatService
 
 # The bundle carries no FlashAttention kernels; a fixed KV cache (8 GiB) per engine lets several share a GPU.
 TRITON = ["--attention-backend", "TRITON_ATTN", "--kv-cache-memory-bytes", str(8 * 1024**3)]
@@ -106,5 +106,5 @@ async def main(out: Path, model: str, names: list[str]) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("backend.supervisor").setLevel(logging.INFO)
+    logging.getLogger("backend.serving.supervisor").setLevel(logging.INFO)
     asyncio.run(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3:] or list(EXPERIMENTS)))

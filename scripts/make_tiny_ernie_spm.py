@@ -4,7 +4,7 @@ usage: python scripts/make_tiny_ernie_spm.py OUT_DIR [--arch tiny|0.3b] [--seed 
 Run with the engine's interpreter (needs sentencepiece, torch, transformers). This is the folder layout
 baidu/ERNIE-4.5-0.3B-PT ships (config.json, tokenizer.model, tokenizer_config.json with
 added_tokens_decoder, generation_config.json, model.safetensors), so the GGUF conversion
-(backend.gguf_convert) is exercised for real. The tokenizer is a byte-fallback BPE trained offline
+(backend.child.gguf_convert) is exercised for real. The tokenizer is a byte-fallback BPE trained offline
 on the built-in corpus of make_tiny_ernie.py. With --arch 0.3b the weights have the exact
 ERNIE-4.5-0.3B shape (random, bf16, about 0.7 GB) and the vocabulary is padded to 103424 ids by the
 converter, as for the real model; use it to measure llama.cpp's speed on the architecture.

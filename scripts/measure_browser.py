@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from backend.promtext import sample_totals
+from backend.ops.prometheus_text import sample_totals
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY
 
 PROMPTS = [

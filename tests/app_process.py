@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 from backend.config import ROOT
-from backend.promtext import sample_totals
-from backend.supervisor import free_port
+from backend.ops.prometheus_text import sample_totals
+from backend.serving.supervisor import free_port
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -165,7 +165,7 @@ def reset_postgres() -> None:
     from sqlalchemy import text
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from backend.schema import TABLES, VERSION_TABLE
+    from backend.storage.schema import TABLES, VERSION_TABLE
 
     async def drop() -> None:
         engine = create_async_engine(POSTGRES_URL)

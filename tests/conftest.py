@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
-from backend.engines import engine_python
-from backend.models import prepare_demo_model
-from backend.service import ChatService
+from backend.engines.vllm import engine_python
+from backend.models.resolve import prepare_demo_model
 
 CACHE = ROOT / ".cache" / "test-models"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.passwords import hash_password
-from backend.users import write_users_file
+from backend.accounts.passwords import hash_password
+from backend.accounts.users import write_users_file
 from tests.app_process import CHROMIUM, REPLY, RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login
 

@@ -18,8 +18,8 @@ import pytest
 import pytest_asyncio
 import socketio
 
-from backend.passwords import hash_password
-from backend.users import write_users_file
+from backend.accounts.passwords import hash_password
+from backend.accounts.users import write_users_file
 from tests.app_process import POSTGRES_URL, RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login
 

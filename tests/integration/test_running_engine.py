@@ -11,10 +11,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from backend import benchmark, doctor, web
-from backend.metrics import AppMetrics
-from backend.pacing import paced
-from backend.service import ChatService
+from backend.benchmarks import run as benchmark
+from backend.chat.pacing import paced
+from backend.chat.service import ChatService
+from backend.ops import doctor, web
+from backend.ops.metrics import AppMetrics
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.service import ChatService
-from backend.supervisor import State
+from backend.chat.service import ChatService
+from backend.serving.supervisor import State
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration

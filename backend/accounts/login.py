@@ -1,0 +1,193 @@
+"""Login: checking passwords against the users (backend/accounts/users.py), the session secret, and add-user.
+
+The users file is re-read when it changes, so `add-user` works while the app runs. A damaged file
+refuses every login (it never opens the app) and the log names the file and line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from backend.accounts.passwords import MIN_LENGTH, dummy_hash, hash_password, verify_password
+from backend.accounts.users import UsersFileError, check_name, parse_users_env, read_users_file, write_users_file
+from backend.config import AppConfig, load_config
+from backend.errors import ConfigError, ServiceError
+
+log = logging.getLogger(__name__)
+
+SECRET_ENV = "CHAINLIT_AUTH_SECRET"
+SECRET_FILE = "auth_secret"
+
+
+def users_file_path(cfg: AppConfig) -> Path:
+    return cfg.paths.resolve(cfg.auth.users_file)
+
+
+class Accounts:
+    """Checks passwords against the users file (re-read when it changes) and ERNIE_AUTH__USERS."""
+
+    def __init__(self, users_file: Path, env_users: str | None = None) -> None:
+        self.users_file = users_file
+        self._env_users = env_users
+        self._stamp: tuple[int, int] | None = None
+        self._loaded = False
+        self._users: dict[str, str] = {}
+        self.problem: UsersFileError | None = None
+        self._reload()
+
+    @classmethod
+    def from_config(cls, cfg: AppConfig) -> Accounts:
+        env = cfg.auth.users.get_secret_value() if cfg.auth.users is not None else None
+        return cls(users_file_path(cfg), env)
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.users_file.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _reload(self) -> None:
+        stamp = self._file_stamp()
+        if self._loaded and stamp == self._stamp:
+            return
+        self._stamp, self._loaded = stamp, True
+        try:
+            users = read_users_file(self.users_file)
+            if self._env_users:
+                users.update(parse_users_env(self._env_users))
+        except UsersFileError as exc:
+            if str(exc) != str(self.problem):
+                log.error("%s Nobody can log in until this is fixed.", exc)
+            self.problem, self._users = exc, {}
+            return
+        if self.problem is not None:
+            log.info("Users file fixed: %d users can log in.", len(users))
+        self.problem, self._users = None, users
+        if not users:
+            log.error(
+                "Login is enabled but no users are defined (%s, ERNIE_AUTH__USERS): "
+                "add one with `python -m backend add-user NAME`.",
+                self.users_file,
+            )
+
+    def names(self) -> list[str]:
+        self._reload()
+        return sorted(self._users)
+
+    def check(self, name: str, password: str) -> str | None:
+        """The user's name when `password` is theirs, else None (a wrong name costs as long as a wrong password)."""
+        self._reload()
+        stored = self._users.get(name)
+        ok = verify_password(password, stored or dummy_hash())
+        if stored is None or not ok:
+            log.info("Login refused for %r", name[:64])
+            return None
+        return name
+
+    async def login(self, name: str, password: str) -> str | None:
+        """check() off the event loop (scrypt takes ~50 ms of CPU)."""
+        return await asyncio.to_thread(self.check, name, password)
+
+
+def ensure_auth_secret(data_dir: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:
+    """Make sure CHAINLIT_AUTH_SECRET is set: from the environment, else from (or into) data_dir/auth_secret.
+
+    Returns the file used, or None when the environment already had it. The secret is never logged."""
+    if environ.get(SECRET_ENV):
+        return None
+    path = data_dir / SECRET_FILE
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            secret = path.read_text(encoding="ascii").strip()
+            if path.stat().st_mode & 0o077:
+                log.warning("%s is readable by other users: chmod 600 it.", path)
+        else:
+            secret = secrets.token_urlsafe(48)
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.write(secret + "\n")
+            log.info("Created the login session secret in %s (mode 600).", path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"Cannot read or create the login session secret {path}: {exc}.",
+            f"Make the data folder writable, or set {SECRET_ENV} yourself.",
+        ) from exc
+    if len(secret) < 32:
+        raise ConfigError(f"The login session secret in {path} is too short.", "Delete the file to make a new one.")
+    environ[SECRET_ENV] = secret
+    return path
+
+
+def setup_login(cfg: AppConfig | None = None) -> Accounts | None:
+    """Accounts when login is enabled (and the session secret in place), else None. Called at import by app.py:
+    Chainlit decides whether a login page is needed right after importing the app."""
+    try:
+        cfg = cfg or load_config()
+    except ConfigError:
+        return None  # the chat reports the configuration error; no login page without a configuration
+    if not cfg.auth.enabled:
+        return None
+    ensure_auth_secret(cfg.paths.data)
+    accounts = Accounts.from_config(cfg)
+    log.info("Login enabled; users: %d (%s and ERNIE_AUTH__USERS).", len(accounts.names()), accounts.users_file)
+    return accounts
+
+
+def _read_password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"Password for {args.name}: ")
+        if getpass.getpass("Again: ") != password:
+            raise ValueError("the two passwords differ")
+    if len(password) < MIN_LENGTH:
+        raise ValueError(f"the password must have at least {MIN_LENGTH} characters")
+    return password
+
+
+def main(argv: list[str] | None = None) -> int:
+    """add-user NAME: add a user or change their password in the users file."""
+    parser = argparse.ArgumentParser(prog="python -m backend add-user", description=main.__doc__)
+    parser.add_argument("name", help="user name (letters, digits, . _ @ -)")
+    parser.add_argument("--file", type=Path, help="users file (default: auth.users_file of the configuration)")
+    parser.add_argument("--password-stdin", action="store_true", help="read the password from stdin (no prompt)")
+    parser.add_argument("--print", action="store_true", help="print name:hash for ERNIE_AUTH__USERS, write nothing")
+    args = parser.parse_args(argv)
+    try:
+        check_name(args.name)
+        password = _read_password(args)
+    except ValueError as exc:
+        print(f"add-user: {exc}", file=sys.stderr)
+        return 2
+    if args.print:
+        print(f"{args.name}:{hash_password(password)}")
+        return 0
+    cfg: AppConfig | None = None
+    try:
+        cfg = load_config()
+    except ConfigError as exc:
+        if args.file is None:  # the configuration names the users file
+            print(f"add-user: {exc}", file=sys.stderr)
+            return 1
+    path: Path = args.file if args.file is not None else users_file_path(cfg)  # type: ignore[arg-type]
+    try:
+        users = read_users_file(path)
+        existed = args.name in users
+        users[args.name] = hash_password(password)
+        write_users_file(path, users)
+    except (ServiceError, OSError) as exc:
+        print(f"add-user: {exc}", file=sys.stderr)
+        return 1
+    print(f"{'Changed the password of' if existed else 'Added'} {args.name} in {path}.")
+    if cfg is not None and not cfg.auth.enabled:
+        print("Login is off: set auth.enabled: true in config/backend.yaml (or ERNIE_AUTH__ENABLED=true).")
+    return 0

@@ -1,0 +1,307 @@
+"""`python -m backend bench`: latency and throughput of the chat backend at a sweep of concurrency levels.
+
+By default the engine is started as the app starts it (ChatService from the configuration) and stopped
+at the end; --base-url measures a server that already runs. Each level sends synthetic prompts of a
+fixed token length and/or the shipped Chinese prompt set over plain streaming HTTP; chosen levels are
+sent again through the app's own client path (overhead), and the same prompts go through HF
+transformers `generate` in the engine's interpreter (baseline). Results: results/<name>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from backend.benchmarks.baseline import add_baseline, baseline_job, run_baseline
+from backend.benchmarks.comparison import compare
+from backend.benchmarks.loadgen import AppSender, LevelRun, RawSender, Sampling, Sender, run_level
+from backend.benchmarks.memory import PeakSampler
+from backend.benchmarks.report import write_report
+from backend.benchmarks.stats import level_metrics
+from backend.benchmarks.targets import MemoryReader, Server, external_server, managed_server, server_version
+from backend.benchmarks.workload import (
+    DEFAULT_PROMPT_SET,
+    BenchRequest,
+    PromptSetWorkload,
+    SyntheticWorkload,
+    Tagger,
+    load_prompt_set,
+)
+from backend.chat.client import ChatClient
+from backend.config import ROOT, load_config
+from backend.engines.vllm import engine_python
+from backend.errors import BenchmarkError, ServiceError
+
+log = logging.getLogger(__name__)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise BenchmarkError(f"Concurrency levels {text!r} are not a list of positive integers.", "Use e.g. 1,2,4,8.")
+    return values
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m backend bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--name", help="results folder name under results/ (default: bench-<date>-<time>)")
+    p.add_argument("--out-dir", type=Path, help="results folder (default: results/<name>)")
+    p.add_argument("--config", help="configuration file for the managed engine (default: config/backend.yaml)")
+    p.add_argument("--port", type=int, default=0, help="port of the managed engine (default 0: a free one)")
+    p.add_argument("--base-url", help="measure this running OpenAI-compatible server instead (http://host:port[/v1])")
+    p.add_argument("--api-key", default=os.environ.get("BENCH_API_KEY", "EMPTY"), help="its API key")
+    p.add_argument("--model", help="its model name (default: the first of /v1/models)")
+    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels (default 1,2,4,8)")
+    p.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (default 2)")
+    p.add_argument("--requests", type=int, help="fixed number of requests per level instead of --rounds")
+    p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
+    p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
+    p.add_argument("--output-len", type=int, default=128, help="synthetic output tokens")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPT_SET, help="prompt set (JSONL)")
+    p.add_argument("--prompts-output-len", type=int, help="output tokens for every prompt-set request")
+    p.add_argument("--no-ignore-eos", action="store_true", help="let replies end at EOS (lengths then vary)")
+    p.add_argument("--temperature", type=float, help="default: chat.temperature of the configuration")
+    p.add_argument("--top-p", type=float, help="default: chat.top_p of the configuration")
+    p.add_argument(
+        "--app-concurrency",
+        default="ends",
+        help="levels also run through the app's client: 'ends' (lowest and highest), a list, or 'none'",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the HF transformers baseline")
+    p.add_argument("--hf-model", help="model folder for the HF baseline (default: the managed engine's)")
+    p.add_argument("--hf-python", help="interpreter with torch+transformers (default: the engine's)")
+    p.add_argument("--hf-cache", choices=("static", "dynamic"), default="static", help="HF KV cache (default static)")
+    p.add_argument("--hf-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--hf-threads", type=int, help="torch threads for the baseline (default: torch's own)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the sweep (default 2)")
+    p.add_argument("--timeout", type=float, default=600.0, help="longest wait per request in seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    args.levels = _levels(args.concurrency)
+    args.dataset_names = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    unknown = set(args.dataset_names) - {"synthetic", "prompts"}
+    if unknown or not args.dataset_names:
+        raise BenchmarkError(f"Unknown dataset(s) in --datasets {args.datasets!r}.", "Use synthetic, prompts or both.")
+    if args.app_concurrency == "none":
+        args.app_levels = []
+    elif args.app_concurrency == "ends":
+        args.app_levels = sorted({args.levels[0], args.levels[-1]})
+    else:
+        args.app_levels = _levels(args.app_concurrency)
+        if not set(args.app_levels) <= set(args.levels):
+            raise BenchmarkError("--app-concurrency must be among the --concurrency levels.", "")
+    for name in ("rounds", "input_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise BenchmarkError(f"--{name.replace('_', '-')} must be at least 1.", "")
+    args.name = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
+    args.out_dir = (args.out_dir or ROOT / "results" / args.name).resolve()
+    return args
+
+
+# ----- the sweep -----------------------------------------------------------------------------------
+def _bar(args: argparse.Namespace, total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="req", disable=args.no_progress, leave=True, dynamic_ncols=True)
+
+
+async def measure_level(
+    args: argparse.Namespace, send: Sender, requests: list[BenchRequest], level: int, memory: MemoryReader, desc: str
+) -> tuple[LevelRun, dict[str, Any]]:
+    """Run one level with a progress bar and a memory sampler; return the run and its JSON record."""
+    load_before = os.getloadavg()
+    with _bar(args, len(requests), desc) as bar:
+        async with PeakSampler(memory) as sampler:
+            results, duration = await run_level(send, requests, level, lambda: bar.update(1))
+    metrics = level_metrics(level, results, duration)
+    record = metrics.to_dict() | {
+        "peak_memory_bytes": sampler.peak,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    ttft = metrics.ttft_ms.p50 if metrics.ttft_ms else None
+    tqdm.write(
+        f"{desc}: {metrics.output_tokens_per_s:.1f} out tok/s, {metrics.requests_per_s:.2f} req/s, "
+        f"TTFT P50 {ttft if ttft is None else round(ttft)} ms, errors {metrics.errors}",
+        file=sys.stderr,
+    )
+    for sample in metrics.error_samples:
+        tqdm.write(f"  error: {sample}", file=sys.stderr)
+    return LevelRun(requests, results, metrics), record
+
+
+def _count_tokens(client: ChatClient) -> Callable[[list[dict[str, str]]], Awaitable[int | None]]:
+    async def count(messages: list[dict[str, str]]) -> int | None:
+        try:
+            return await client.count_tokens(messages)
+        except ServiceError:
+            return None
+
+    return count
+
+
+async def sweep(
+    args: argparse.Namespace, server: Server, sampling: Sampling, flush_s: float, doc: dict[str, Any]
+) -> dict[str, dict[int, LevelRun]]:
+    """Run every dataset at every level over HTTP, and the chosen levels through the app's client."""
+    tagger = Tagger()
+    workloads: dict[str, SyntheticWorkload | PromptSetWorkload] = {}
+    for name in args.dataset_names:
+        if name == "synthetic":
+            count = _count_tokens(server.client)
+            workloads["synthetic"] = SyntheticWorkload(args.input_len, args.output_len, tagger, count, args.seed)
+            doc["datasets"]["synthetic"] = (
+                f"random words, {args.input_len} prompt tokens each (chat template included), "
+                f"{args.output_len} output tokens"
+            )
+        else:
+            items = load_prompt_set(args.prompts)
+            workloads[args.prompts.stem] = PromptSetWorkload(items, tagger, args.prompts_output_len)
+            lengths = (
+                f"{args.prompts_output_len} output tokens" if args.prompts_output_len else "output tokens per prompt"
+            )
+            kinds = ", ".join(sorted({i.category for i in items}))
+            doc["datasets"][args.prompts.stem] = f"{len(items)} prompts from {args.prompts.name} ({kinds}), {lengths}"
+    ep = server.endpoint
+    raw = RawSender(ep.base_url, ep.api_key, ep.model, sampling, args.timeout, connections=max(args.levels) + 4)
+    app = AppSender(server.client, sampling, flush_s)
+    done: dict[str, dict[int, LevelRun]] = {}
+    try:
+        for send in (raw, app) if args.warmup else ():
+            # Unmeasured: the server's first requests, and the app client's first connection, are slower.
+            warm = [BenchRequest([{"role": "user", "content": tagger.tag() + "你好"}], 16, "warmup")] * args.warmup
+            await run_level(send, warm, 1)
+        for dataset, workload in workloads.items():
+            done[dataset] = {}
+            server_run: dict[str, Any] = {"dataset": dataset, "target": "server", "levels": []}
+            app_run: dict[str, Any] = {"dataset": dataset, "target": "app", "levels": []}
+            doc["runs"] += [server_run, app_run]
+            for level in args.levels:
+                n = args.requests or args.rounds * level
+                requests = await workload.take(n)
+                run, record = await measure_level(
+                    args, raw, requests, level, server.memory, f"{dataset} server c={level}"
+                )
+                server_run["levels"].append(record | {"memory_source": server.memory_source})
+                done[dataset][level] = run
+                if level in args.app_levels:
+                    again = await workload.take(n)  # same prompts (new tags) or same lengths
+                    _, record = await measure_level(args, app, again, level, server.memory, f"{dataset} app c={level}")
+                    app_run["levels"].append(record | {"memory_source": server.memory_source})
+        doc["runs"] = [r for r in doc["runs"] if r["levels"]]
+    finally:
+        await raw.aclose()
+    return done
+
+
+# ----- the command ---------------------------------------------------------------------------------
+async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """Run the whole benchmark and return the run document (also written to args.out_dir)."""
+    cfg = load_config(args.config)
+    sampling = Sampling(
+        temperature=cfg.chat.temperature if args.temperature is None else args.temperature,
+        top_p=cfg.chat.top_p if args.top_p is None else args.top_p,
+        ignore_eos=not args.no_ignore_eos,
+    )
+    doc: dict[str, Any] = {
+        "name": args.name,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "command": "python -m backend bench " + shlex.join(argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_start": [round(x, 2) for x in os.getloadavg()],
+        },
+        "settings": {
+            "concurrency": args.levels,
+            "app_concurrency": args.app_levels,
+            "requests_rule": f"{args.requests} fixed" if args.requests else f"{args.rounds} x concurrency",
+            "datasets": args.dataset_names,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "prompts": str(args.prompts),
+            "prompts_output_len": args.prompts_output_len,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "ignore_eos": sampling.ignore_eos,
+            "warmup": args.warmup,
+        },
+        "datasets": {},
+        "runs": [],
+        "baseline": None,
+        "notes": [],
+    }
+    if args.base_url:
+        server_cm = external_server(cfg, args.base_url, args.api_key, args.model)
+        doc["notes"].append("Memory of an existing server is what its /metrics reports (vLLM: the API server only).")
+    else:
+        cfg.server.port = args.port
+        cfg.paths.data_dir = str(args.out_dir / "engine")
+        server_cm = managed_server(cfg)
+    async with server_cm as server:
+        doc["server"] = {
+            "kind": server.kind,
+            "engine": server.engine,
+            "version": await server_version(server.endpoint),
+            "base_url": server.endpoint.base_url,
+            "model": server.endpoint.model,
+            "model_path": server.model_path,
+            "flags": server.flags,
+        }
+        done = await sweep(args, server, sampling, cfg.chat.stream_flush_ms / 1000, doc)
+    if args.app_levels:
+        doc["notes"].append(
+            f"App client ITL is the gap between the chat's paced updates (chat.stream_flush_ms = "
+            f"{cfg.chat.stream_flush_ms:g} ms), not between tokens; its TTFT is the time to the first text."
+        )
+    doc["notes"].append(
+        "TTFT, TPOT and E2EL have one value per request, so P99 over a few requests is close to the maximum; "
+        "ITL pools every gap of the level."
+    )
+    # The server is stopped now (when managed), so the baseline has the CPU to itself.
+    hf_model = args.hf_model or server.model_path
+    if args.no_baseline:
+        pass
+    elif not hf_model:
+        doc["notes"].append("No HF baseline: pass --hf-model with the model folder the server serves.")
+    else:
+        job, names = baseline_job(args, hf_model, sampling, done)
+        result = await run_baseline(args.hf_python or engine_python(cfg), job, progress=not args.no_progress)
+        add_baseline(doc, names, result)
+    compare(doc)
+    doc["machine"]["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark command; print where the results are."""
+    from backend.logs import setup_logging
+
+    argv = sys.argv[1:] if argv is None else argv
+    setup_logging()
+    try:
+        args = parse_args(argv)
+        doc = asyncio.run(run(args, argv))
+    except ServiceError as exc:
+        print(f"bench: {exc.message}\n{exc.hint}".rstrip(), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+    for path in write_report(doc, Path(args.out_dir)):
+        print(path)
+    return 0

@@ -1,0 +1,170 @@
+"""Build llama.cpp's own C++ server (llama-server, llama-quantize) from the sources on the package index.
+
+    python -m backend.child.llamacpp_build [--prefix DIR] [--variants all|native] [--jobs N]
+
+No binary is downloaded: the llama-cpp-python sdist on PyPI vendors the whole of llama.cpp
+(`tools/server/` included), and pip fetches that sdist like any other package. It is built with CMake
+with `GGML_BACKEND_DL`: the CPU kernels are separate libraries, one per instruction-set level
+("variant": x64, haswell, skylakex, zen4, sapphirerapids...), and the app chooses one at run time
+(GGML_BACKEND_PATH, see backend.engines.llamacpp). That is how a machine that advertises AMX but faults on it
+(a Firecracker VM, 2026-12-01) is served by the AVX-512 kernels instead: the canary
+(backend.serving.canary) tries the best variant the CPU claims first and falls back on a crash or a mismatch.
+
+`--variants native` (the default, what `make setup-llamacpp` builds) compiles only the variants this
+CPU claims among a short ladder, plus the portable x64 one (~10 minutes on 2 cores); `all` compiles
+llama.cpp's whole list, for an image meant for other CPUs. The result is cached per version and
+variant list under ~/.cache/ernie-chat/llama.cpp (like pip's wheel cache) and linked into the prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what gets built
+BUILD_REVISION = 1  # bump when the CMake options below change
+TARGETS = ("llama-server", "llama-quantize")
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_BACKEND_DL=ON",
+    "-DGGML_CPU_ALL_VARIANTS=ON",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_CCACHE=OFF",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+)
+# The x86 ladder built for "native", best first, with the /proc/cpuinfo flags each needs (llama.cpp's
+# own feature sets, ggml/src/CMakeLists.txt); x64 runs anywhere and is always built.
+AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
+LADDER: dict[str, tuple[str, ...]] = {
+    "sapphirerapids": (*AVX512, "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"),
+    "zen4": (*AVX512, "avx512vbmi", "avx512_vnni", "avx512_bf16"),
+    "skylakex": AVX512,
+    "haswell": ("avx", "avx2", "fma", "f16c", "bmi2"),
+    "x64": (),
+}
+VARIANT_LINE = re.compile(r"^(\s*)ggml_add_cpu_backend_variant\((\w+)\b", re.MULTILINE)
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ernie-chat" / "llama.cpp"
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The instruction-set flags the CPU advertises (the first `flags` line of /proc/cpuinfo)."""
+    text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def claimed_variants(flags: set[str]) -> list[str]:
+    """The ladder's variants whose instructions the CPU advertises, best first (x64 always last)."""
+    return [name for name, needs in LADDER.items() if set(needs) <= flags]
+
+
+def keep_variants(cmakelists: str, keep: set[str]) -> str:
+    """llama.cpp's ggml/src/CMakeLists.txt with only the `keep` x86 CPU variants left in its variant list."""
+    start = cmakelists.index('if (GGML_SYSTEM_ARCH STREQUAL "x86")', cmakelists.index("if (GGML_CPU_ALL_VARIANTS)"))
+    end = cmakelists.index("elseif", start)
+    block = cmakelists[start:end]
+    found = {m.group(2) for m in VARIANT_LINE.finditer(block)}
+    if not keep <= found:
+        raise SystemExit(f"llama.cpp {VERSION}'s CMakeLists.txt has no CPU variant(s) {sorted(keep - found)}")
+
+    def drop(match: re.Match[str]) -> str:
+        return match.group(0) if match.group(2) in keep else f"{match.group(1)}# not built here: {match.group(2)}"
+
+    # The whole call is commented out: the name, its feature list and the closing parenthesis.
+    block = re.sub(r"^(\s*)ggml_add_cpu_backend_variant\((\w+)\b[^)]*\)", drop, block, flags=re.MULTILINE)
+    return cmakelists[:start] + block + cmakelists[end:]
+
+
+def fetch_sources(work: Path) -> Path:
+    """Download llama-cpp-python's sdist from the package index and unpack it; return vendor/llama.cpp."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(work),
+         f"llama-cpp-python=={VERSION}"],
+        check=True,
+    )  # fmt: skip
+    archive = next(work.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(work, filter="data")
+    return work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+
+
+def build(variants: list[str] | None, out: Path, jobs: int) -> None:
+    """Configure and build into `out` (bin/ with the programs, bin/cpu/ with one library per variant)."""
+    with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
+        work = Path(tmp)
+        src = fetch_sources(work)
+        if variants is not None:
+            lists = src / "ggml" / "src" / "CMakeLists.txt"
+            lists.write_text(keep_variants(lists.read_text(), set(variants)))
+        build_dir = work / "build"
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS], check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
+        staged = out.with_name(out.name + ".partial")
+        shutil.rmtree(staged, ignore_errors=True)
+        (staged / "bin" / "cpu").mkdir(parents=True)
+        built = build_dir / "bin"
+        for path in built.iterdir():
+            if path.name.startswith("libggml-cpu-") and path.suffix == ".so":
+                # Kept out of bin/ so that llama.cpp's own search (the program's folder) finds none of them
+                # and loads exactly the one GGML_BACKEND_PATH names.
+                shutil.copy2(path, staged / "bin" / "cpu" / path.name)
+            elif path.name in TARGETS or ".so" in path.name:
+                shutil.copy2(path, staged / "bin" / path.name, follow_symlinks=False)
+        (staged / "VERSION").write_text(f"llama-cpp-python {VERSION} vendor/llama.cpp\n")
+        shutil.rmtree(out, ignore_errors=True)
+        staged.rename(out)
+
+
+def cache_dir(variants: list[str] | None) -> Path:
+    """Where this version and variant list is built once (shared by every checkout on the machine)."""
+    key = hashlib.sha256(f"{VERSION} {BUILD_REVISION} {variants} {CMAKE_OPTIONS}".encode()).hexdigest()[:10]
+    return CACHE / f"{VERSION}-{key}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or reuse the cached build of) llama-server and link it to PREFIX."""
+    parser = argparse.ArgumentParser(prog="python -m backend.child.llamacpp_build", description=main.__doc__)
+    parser.add_argument("--prefix", type=Path, default=Path(".venv-engine") / "llama.cpp")
+    parser.add_argument("--variants", choices=("native", "all"), default="native")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--rebuild", action="store_true", help="ignore the cached build")
+    args = parser.parse_args(argv)
+    variants = claimed_variants(cpu_flags()) if args.variants == "native" else None
+    if variants is not None and os.uname().machine not in ("x86_64", "AMD64"):
+        variants = None  # llama.cpp's list for other architectures (ARM) is used whole
+    target = cache_dir(variants)
+    if args.rebuild or not (target / "bin" / "llama-server").is_file():
+        started = time.monotonic()
+        print(f"Building llama.cpp's server (variants: {', '.join(variants or ['all'])}) into {target}", flush=True)
+        build(variants, target, args.jobs)
+        print(f"Built in {time.monotonic() - started:.0f} s", flush=True)
+    prefix: Path = args.prefix
+    if prefix.is_symlink() or prefix.is_file():
+        prefix.unlink()
+    elif prefix.is_dir():
+        shutil.rmtree(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix.symlink_to(target.resolve(), target_is_directory=True)
+    print(f"{prefix} -> {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

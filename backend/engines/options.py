@@ -1,0 +1,254 @@
+"""The engine's own command-line options, read from its real parser and cached per version; argument checks.
+
+Guides for this model mix real vLLM flags with invented ones. A flag the engine does not know must stop
+the start with a message that names it and the closest real flag, not crash the child 30 s later.
+The options come from the engine's interpreter running backend.child.engine_probe (importing vLLM takes
+10-20 s), once per engine version, into <paths.cache>/engine-options/.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+import re
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.child.engine_probe import MARKER
+from backend.config import ROOT
+
+log = logging.getLogger(__name__)
+
+PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
+LABELS = {"vllm": "vLLM", "trtllm": "trtllm-serve (TensorRT-LLM)"}
+
+
+class OptionsUnavailableError(RuntimeError):
+    """The engine's parser could not be read (not installed, or an import failed); flags stay unchecked."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """One engine version's command-line options: option string -> {"nargs": ..., "choices": [...]}."""
+
+    engine: str
+    version: str
+    options: dict[str, dict[str, Any]]
+    values: dict[str, list[str]] = field(default_factory=dict)  # valid values the parser does not enforce
+    architectures: dict[str, list[str]] = field(default_factory=dict)  # trtllm: backend -> model classes
+
+    @property
+    def label(self) -> str:
+        return f"{LABELS.get(self.engine, self.engine)} {self.version}"
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What to say about a flag that guides use but this engine does not have."""
+
+    text: str
+    instead: str | None = None  # a real flag to suggest, when this engine version has it
+
+
+# Flags from published guides that vLLM does not have (invented, or removed); keys use vLLM's dashes.
+VLLM_HINTS: dict[str, Hint] = {
+    "--enable-tensorrt-llm": Hint(
+        "vLLM has no TensorRT-LLM mode. TensorRT-LLM is a separate engine this app can run instead: set "
+        "engine.name: trtllm (see docs/engines.md)."
+    ),
+    "--tensorrt-llm-model-dir": Hint(
+        "TensorRT engines are served by trtllm-serve, not vLLM: set engine.name: trtllm and trtllm.engine_dir "
+        "(build one with `python -m backend build-trt-engine`)."
+    ),
+    "--config-path": Hint(
+        "vLLM's --config takes a YAML file of its own command-line options and has no 'scheduler' section; put "
+        "scheduler settings (max_num_seqs, max_num_batched_tokens) in engine.flags instead.",
+        "--config",
+    ),
+    "--awq-ckpt-path": Hint(
+        "vLLM reads AWQ weights from the model folder itself: set model.id to the AWQ checkpoint folder; the "
+        "method comes from its config.json (quantization_config), so --quantization awq is optional.",
+        "--quantization",
+    ),
+    "--swap-space": Hint(
+        "vLLM's V1 engine removed swap space: a preempted request is recomputed, not swapped. To keep KV cache "
+        "in CPU memory use --kv-offloading-size GIB; the profiles size max_num_seqs x max_model_len so that "
+        "nothing is preempted.",
+        "--kv-offloading-size",
+    ),
+}
+HINTS = {"vllm": VLLM_HINTS}
+
+_memo: dict[tuple[str, str, str], EngineOptions] = {}
+_memo_lock = threading.Lock()
+
+
+def _run(python: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    # backend.child.engine_probe runs in the engine's environment; the project folder makes it importable.
+    try:
+        return subprocess.run(
+            [python, "-m", "backend.child.engine_probe", *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise OptionsUnavailableError(f"could not run {python}: {exc}") from exc
+
+
+def engine_version(engine: str, python: str, timeout_s: float = 60) -> tuple[str, str]:
+    """Return (version, package folder) of the engine's package for `python`, without importing it."""
+    proc = _run(python, ["version", PACKAGES[engine]], timeout_s)
+    if proc.returncode != 0:
+        raise OptionsUnavailableError(f"{PACKAGES[engine]} is not installed for {python}")
+    version, _, location = proc.stdout.strip().partition(" ")
+    return version, location
+
+
+def read_options(engine: str, python: str, cache_dir: Path, timeout_s: float = 300) -> EngineOptions:
+    """The engine's options for `python`: from memory, the cache file of its version, or its parser."""
+    version, location = engine_version(engine, python)
+    digest = hashlib.sha1(location.encode()).hexdigest()[:10]
+    cache_file = cache_dir / "engine-options" / f"{engine}-{version}-{digest}.json"
+    key = (engine, str(cache_file), python)
+    with _memo_lock:
+        if key in _memo:
+            return _memo[key]
+        data: dict[str, Any] | None = None
+        try:
+            data = json.loads(cache_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log.info("Reading %s %s's command-line options once (cached in %s)", engine, version, cache_file)
+            data = _probe(engine, python, timeout_s)
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data), encoding="utf-8")
+            tmp.replace(cache_file)
+        options = EngineOptions(
+            engine=engine,
+            version=str(data.get("version", version)),
+            options=data["options"],
+            values=data.get("values", {}),
+            architectures=data.get("architectures", {}),
+        )
+        _memo[key] = options
+        return options
+
+
+def _probe(engine: str, python: str, timeout_s: float) -> dict[str, Any]:
+    proc = _run(python, [engine], timeout_s)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARKER):
+            return dict(json.loads(line[len(MARKER) :]))
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+    raise OptionsUnavailableError(f"could not read {engine}'s options with {python} (exit {proc.returncode}):\n{tail}")
+
+
+def _normalize(engine: str, key: str) -> str:
+    # vLLM's FlexibleArgumentParser turns "_" into "-" between the leading "--" and the first ".".
+    if engine == "vllm" and key.startswith("--"):
+        head, dot, rest = key[2:].partition(".")
+        return "--" + head.replace("_", "-") + dot + rest
+    return key
+
+
+def _is_value(token: str) -> bool:
+    return not token.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", token) is not None
+
+
+def _closest(word: str, candidates: list[str]) -> str | None:
+    found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def describe_unknown(flag: str, opts: EngineOptions) -> str:
+    """The sentence for a flag the engine does not have: what it is, and the real flag to use."""
+    text = f"{opts.label} has no flag {flag}."
+    hint = HINTS.get(opts.engine, {}).get(_normalize(opts.engine, flag))
+    if hint is not None:
+        instead = hint.instead if hint.instead in opts.options else None
+        return f"{text} Did you mean {instead}? {hint.text}" if instead else f"{text} {hint.text}"
+    close = _closest(_normalize(opts.engine, flag), [o for o in opts.options if o.startswith("--")])
+    if close:
+        return f"{text} Did you mean {close}?"
+    return f"{text} `python -m backend check-flags --list` prints the flags it has."
+
+
+def _check_values(flag: str, values: list[str], opts: EngineOptions, spec: dict[str, Any]) -> list[str]:
+    allowed: list[str] = list(spec.get("choices") or opts.values.get(flag) or [])
+    problems = []
+    for value in values if allowed else []:
+        if value not in allowed:
+            close = _closest(value, allowed)
+            suggestion = f" Did you mean {close}?" if close else ""
+            problems.append(f"{flag} {value!r} is not one of {opts.label}'s values ({', '.join(allowed)}).{suggestion}")
+    return problems
+
+
+def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str] | None = None) -> list[str]:
+    """Check an argument list (without program and positional model) against the engine's options."""
+    where = origin or (lambda flag: "")
+    problems: list[str] = []
+    seen: set[str] = set()
+    switch = ""  # the switch just read, for a value written after it
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if _is_value(token):
+            after = f"{switch}, a switch that takes no value" if switch else "no flag that takes a value"
+            problems.append(f"{where(token)}{token!r} follows {after}.")
+            switch = ""
+            continue
+        switch = ""
+        key, has_inline, inline = token.partition("=")
+        if opts.engine == "vllm" and key.startswith("-O") and not key.startswith("--"):
+            # vLLM's shorthand for --optimization-level: -O3, -O=3, or -O 3.
+            if key == "-O" and not has_inline and i < len(args) and args[i].isdigit():
+                i += 1
+            continue
+        name = _normalize(opts.engine, key)
+        base = name.partition(".")[0].rstrip("+")  # --json-arg.key and --json-arg.key+ set JSON fields
+        spec = opts.options.get(base)
+        if spec is None:
+            problems.append(where(key) + describe_unknown(key, opts))
+            if not has_inline and i < len(args) and _is_value(args[i]):
+                i += 1  # its value, most likely
+            continue
+        if base == name and base in seen:
+            log.warning("%s%s is given twice; the engine takes the last value", where(key), key)
+        seen.add(base)
+        nargs = spec.get("nargs")
+        if base != name or (nargs not in (0, "?", "*", "+") and not isinstance(nargs, int)):
+            nargs = 1  # a single value, or one JSON field
+        values: list[str] = []
+        if nargs == 0:
+            if has_inline:
+                problems.append(f"{where(key)}{key} is a switch and takes no value (got {token!r}).")
+            switch = key
+            continue
+        if has_inline:
+            values = [inline]
+        else:
+            want = len(args) if nargs in ("*", "+") else (1 if nargs == "?" else int(nargs))
+            while len(values) < want and i < len(args) and _is_value(args[i]):
+                values.append(args[i])
+                i += 1
+            if not values and nargs not in ("?", "*"):
+                problems.append(f"{where(key)}{key} needs a value.")
+                continue
+        if base == name:
+            problems += [where(key) + p for p in _check_values(base, values, opts, spec)]
+    return problems
+
+
+def has_package(python: str, package: str) -> bool:
+    """Tell whether `python` can import `package`, without importing it (a fraction of a second)."""
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({package!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False

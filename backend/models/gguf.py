@@ -1,0 +1,126 @@
+"""GGUF files for llama.cpp, made once: a Hugging Face folder converted and quantized, cached by source + quant.
+
+The conversion itself (backend.child.gguf_convert) runs in the engine's interpreter, which has gguf and torch
+(quantizing runs llama.cpp's llama-quantize); this side picks the cache file, runs it when the file is
+missing and reports failures.
+Cache layout: <paths.cache_dir>/gguf/<folder name>-<key>/<folder name>.<quant>.gguf, where the key
+hashes the folder's path and the size and time of every file the conversion reads. The bf16 file
+stays beside the quantized one: it is the quantizer's input, so switching quantization is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import subprocess
+import time
+from pathlib import Path
+
+from backend.config import ROOT, AppConfig
+from backend.errors import ModelConversionError, ServiceError
+
+log = logging.getLogger(__name__)
+
+CONVERTER_VERSION = 2  # bump when backend.child.gguf_convert writes different files (2: add_space_prefix from HF)
+QUANTS = ("bf16", "q8_0", "q4_k_m")
+CONVERT_TIMEOUT_S = 3600
+TAIL_LINES = 15
+
+
+def source_key(source: Path) -> str:
+    """Hash the folder's absolute path with the name, size and mtime of the files the conversion reads."""
+    digest = hashlib.sha256(f"v{CONVERTER_VERSION}\n{source.resolve()}\n".encode())
+    for file in sorted(source.iterdir()):
+        if file.is_file() and (file.suffix in (".json", ".model", ".safetensors")):
+            stat = file.stat()
+            digest.update(f"{file.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def cached_gguf(cfg: AppConfig, source: Path, quant: str) -> Path:
+    """The cache file for `source` converted to `quant` (it may not exist yet)."""
+    name = source.resolve().name
+    return cfg.paths.cache / "gguf" / f"{name}-{source_key(source)}" / f"{name}.{quant}.gguf"
+
+
+def convert_log(cfg: AppConfig) -> Path:
+    return cfg.paths.data / "logs" / "convert.log"
+
+
+def _run_converter(python: str, args: list[str], log_file: Path | None) -> None:
+    """Run backend.child.gguf_convert with `python`; its output goes to the terminal, or to `log_file`."""
+    cmd = [python, "-m", "backend.child.gguf_convert", *args]
+    if log_file is None:
+        code = subprocess.run(cmd, cwd=ROOT, timeout=CONVERT_TIMEOUT_S).returncode
+        tail = ""
+    else:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("ab") as out:
+            start = out.tell()
+            out.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=CONVERT_TIMEOUT_S)
+            code = proc.returncode
+        with log_file.open("rb") as fh:
+            fh.seek(start)
+            tail = "\n".join(fh.read().decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:])
+    if code != 0:
+        raise ModelConversionError(
+            f"Converting the model to GGUF failed (exit code {code})." + (f"\n{tail}" if tail else ""),
+            "Check that the folder is an ERNIE-4.5 model with tokenizer.model and safetensors weights, or set "
+            "llamacpp.gguf in config/backend.yaml to a GGUF file" + (f" (full log: {log_file})." if log_file else "."),
+        )
+
+
+def ensure_gguf(
+    cfg: AppConfig,
+    python: str,
+    source: Path,
+    quant: str,
+    log_file: Path | None = None,
+    quantize_tool: Path | None = None,
+) -> Path:
+    """Return the cached GGUF of `source` at `quant`, converting (bf16 first) and quantizing once when missing."""
+    target = cached_gguf(cfg, source, quant)
+    if target.is_file():
+        return target
+    started = time.monotonic()
+    bf16 = cached_gguf(cfg, source, "bf16")
+    progress = [] if log_file is None else ["--no-progress"]
+    if not bf16.is_file():
+        log.info("Converting %s to GGUF bf16 (once) into %s", source, bf16.parent)
+        _run_converter(python, [str(source), str(bf16), "--quant", "bf16", *progress], log_file)
+    if quant != "bf16":
+        log.info("Quantizing %s to %s (once)", bf16.name, quant)
+        tool = ["--quantize-tool", str(quantize_tool)] if quantize_tool else []
+        args = [str(source), str(target), "--quant", quant, "--bf16", str(bf16), *tool, *progress]
+        _run_converter(python, args, log_file)
+    log.info("GGUF %s ready in %.1f s", target, time.monotonic() - started)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Convert a model folder (default: the configured model) to GGUF now, with progress bars; print the path."""
+    from backend.config import load_config
+    from backend.engines.llamacpp import quantize_binary
+    from backend.engines.vllm import engine_python
+
+    parser = argparse.ArgumentParser(prog="python -m backend convert-gguf", description=main.__doc__)
+    parser.add_argument("source", nargs="?", type=Path, help="Hugging Face model folder (default: model.id)")
+    parser.add_argument("--quant", choices=QUANTS, help="quantization (default: llamacpp.quantization)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config()
+        source = args.source or Path(cfg.model.id).expanduser()
+        if not source.is_dir():
+            print(f"{source} is not a model folder: give the folder of a Hugging Face ERNIE-4.5 model.")
+            return 2
+        quant = args.quant or cfg.llamacpp.quantization
+        path = ensure_gguf(cfg, engine_python(cfg), source, quant, quantize_tool=quantize_binary(cfg))
+    except ServiceError as exc:
+        print(exc)
+        return 1
+    print(path)
+    return 0

@@ -1,0 +1,267 @@
+"""`python -m backend doctor`: is the app up, is its engine up, how loaded is it, and what does its log say.
+
+Finds the engine through the state file the supervisor writes (<data_dir>/engine.json) unless told
+(--engine-url, --log); reads vLLM's /metrics; scans the engine log's latest start for known failure
+signatures (backend.ops.signatures) and prints the cause and the fix of each. Exit code 1 when something
+is wrong (with --strict, warnings count too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend.config import AppConfig, load_config
+from backend.errors import ServiceError
+from backend.ops.prometheus_text import sample_totals
+from backend.ops.signatures import Severity, latest_start, scan
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+LABELS = {OK: "[ OK ]", WARN: "[WARN]", FAIL: "[FAIL]", SKIP: "[SKIP]"}
+KV_WARN = 0.9
+TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the diagnosis, with what to do when it is not ok."""
+
+    name: str
+    status: str
+    summary: str
+    cause: str = ""
+    fix: str = ""
+    line: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to look: the app, the engine and its log."""
+
+    app_url: str | None
+    engine_url: str
+    engine_pid: int | None
+    log: Path
+
+
+def engine_state(cfg: AppConfig) -> dict[str, Any]:
+    """The supervisor's state file (<data_dir>/engine.json), or {} when there is none."""
+    try:
+        data = json.loads((cfg.paths.data / "engine.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def locate(cfg: AppConfig, args: argparse.Namespace) -> Target:
+    """Flags first, then the state file, then the configuration."""
+    state = engine_state(cfg)
+    default_app = f"http://127.0.0.1:{os.environ.get('CHAINLIT_PORT', '8000')}"
+    return Target(
+        app_url=None if args.no_app else (args.app_url or default_app).rstrip("/"),
+        engine_url=(
+            args.engine_url
+            or state.get("base_url")
+            or cfg.server.base_url
+            or f"http://{cfg.server.host}:{cfg.server.port}"
+        )
+        .rstrip("/")
+        .removesuffix("/v1"),
+        engine_pid=None if args.engine_url else state.get("pid"),
+        log=Path(args.log or state.get("log") or cfg.paths.engine_log),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def check_app(http: httpx.AsyncClient, url: str) -> Check:
+    try:
+        resp = await http.get(url + "/healthz")
+    except httpx.HTTPError as exc:
+        return Check(
+            "app",
+            FAIL,
+            f"{url}/healthz does not answer ({type(exc).__name__}).",
+            fix="Start the app (`chainlit run app.py --headless`), or pass --app-url (or --no-app to skip).",
+        )
+    try:
+        payload = resp.json()
+        engine = payload["engine"]
+    except (ValueError, KeyError, TypeError):
+        return Check("app", FAIL, f"{url}/healthz answered {resp.status_code} without the app's health data.")
+    restarts = f"{engine.get('restarts', 0)} restart(s)"
+    check = payload.get("check") or {}
+    if check:
+        fallbacks = check.get("fallbacks") or []
+        restarts += f"; serving {check.get('candidate')}, answer check {check.get('check')}"
+        if fallbacks:
+            restarts += f"; fell back after: {'; '.join(fallbacks)}"
+    if resp.status_code == 200:
+        return Check("app", OK, f"{url} is up; engine {engine.get('state')}, {restarts}.")
+    return Check(
+        "app",
+        FAIL,
+        f"{url} is up but its engine is {engine.get('state')} ({restarts}).",
+        cause=engine.get("error") or "",
+        fix="See the engine checks below; the app retries on the next message.",
+    )
+
+
+async def check_engine(http: httpx.AsyncClient, target: Target) -> Check:
+    url = target.engine_url + "/health"
+    pid = target.engine_pid
+    process = "" if pid is None else f" (pid {pid} {'running' if _alive(pid) else 'not running'})"
+    try:
+        resp = await http.get(url)
+    except httpx.HTTPError as exc:
+        return Check(
+            "engine",
+            FAIL,
+            f"{url} does not answer ({type(exc).__name__}){process}.",
+            fix="The engine is not running: start the app (it starts the engine) and see the log findings below.",
+        )
+    if resp.status_code != 200:
+        return Check("engine", FAIL, f"{url} answered {resp.status_code}{process}: the engine is not ready.")
+    return Check("engine", OK, f"{url} answers 200{process}.")
+
+
+async def check_metrics(http: httpx.AsyncClient, target: Target) -> Check:
+    try:
+        resp = await http.get(target.engine_url + "/metrics")
+        totals = sample_totals(resp.text) if resp.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError) as exc:
+        return Check("engine metrics", WARN, f"/metrics could not be read ({type(exc).__name__}).")
+    if "vllm:num_requests_running" not in totals:
+        return Check("engine metrics", SKIP, "the server exports no vLLM metrics.")
+    running = int(totals["vllm:num_requests_running"])
+    waiting = int(totals.get("vllm:num_requests_waiting", 0))
+    kv = totals.get("vllm:kv_cache_usage_perc", 0.0)
+    preemptions = int(totals.get("vllm:num_preemptions_total", 0))
+    summary = f"{running} running, {waiting} waiting, KV cache {kv * 100:.1f} % used, {preemptions} preemption(s)."
+    if kv >= KV_WARN or preemptions:
+        return Check(
+            "engine metrics",
+            WARN,
+            summary,
+            cause="The KV cache is (or was) too small for the load: requests were preempted or must wait.",
+            fix="Raise engine.flags.cpu_kvcache_space_gib, or lower engine.flags.max_num_seqs.",
+        )
+    return Check("engine metrics", OK, summary)
+
+
+def _read_log(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def check_log(path: Path, whole: bool, engine_up: bool) -> list[Check]:
+    """One check per known signature in the log (its latest start unless `whole`)."""
+    text = _read_log(path)
+    if text is None:
+        return [Check("engine log", SKIP, f"{path} does not exist (the engine never started with this data_dir).")]
+    part = text if whole else latest_start(text)
+    scope = "whole log" if whole else "latest start"
+    findings = scan(part)
+    checks = [
+        Check(
+            "engine log",
+            FAIL if f.signature.severity == Severity.ERROR else WARN,
+            f"{f.signature.title} ({f.count} line(s) in the {scope} of {path}).",
+            cause=f.cause,
+            fix=f.signature.fix,
+            line=f.line,
+        )
+        for f in findings
+    ]
+    if not checks:
+        tail = "" if engine_up else "\n".join(part.strip().splitlines()[-TAIL_LINES:])
+        checks.append(
+            Check(
+                "engine log",
+                OK,
+                f"no known failure in the {scope} of {path}.",
+                line=f"last lines:\n{tail}" if tail else "",
+            )
+        )
+    return checks
+
+
+async def diagnose(target: Target, whole_log: bool = False, timeout_s: float = 5.0) -> list[Check]:
+    """Run every check and return them in order."""
+    checks: list[Check] = []
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
+        if target.app_url:
+            checks.append(await check_app(http, target.app_url))
+        engine = await check_engine(http, target)
+        checks.append(engine)
+        if engine.status == OK:
+            checks.append(await check_metrics(http, target))
+    checks += await asyncio.to_thread(check_log, target.log, whole_log, engine.status == OK)
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    """The diagnosis as text: one line per check, cause, fix and the log line indented below."""
+    lines = ["ERNIE chat doctor"]
+    for c in checks:
+        lines.append(f"{LABELS[c.status]} {c.name}: {c.summary}")
+        for label, value in (("cause", c.cause), ("fix", c.fix), ("log", c.line)):
+            if value:
+                lines += [
+                    f"       {label}: {row}" if i == 0 else f"         {row}"
+                    for i, row in enumerate(value.splitlines())
+                ]
+    fails = sum(c.status == FAIL for c in checks)
+    warns = sum(c.status == WARN for c in checks)
+    lines.append(f"Result: {fails} problem(s), {warns} warning(s).")
+    return "\n".join(lines)
+
+
+def exit_code(checks: list[Check], strict: bool = False) -> int:
+    """1 when a check failed (or, with strict, warned); else 0."""
+    bad = {FAIL, WARN} if strict else {FAIL}
+    return int(any(c.status in bad for c in checks))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m backend doctor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="configuration file (default: config/backend.yaml, or ERNIE_CONFIG)")
+    p.add_argument("--app-url", help="the app's address (default http://127.0.0.1:$CHAINLIT_PORT or :8000)")
+    p.add_argument("--no-app", action="store_true", help="do not check the app")
+    p.add_argument("--engine-url", help="the engine's address (default: from <data_dir>/engine.json)")
+    p.add_argument("--log", help="the engine log (default: from engine.json, else <data_dir>/logs/engine.log)")
+    p.add_argument("--all-log", action="store_true", help="scan the whole log, not only the latest start")
+    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP check")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the doctor; print the diagnosis; return the exit code."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(args.config)
+    except ServiceError as exc:
+        print(f"ERNIE chat doctor\n{LABELS[FAIL]} configuration: {exc}")
+        return 1
+    checks = asyncio.run(diagnose(locate(cfg, args), args.all_log, args.timeout))
+    print(render(checks))
+    return exit_code(checks, args.strict)

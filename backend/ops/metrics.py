@@ -1,0 +1,138 @@
+"""The app's Prometheus metrics: engine state and restarts, open chats, TTFT and reply time as the app sees
+them, replies by outcome and errors by kind. They live in their own registry (never the process-wide
+default one), so a reload or a test never registers a name twice. app.py calls the module functions."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import httpx2
+import openai
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
+
+from backend.errors import ServiceError
+from backend.serving.supervisor import State, Status
+
+if TYPE_CHECKING:
+    from backend.chat.client import StreamStats
+    from backend.serving.supervisor import Supervisor
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+REPLY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+def error_kind(error: BaseException | str) -> str:
+    """A short label for an error: the kind of ServiceError, refined by the transport error behind it."""
+    if isinstance(error, str):
+        return error
+    cause = error.__cause__ or error
+    if isinstance(cause, openai.APITimeoutError | httpx2.TimeoutException):
+        return "timeout"
+    if isinstance(cause, openai.APIConnectionError | httpx2.TransportError):
+        return "connection"
+    if isinstance(error, ServiceError):
+        return error.key.removeprefix("error.").replace(".", "_")
+    return "internal"
+
+
+class AppMetrics:
+    """One registry with the app's metrics and the calls that update them."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        states = [s.value for s in State]
+        self.backend_state = Enum("ernie_backend_state", "State of the supervised engine", states=states, registry=r)
+        self.backend_ready = Gauge("ernie_backend_ready", "1 while the engine is ready to answer", registry=r)
+        self.backend_restarts = Counter("ernie_backend_restarts", "Engine restarts after it died or hung", registry=r)
+        self.active_chats = Gauge("ernie_active_chats", "Chat sessions open now", registry=r)
+        self.ttft = Histogram(
+            "ernie_reply_ttft_seconds",
+            "From sending a request to its first text, as the app sees it (retries included)",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.reply_time = Histogram(
+            "ernie_reply_seconds", "From sending a request to the end of its reply", buckets=REPLY_BUCKETS, registry=r
+        )
+        self.reply_tokens = Counter("ernie_reply_tokens", "Output tokens of replies (server usage)", registry=r)
+        self.replies = Counter("ernie_replies", "Replies by outcome: ok, stopped, error", ["outcome"], registry=r)
+        self.errors = Counter("ernie_errors", "Errors shown in the chat, by kind", ["kind"], registry=r)
+        self._sessions: set[str] = set()
+        self._restarts_seen = 0
+
+    def observe_status(self, status: Status) -> None:
+        """Mirror the supervisor's state; count new restarts."""
+        self.backend_state.state(status.state.value)
+        self.backend_ready.set(1 if status.state == State.READY else 0)
+        if status.restarts > self._restarts_seen:
+            self.backend_restarts.inc(status.restarts - self._restarts_seen)
+        self._restarts_seen = max(self._restarts_seen, status.restarts)
+
+    def watch(self, supervisor: Supervisor) -> None:
+        """Follow the supervisor's state changes from now on."""
+        supervisor.on_change(self.observe_status)
+        self.observe_status(supervisor.status)
+
+    def chat_started(self, session_id: str) -> None:
+        self._sessions.add(session_id)
+        self.active_chats.set(len(self._sessions))
+
+    def chat_ended(self, session_id: str) -> None:
+        self._sessions.discard(session_id)
+        self.active_chats.set(len(self._sessions))
+
+    def record_error(self, error: BaseException | str) -> str:
+        """Count an error the chat showed; return its kind."""
+        kind = error_kind(error)
+        self.errors.labels(kind=kind).inc()
+        return kind
+
+    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None:
+        """Record one reply: its timings when it had text, and its outcome (a cancellation is 'stopped')."""
+        if stats.ttft_s is not None:
+            self.ttft.observe(stats.ttft_s)
+            if stats.finished is not None:
+                self.reply_time.observe(stats.finished - stats.started)
+        if stats.completion_tokens:
+            self.reply_tokens.inc(stats.completion_tokens)
+        if error is None:
+            self.replies.labels(outcome="ok").inc()
+        elif isinstance(error, asyncio.CancelledError):
+            self.replies.labels(outcome="stopped").inc()
+        else:
+            self.replies.labels(outcome="error").inc()
+            self.record_error(error)
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+METRICS = AppMetrics()
+
+
+def watch(supervisor: Supervisor) -> None:
+    """Follow the supervisor's state in the app's metrics."""
+    METRICS.watch(supervisor)
+
+
+def chat_started(session_id: str) -> None:
+    """A chat session opened."""
+    METRICS.chat_started(session_id)
+
+
+def chat_ended(session_id: str) -> None:
+    """A chat session closed."""
+    METRICS.chat_ended(session_id)
+
+
+def record_error(error: BaseException | str) -> str:
+    """An error reached the chat (before or instead of a reply)."""
+    return METRICS.record_error(error)
+
+
+def reply_finished(stats: StreamStats, error: BaseException | None = None) -> None:
+    """A reply ended: normally, stopped by the user (CancelledError) or with an error."""
+    METRICS.reply_finished(stats, error)

@@ -1,0 +1,87 @@
+"""HTTP endpoints the app adds beside Chainlit's: /healthz (JSON state of the app and its engine),
+/metrics (the app's Prometheus metrics) and /metrics/engine (the engine's own, passed through)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+
+from backend.ops.metrics import CONTENT_TYPE, METRICS, AppMetrics
+
+if TYPE_CHECKING:
+    from backend.chat.service import ChatService
+
+
+def health_payload(service: ChatService) -> dict[str, Any]:
+    """The app's view of itself and its engine (no secrets)."""
+    st = service.supervisor.status
+    return {
+        "status": "ok" if service.supervisor.ready else "degraded",
+        "engine": {
+            "name": service.supervisor.spec.engine if service.supervisor.spec else None,
+            "state": st.state.value,
+            "for_s": round(st.elapsed_s, 1),
+            "restarts": st.restarts,
+            "pid": st.pid,
+            "error": st.error,
+            "base_url": service.endpoint.base_url,
+            "model": service.endpoint.model,
+            "note": st.note,
+        },
+        # The canary (backend.serving.canary): which way of running the engine serves, what its answer check said,
+        # and which ones were tried before and why they were dropped.
+        "check": service.supervisor.guard.summary() if service.supervisor.guard else None,
+    }
+
+
+MAX_SOCKET_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+async def engine_metrics(service: ChatService, timeout_s: float = 5.0) -> Response:
+    """The engine's /metrics text, or 503 with a comment saying why it is not available."""
+    url = service.endpoint.base_url + "/metrics"
+    headers = {"Authorization": f"Bearer {service.endpoint.api_key}"}
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
+            resp = await http.get(url, headers=headers)
+    except httpx.HTTPError as exc:
+        return PlainTextResponse(f"# engine metrics unavailable: {type(exc).__name__} at {url}\n", status_code=503)
+    if resp.status_code != 200:
+        return PlainTextResponse(f"# engine metrics unavailable: HTTP {resp.status_code} at {url}\n", status_code=503)
+    return Response(resp.content, media_type=resp.headers.get("content-type", CONTENT_TYPE))
+
+
+def install_routes(service: ChatService, app: FastAPI | None = None, metrics: AppMetrics = METRICS) -> None:
+    """Add our routes in front of Chainlit's catch-all page route."""
+    if app is None:
+        from chainlit.server import app as chainlit_app
+        from chainlit.server import sio
+
+        app = chainlit_app
+        # Socket.IO drops the connection on a message over 1 MB, silently for the user. Accept up to
+        # 8 MB so an oversized message reaches the app and gets a clear answer (chat.max_input_chars).
+        sio.eio.max_http_buffer_size = MAX_SOCKET_MESSAGE_BYTES
+
+    async def healthz() -> JSONResponse:
+        payload = health_payload(service)
+        return JSONResponse(payload, status_code=200 if payload["status"] == "ok" else 503)
+
+    async def app_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    async def proxied_engine_metrics() -> Response:
+        return await engine_metrics(service)
+
+    routes = [
+        APIRoute("/healthz", healthz, methods=["GET"]),
+        APIRoute("/metrics", app_metrics, methods=["GET"]),
+        APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
+    ]
+    existing = {getattr(r, "path", None) for r in app.router.routes}
+    for route in reversed(routes):
+        if route.path not in existing:
+            app.router.routes.insert(0, route)

@@ -1,0 +1,590 @@
+"""Prompt templates: one YAML file per template in a folder, hot-reloaded, routed per message.
+
+Run ``python -m backend.prompts.templates [FOLDER]`` to check a folder of templates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NAME = "default"
+AUTO = "auto"  # a selector value meaning "route by the rules"; no template may use this name
+MAX_FILE_BYTES = 64 * 1024
+REQUEST_CHARS = 80  # rules look only at the instruction part of a message, at most this long
+SUFFIXES = (".yaml", ".yml")
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,39}$"
+
+_COMMAND = re.compile(r"\s*/([A-Za-z0-9_-]+)(?:[\s:：]+(.*)|$)", re.DOTALL)
+_COLON = re.compile(r"[:：]")
+_KEY = re.compile(r"\s*([A-Za-z_]\w*)\s*:")  # the field named at the start of a YAML line
+_BRACES = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")  # the same left-to-right reading as str.format
+
+# What each field must hold, in words an editor understands; used for every schema error.
+_RULES = {
+    "name": 'a short name such as "writing": lowercase letters, digits, "-" or "_"',
+    "description": "text",
+    "priority": "a whole number such as 10 or -5",
+    "keywords": "a list of words, for example [写, write]",
+    "patterns": "a list of regular expressions",
+    "system": "text",
+    "user": "text containing {input}",
+    "variables": "a list of `name: default value` lines",
+    "temperature": "a number between 0 and 2",
+    "top_p": "a number greater than 0 and at most 1",
+    "max_tokens": "a whole number from 1 to 32768",
+    "stop": "a list of texts",
+}
+_ITEM_RULES = {"keywords": "text", "patterns": "text", "stop": "text"}
+_YAML_HINTS = {
+    "found character '\\t'": "use spaces, not tabs, to indent",
+    "mapping values are not allowed": 'a value that contains ": " needs quotes, or use "|" for long text',
+    "expected a single document": 'keep one template per file (remove the extra "---" line)',
+    "could not find expected ':'": 'every line needs the form "field: value"',
+}
+
+
+class TemplateFile(BaseModel):
+    """The schema of one template file; unknown keys are an error so typos don't pass silently."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    description: str = ""
+    priority: int = 0
+    keywords: list[str] = []
+    patterns: list[str] = []
+    system: str | None = None
+    user: str
+    variables: dict[str, str | int | float] = {}
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=32768)
+    stop: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """What to send to the model for one message, and which template produced it."""
+
+    template: str
+    system: str | None
+    user: str
+    sampling: dict[str, Any]
+    reason: str = ""  # why this template, e.g. 'keyword "总结"', for the reply footer
+
+
+@dataclass(frozen=True)
+class TemplateProblem:
+    """One thing wrong with a template file, worded for the person who edits it."""
+
+    path: str
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path + (f", line {self.line}" if self.line is not None else "")
+        where += f', field "{self.field}"' if self.field else ""
+        return f"{where}: {self.message}"
+
+
+class UnknownTemplate(ValueError):
+    """An explicitly chosen template name that does not exist."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name, self.known = name, known
+        super().__init__(
+            f'There is no template called "{name}". Available: {", ".join(known)}. '
+            "Choose one in the settings, or start a message with /name."
+        )
+
+
+@dataclass(frozen=True)
+class Template:
+    """A loaded, validated template ready to render."""
+
+    name: str
+    description: str
+    path: str
+    user: str
+    system: str | None = None
+    priority: int = 0
+    keywords: tuple[str, ...] = ()
+    patterns: tuple[re.Pattern[str], ...] = ()
+    variables: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    name_line: int | None = None
+
+    def match(self, request: str) -> str | None:
+        """Return why this template fits the request text (a keyword or pattern), or None."""
+        folded = request.casefold()
+        for word in self.keywords:
+            if _keyword_in(word.casefold(), folded):
+                return f'keyword "{word}"'
+        for pattern in self.patterns:
+            if pattern.search(request):
+                return f'pattern "{pattern.pattern}"'
+        return None
+
+    def render(self, message: str, reason: str = "") -> RenderedPrompt:
+        """Fill the placeholders; only the template text is a format string, never the message."""
+        values = {**self.variables, "input": message}
+        system = self.system.format_map(values) if self.system is not None else None
+        return RenderedPrompt(self.name, system, self.user.format_map(values), dict(self.sampling), reason)
+
+
+BUILTIN_DEFAULT = Template(
+    name=DEFAULT_NAME, description="Pass the message through unchanged", path="(built-in)", user="{input}"
+)
+
+
+def _keyword_in(word: str, text: str) -> bool:
+    # English keywords match whole words ("write" must not fire on "rewrite" or "writer"); Chinese has no
+    # spaces between words, so a Chinese keyword matches anywhere.
+    before = r"(?<![a-z0-9])" if word[:1].isascii() and word[:1].isalnum() else ""
+    after = r"(?![a-z0-9])" if word[-1:].isascii() and word[-1:].isalnum() else ""
+    return re.search(before + re.escape(word) + after, text) is not None
+
+
+def request_parts(message: str) -> list[str]:
+    """The parts of a message where people write the instruction: the first line, then the last line.
+
+    Each is cut at the first colon and at REQUEST_CHARS, so text pasted after "翻译成英文：" or
+    between the lines never triggers a template by itself.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return []
+    picked = lines[:1] + lines[-1:] if len(lines) > 1 else lines
+    return [_COLON.split(line, maxsplit=1)[0][:REQUEST_CHARS] for line in picked]
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Problems(Exception):
+    def __init__(self, problems: list[TemplateProblem]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+
+class _Lines:
+    """Finds the line of a field in a YAML document, from yaml.compose node marks."""
+
+    def __init__(self, text: str) -> None:
+        try:
+            self.root: yaml.Node | None = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            self.root = None
+
+    def node(self, loc: tuple[Any, ...]) -> tuple[yaml.Node | None, yaml.Node | None]:
+        """Return (key node, value node) at loc, or as deep as loc could be followed."""
+        key: yaml.Node | None = None
+        node = self.root
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                hit = next(((k, v) for k, v in node.value if str(k.value) == str(part)), None)
+                if hit is None:
+                    break
+                key, node = hit
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                key = node = node.value[part]
+            else:
+                break
+        return key, node
+
+    def of(self, loc: tuple[Any, ...]) -> int | None:
+        """1-based line of the key (or list item) at loc."""
+        key, node = self.node(loc)
+        target = key if key is not None else node
+        return target.start_mark.line + 1 if target is not None else None
+
+    def in_text(self, name: str, offset: int, text: str) -> int | None:
+        """Line of a character inside a text field; exact for "|" blocks, else the field's line."""
+        _, node = self.node((name,))
+        if isinstance(node, yaml.ScalarNode) and node.style == "|":
+            return node.start_mark.line + 2 + text.count("\n", 0, offset)
+        return self.of((name,))
+
+
+def _placeholders(text: str) -> list[tuple[int, str | None, str]]:
+    """Scan str.format syntax: (offset, name, "") for a placeholder, (offset, None, error) for a mistake."""
+    found: list[tuple[int, str | None, str]] = []
+    for hit in _BRACES.finditer(text):
+        inner = hit.group(1)
+        if inner is not None and inner.isidentifier():
+            found.append((hit.start(), inner, ""))
+        elif inner is not None:
+            found.append((hit.start(), None, f'has "{hit.group()}"; a placeholder is a name like {{input}}'))
+        elif hit.group() not in ("{{", "}}"):
+            found.append((hit.start(), None, 'has a single "{" or "}"; write {{ or }} to show a brace'))
+    return found
+
+
+def parse_template(path: Path, data: bytes) -> Template:
+    """Validate one file's bytes into a Template, or raise _Problems listing everything wrong."""
+    shown = _display(path)
+
+    def problem(line: int | None, name: str | None, message: str) -> _Problems:
+        return _Problems([TemplateProblem(shown, line, name, message)])
+
+    if b"\0" in data:
+        raise problem(None, None, "this is not a text file; template files are plain UTF-8 text")
+    try:
+        text = data.decode("utf-8-sig")  # tolerate the BOM some Windows editors add
+    except UnicodeDecodeError as exc:
+        bad_line = data[: exc.start].count(b"\n") + 1
+        raise problem(bad_line, None, "the file is not UTF-8 text; save it as UTF-8 in your editor") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark: Any = getattr(exc, "problem_mark", None)
+        detail = str(getattr(exc, "problem", None) or exc).strip()
+        hints = [hint for key, hint in _YAML_HINTS.items() if key in str(exc)]
+        hint = hints[0] if hints else "check indentation, colons and quotes"
+        # an unclosed bracket is reported at the end of the stream; point at the last line instead
+        line = min(mark.line + 1, len(text.rstrip().splitlines()) or 1) if mark is not None else None
+        named = _KEY.match(text.splitlines()[line - 1]) if line and text.strip() else None
+        raise problem(line, named and named.group(1), f"this is not valid YAML ({detail}); {hint}") from None
+    if raw is None:
+        raise problem(None, None, "the file is empty; a template needs at least a `user:` text with {input}")
+    if not isinstance(raw, dict):
+        raise problem(1, None, "the file must hold `field: value` lines (name:, user:, ...), one per field")
+    for key in ("keywords", "patterns", "stop"):  # one word written without [ ] is obviously meant as a list
+        if isinstance(raw.get(key), str):
+            raw[key] = [raw[key]]
+    lines = _Lines(text)
+    try:
+        model = TemplateFile.model_validate(raw)
+    except ValidationError as exc:
+        raise _Problems(_schema_problems(shown, raw, exc, lines)) from None
+    return _build(path, shown, model, lines)
+
+
+def _schema_problems(shown: str, raw: dict[str, Any], exc: ValidationError, lines: _Lines) -> list[TemplateProblem]:
+    problems: dict[tuple[Any, ...], TemplateProblem] = {}
+    for error in exc.errors():
+        loc, value = _data_loc(raw, error["loc"]), error.get("input")
+        if error["type"] == "missing":
+            loc = error["loc"]
+        if not loc or loc in problems:  # a union reports once per member; one message is enough
+            continue
+        top = str(loc[0])
+        if error["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(top, list(_RULES), n=1)
+            guess = f'did you mean "{close[0]}"? ' if close else ""
+            message = f"is not a known field; {guess}known fields: {', '.join(_RULES)}"
+        elif error["type"] == "missing":
+            message = f"is required; it must be {_RULES.get(top, 'set')}"
+        elif top == "variables" and len(loc) > 1:
+            top = f"variables.{loc[1]}"
+            message = f"must be text or a number; every variable needs a default value (got {_shown(value)})"
+        elif isinstance(value, dict) and _RULES.get(top, "").startswith("text"):
+            message = f'must be {_RULES[top]}; text that starts with "{{" needs quotes, like user: "{{input}}"'
+        elif len(loc) > 1 and top in _ITEM_RULES:
+            message = f"item {int(loc[1]) + 1} must be {_ITEM_RULES[top]} (got {_shown(value)})"
+        else:
+            message = f"must be {_RULES.get(top, 'valid')} (got {_shown(value)})"
+        problems[loc] = TemplateProblem(shown, None if error["type"] == "missing" else lines.of(loc), top, message)
+    return list(problems.values())
+
+
+def _data_loc(raw: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The part of a pydantic error location that exists in the data (drops union member tags)."""
+    kept: list[Any] = []
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            break
+        kept.append(part)
+    return tuple(kept)
+
+
+def _build(path: Path, shown: str, model: TemplateFile, lines: _Lines) -> Template:
+    problems: list[TemplateProblem] = []
+
+    def add(line: int | None, name: str, message: str) -> None:
+        problems.append(TemplateProblem(shown, line, name, message))
+
+    name = model.name if model.name is not None else path.stem
+    if model.name is None and not re.match(NAME_PATTERN, name):
+        add(
+            None,
+            "name",
+            f'is missing and the file name "{name}" is not a valid name; add it: {_RULES["name"]}',
+        )
+    if name == AUTO:
+        add(lines.of(("name",)), "name", f'"{AUTO}" is reserved for automatic routing; choose another name')
+    variables: dict[str, str] = {}
+    for key, value in model.variables.items():
+        where = lines.of(("variables", key))
+        if key == "input":
+            add(where, "variables.input", "{input} is always the message; choose another variable name")
+        elif not key.isidentifier():
+            add(
+                where,
+                f"variables.{key}",
+                "a variable name may use only letters, digits and _ (no spaces or -)",
+            )
+        variables[key] = str(value)
+    for text_field in ("system", "user"):
+        text = getattr(model, text_field)
+        used = set()
+        for offset, placeholder, error in _placeholders(text or ""):
+            line = lines.in_text(text_field, offset, text)
+            if placeholder is None:
+                add(line, text_field, error)
+            elif placeholder != "input" and placeholder not in variables:
+                add(
+                    line,
+                    text_field,
+                    f'uses {{{placeholder}}} but there is no variable "{placeholder}"; add it under '
+                    f"variables with a default value, or write {{{{{placeholder}}}}} to show the braces",
+                )
+            used.add(placeholder)
+        if text_field == "user" and "input" not in used:
+            add(lines.of(("user",)), "user", "must contain {input}, the place where the message goes")
+    compiled = []
+    for index, source in enumerate(model.patterns):
+        where = lines.of(("patterns", index))
+        try:
+            pattern = re.compile(source, re.IGNORECASE)
+        except re.error as exc:
+            add(
+                where,
+                "patterns",
+                f"item {index + 1} is not a valid regular expression ({exc.msg} at position {exc.pos})",
+            )
+            continue
+        if pattern.search(""):
+            add(where, "patterns", f"item {index + 1} matches every message; make it more specific")
+        compiled.append(pattern)
+    for index, word in enumerate(model.keywords):
+        if not word.strip():
+            add(
+                lines.of(("keywords", index)),
+                "keywords",
+                f"item {index + 1} is empty and would match every message",
+            )
+    if problems:
+        raise _Problems(problems)
+    return Template(
+        name=name,
+        description=model.description.strip(),
+        path=shown,
+        user=model.user.rstrip(),  # a "|" block ends with a newline nobody means to send
+        system=model.system.rstrip() if model.system is not None else None,
+        priority=model.priority,
+        keywords=tuple(word.strip() for word in model.keywords),
+        patterns=tuple(compiled),
+        variables=variables,
+        sampling={key: getattr(model, key) for key in SAMPLING_KEYS if getattr(model, key) is not None},
+        name_line=lines.of(("name",)) if model.name is not None else None,
+    )
+
+
+@dataclass
+class _FileState:
+    stamp: tuple[int, int, int]  # (mtime_ns, size, inode): a change of any means "read it again"
+    good: Template | None = None  # the last version without problems, kept while the file is broken
+    problems: list[TemplateProblem] = field(default_factory=list)
+
+
+class TemplateStore:
+    """The templates of one folder, re-read when files change; never raises on a broken file."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self._files: dict[Path, _FileState] = {}
+        self._templates: dict[str, Template] = {}
+        self._problems: list[TemplateProblem] = []
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read new and changed files and forget deleted ones; one stat per file when nothing changed."""
+        with self._lock:
+            entries = self._scan()
+            changed = entries is None or entries.keys() != self._files.keys() or not self._templates
+            for path in [path for path in self._files if entries is None or path not in entries]:
+                logger.info("prompt template file %s is gone", path)
+                del self._files[path]
+            for path, stat in (entries or {}).items():
+                stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+                state = self._files.get(path)
+                if state is None or state.stamp != stamp:
+                    self._files[path] = self._load(path, stat.st_size, stamp, state)
+                    changed = True
+            if changed:
+                self._assemble(folder_found=entries is not None)
+
+    def _scan(self) -> dict[Path, os.stat_result] | None:
+        try:
+            with os.scandir(self.folder) as listing:
+                candidates = [e for e in listing if e.name.endswith(SUFFIXES) and not e.name.startswith(".")]
+        except OSError:
+            return None
+        found = {}
+        for entry in candidates:
+            try:  # a file may vanish between listing and stat; then it is simply not there
+                if entry.is_file():
+                    found[Path(entry.path)] = entry.stat()
+            except OSError:
+                continue
+        return found
+
+    def _load(self, path: Path, size: int, stamp: tuple[int, int, int], old: _FileState | None) -> _FileState:
+        state = _FileState(stamp, good=old.good if old else None)
+        shown = _display(path)
+        too_large = f"the file is too large; a template file may be at most {MAX_FILE_BYTES // 1024} KB"
+        try:
+            if size > MAX_FILE_BYTES:  # checked before reading: a huge file is a mistake, not a template
+                raise _Problems([TemplateProblem(shown, None, None, f"{too_large} (this one is {size // 1024} KB)")])
+            with path.open("rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)  # the file may have grown since the stat
+            if len(data) > MAX_FILE_BYTES:
+                raise _Problems([TemplateProblem(shown, None, None, too_large)])
+            state.good = parse_template(path, data)
+            logger.info("loaded prompt template %r from %s", state.good.name, path)
+        except _Problems as exc:
+            state.problems = exc.problems
+        except OSError as exc:
+            state.problems = [TemplateProblem(shown, None, None, f"cannot be read ({exc.strerror})")]
+        return state
+
+    def _assemble(self, folder_found: bool) -> None:
+        before = set(self._problems)
+        problems = [problem for state in self._files.values() for problem in state.problems]
+        owners = {template.name: template.path for template in self._templates.values()}
+        templates: dict[str, Template] = {}
+        # A name stays with the file that already had it; then files in name order, so a copied file
+        # that still carries the original's name is the one reported.
+        candidates = [state.good for state in self._files.values() if state.good is not None]
+        candidates.sort(key=lambda t: (owners.get(t.name) != t.path, t.path))
+        for template in candidates:
+            if template.name in templates:
+                other = templates[template.name].path
+                message = f'"{template.name}" is already used by {other}; every template needs its own name'
+                problems.append(TemplateProblem(template.path, template.name_line, "name", message))
+            else:
+                templates[template.name] = template
+        folder = _display(self.folder)
+        if not folder_found:
+            message = "the prompt folder does not exist; using the built-in default (messages are sent unchanged)"
+            problems.append(TemplateProblem(folder, None, None, message))
+        elif DEFAULT_NAME not in templates:
+            message = f'no usable "{DEFAULT_NAME}" template; using the built-in one (messages are sent unchanged)'
+            problems.append(TemplateProblem(folder, None, None, message))
+        templates.setdefault(DEFAULT_NAME, BUILTIN_DEFAULT)
+        self._templates = templates
+        self._problems = sorted(problems, key=lambda p: (p.path, p.line or 0, p.field or ""))
+        for problem in self._problems:
+            if problem not in before:
+                logger.warning("prompt template problem: %s", problem)
+
+    def _ordered(self) -> list[Template]:
+        rest = [t for t in self._templates.values() if t.name != DEFAULT_NAME]
+        return [*sorted(rest, key=lambda t: (-t.priority, t.name)), self._templates[DEFAULT_NAME]]
+
+    def names(self) -> list[str]:
+        """Template names in routing order: highest priority first, the default last."""
+        self.refresh()
+        return [template.name for template in self._ordered()]
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(name, description) pairs in routing order, for a selector or a help message."""
+        self.refresh()
+        return [(template.name, template.description) for template in self._ordered()]
+
+    def problems(self) -> list[TemplateProblem]:
+        """Current problems in the folder, after re-reading changed files."""
+        self.refresh()
+        return list(self._problems)
+
+    def get(self, name: str) -> Template:
+        """The template called name, or UnknownTemplate."""
+        self.refresh()
+        template = self._templates.get(name)
+        if template is None:
+            raise UnknownTemplate(name, self.names())
+        return template
+
+    def route(self, message: str, explicit: str | None = None) -> RenderedPrompt:
+        """Render the message with the chosen template, or the first one whose rules match it."""
+        if explicit and explicit != AUTO:
+            return self.get(explicit).render(message, "chosen")
+        self.refresh()
+        ordered = self._ordered()
+        for part in request_parts(message):  # the first line wins over the last line
+            for template in ordered[:-1]:
+                reason = template.match(part)
+                if reason:
+                    return template.render(message, reason)
+        return ordered[-1].render(message, "no rule matched")
+
+    def split_command(self, message: str) -> tuple[str | None, str]:
+        """Split "/name rest" into (name, rest) when name is a template; otherwise (None, message)."""
+        found = _COMMAND.match(message)
+        if found is None:
+            return None, message
+        self.refresh()
+        name = found.group(1).lower()
+        if name not in self._templates:
+            return None, message
+        return name, (found.group(2) or "").strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check a folder of templates: print each problem and return 1, or "N templates OK" and 0."""
+    parser = argparse.ArgumentParser(prog="python -m backend.prompts.templates", description=main.__doc__)
+    parser.add_argument("folder", nargs="?", default="prompts", help="folder of template files (default: prompts)")
+    args = parser.parse_args(argv)
+    quiet = logging.NullHandler()  # the problems are printed below; don't print them twice via logging
+    logger.addHandler(quiet)
+    try:
+        store = TemplateStore(args.folder)
+    finally:
+        logger.removeHandler(quiet)
+    problems, names = store.problems(), store.names()
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} problem(s) found in {args.folder}; usable templates: {', '.join(names)}")
+        return 1
+    print(f"{len(names)} templates OK: {', '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

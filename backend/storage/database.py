@@ -1,0 +1,177 @@
+"""The conversation database: Chainlit's SQLAlchemy data layer on SQLite or PostgreSQL, with our schema and
+errors a person can act on (and that never carry chat text)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+from chainlit.types import ThreadDict
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+from backend.errors import ServiceError
+from backend.storage.schema import SchemaError, migrate
+
+log = logging.getLogger(__name__)
+
+SQLITE_BUSY_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+class StorageError(ServiceError):
+    """The conversation database cannot be used; the chat works without history."""
+
+    key = "error.storage"
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for logs and messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(an unreadable database URL)"
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own words, without the SQL text and parameters SQLAlchemy adds (they hold chat text)."""
+    inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    return str(inner).splitlines()[0] if str(inner) else type(inner).__name__
+
+
+def _hint(reason: str, where: str) -> str:
+    low = reason.lower()
+    if "locked" in low or "busy" in low:
+        return f"Another program holds {where} locked (an open sqlite3 shell, a backup tool?): close it."
+    if "not a database" in low or "malformed" in low or "damaged" in low or "corrupt" in low:
+        return (
+            f"The file {where} is damaged: stop the app and move the file aside (history starts empty) "
+            "or put back a backup, then start again."
+        )
+    if "unable to open" in low or "permission" in low or "read-only" in low or "readonly" in low:
+        return f"Check that the app may create and write {where} (folder exists, permissions, free disk space)."
+    return "See the app log; fix the database or set storage.database_url, then start again."
+
+
+def storage_error(exc: BaseException, where: str, doing: str) -> StorageError:
+    """A friendly StorageError for `exc`, which happened while `doing` on the database at `where`."""
+    reason = _reason(exc)
+    return StorageError(f"The conversation database ({where}) failed while {doing}: {reason}.", _hint(reason, where))
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Transactions are begun by SQLAlchemy ("begin" below) so that DDL is transactional too.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")  # readers never wait for the writer
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN")
+
+
+class HistoryStore(SQLAlchemyDataLayer):
+    """Chainlit's SQL data layer with our schema, readable errors, and a 404 for unknown threads."""
+
+    def __init__(self, url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
+        self.where = redact(url)
+        self.dialect = make_url(url).get_backend_name()
+        sqlite = self.dialect == "sqlite"
+        connect_args: dict[str, Any] | None = None
+        if sqlite:
+            self.where = make_url(url).database or self.where
+            connect_args = {"timeout": busy_timeout_s}
+        elif make_url(url).get_driver_name() == "asyncpg":
+            connect_args = {"timeout": CONNECT_TIMEOUT_S}  # an unreachable server must not hold up the start for 60 s
+        # Chainlit warns that files attached to messages are not kept: this app attaches none.
+        chainlit_log = logging.getLogger("chainlit")
+        level = chainlit_log.level
+        chainlit_log.setLevel(logging.ERROR)
+        try:
+            super().__init__(url, connect_args=connect_args)
+        finally:
+            chainlit_log.setLevel(level)
+        if sqlite:
+            event.listen(self.engine.sync_engine, "connect", _sqlite_on_connect)
+            event.listen(self.engine.sync_engine, "begin", _sqlite_on_begin)
+        self.failures = 0
+        self.problem: StorageError | None = None
+
+    async def prepare(self) -> int:
+        """Check the database and bring its schema up to date; raise StorageError. Returns the schema version."""
+        try:
+            async with self.engine.begin() as conn:
+                if self.dialect == "sqlite":
+                    rows = (await conn.execute(text("PRAGMA quick_check"))).scalars().all()
+                    if rows != ["ok"]:
+                        raise StorageError(
+                            f"The conversation database ({self.where}) is damaged: {'; '.join(map(str, rows[:3]))}.",
+                            _hint("damaged", self.where),
+                        )
+                return await migrate(conn)
+        except SchemaError as exc:
+            raise StorageError(
+                f"The conversation database ({self.where}) cannot be used: {exc}.", _hint(str(exc), self.where)
+            ) from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise storage_error(exc, self.where, "opening it") from exc
+
+    def _bindable(self, value: Any) -> Any:
+        # Chainlit passes some JSON values as dicts and tag lists as lists; SQLite stores both as text.
+        if isinstance(value, dict) or (isinstance(value, list) and self.dialect == "sqlite"):
+            return json.dumps(value, ensure_ascii=False)
+        return value
+
+    async def execute_sql(self, query: str, parameters: dict) -> list[dict[str, Any]] | int | None:
+        """Run one statement in its own transaction; on failure record the problem and return None."""
+        params = {key: self._bindable(value) for key, value in parameters.items()}
+        try:
+            async with self.async_session() as session, session.begin():
+                result = await session.execute(text(query), params)
+                rows = [dict(row._mapping) for row in result.fetchall()] if result.returns_rows else None
+                count = result.rowcount
+        except Exception as exc:  # the chat must go on without history, whatever the driver raised
+            self._failed(exc)
+            return None
+        if rows is None:
+            return count
+        return self.clean_result(rows)
+
+    def _failed(self, exc: BaseException) -> None:
+        problem = storage_error(exc, self.where, "saving or reading a conversation")
+        self.failures += 1
+        if self.problem is None or str(problem) != str(self.problem):
+            log.error("%s", problem)
+        else:
+            log.debug("%s (again)", problem)
+        self.problem = problem
+
+    async def get_thread_author(self, thread_id: str) -> str:
+        """The thread's owner, or "" for an unknown thread (Chainlit then answers 404, not 500)."""
+        if not _is_uuid(thread_id):
+            return ""
+        rows = await self.execute_sql('SELECT "userIdentifier" FROM threads WHERE "id" = :id', {"id": thread_id})
+        if isinstance(rows, list) and rows and rows[0].get("userIdentifier"):
+            return str(rows[0]["userIdentifier"])
+        return ""
+
+    async def get_thread(self, thread_id: str) -> ThreadDict | None:
+        """The thread with its steps, or None (an id that is no UUID is unknown, not a database error)."""
+        return await super().get_thread(thread_id) if _is_uuid(thread_id) else None
+
+
+def _is_uuid(value: str) -> bool:
+    # Chainlit's ids are UUIDs; PostgreSQL rejects anything else with an error we would report as a failure.
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True

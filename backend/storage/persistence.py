@@ -1,0 +1,105 @@
+"""The app's saved-conversation state: which database, opened and migrated at startup, and what to tell users.
+
+A database that cannot be opened (damaged, locked, unreachable) is logged and told once in each chat, and
+the chat goes on without history; failures while running are told once per chat as well."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from backend.config import AppConfig
+from backend.storage.database import HistoryStore, StorageError, redact, storage_error
+
+log = logging.getLogger(__name__)
+
+DB_FILE = "chat.db"
+
+
+def database_url(cfg: AppConfig) -> str:
+    """The configured database URL, or the SQLite file in the data folder."""
+    if cfg.storage.database_url is not None and cfg.storage.database_url.get_secret_value().strip():
+        return cfg.storage.database_url.get_secret_value().strip()
+    return f"sqlite+aiosqlite:///{cfg.paths.data / DB_FILE}"
+
+
+def _create_sqlite_file(url: str) -> None:
+    """Create a new SQLite file readable by its owner only (SQLite gives its -wal file the same mode)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return
+    path = Path(parsed.database)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # an empty file is an empty database
+
+
+@dataclass
+class NoticeMark:
+    """What one chat session has been told about storage problems."""
+
+    failures: int
+    told: str = ""
+
+
+class Persistence:
+    """The app's saved-conversation state: the data layer when it works, or why there is none."""
+
+    def __init__(self) -> None:
+        self.store: HistoryStore | None = None
+        self.problem: StorageError | None = None
+
+    async def open(self, cfg: AppConfig, login: bool) -> HistoryStore | None:
+        """Open and migrate the database when conversations are kept; on failure keep the error and go on."""
+        if not (login and cfg.storage.enabled):
+            log.info("Conversations are not saved (%s).", "storage disabled" if login else "login is off")
+            return None
+        url = database_url(cfg)
+        try:
+            _create_sqlite_file(url)
+            store = HistoryStore(url)
+        except OSError as exc:
+            self.problem = storage_error(exc, redact(url), "creating it")
+            log.error("%s", self.problem)
+            return None
+        except (ArgumentError, ImportError, ValueError) as exc:
+            self.problem = StorageError(
+                f"storage.database_url ({redact(url)}) cannot be used: {exc}.",
+                "Use sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PASSWORD@HOST/DB (see docs/accounts.md).",
+            )
+            log.error("%s", self.problem)
+            return None
+        try:
+            version = await store.prepare()
+        except StorageError as exc:
+            self.problem = exc
+            log.error("%s Conversations are not saved until this is fixed.", exc)
+            await store.close()
+            return None
+        log.info("Conversations are saved in %s (schema version %d).", store.where, version)
+        self.store = store
+        return store
+
+    def layer(self) -> HistoryStore | None:
+        """The data layer for Chainlit (None: no history)."""
+        return self.store
+
+    def mark(self) -> NoticeMark:
+        """A new session's mark: it hears of a failed start at once, of later failures when they happen."""
+        return NoticeMark(failures=self.store.failures if self.store is not None else -1)
+
+    def news(self, mark: NoticeMark) -> StorageError | None:
+        """The problem to tell the session now (once per distinct problem), or None; updates `mark`."""
+        failures = self.store.failures if self.store is not None else 0
+        problem = self.store.problem if self.store is not None else self.problem
+        fresh = problem is not None and failures > mark.failures
+        mark.failures = failures
+        if problem is None or not fresh or str(problem) == mark.told:
+            return None
+        mark.told = str(problem)
+        return problem

@@ -1,0 +1,123 @@
+"""Pieces of the bench command: options, memory probes, the baseline job, friendly failures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend.benchmarks import run as benchmark
+from backend.benchmarks.baseline import add_baseline, baseline_job
+from backend.benchmarks.loadgen import LevelRun, Sampling
+from backend.benchmarks.memory import PeakSampler, metrics_rss_bytes, process_tree, rss_bytes, tree_rss_bytes
+from backend.benchmarks.stats import RequestResult, level_metrics
+from backend.benchmarks.workload import BenchRequest
+from backend.errors import BenchmarkError
+from backend.serving.supervisor import free_port
+
+
+def test_options_and_their_mistakes(tmp_path: Path) -> None:
+    args = benchmark.parse_args(["--concurrency", "4,1,2,4", "--out-dir", str(tmp_path)])
+    assert args.levels == [1, 2, 4] and args.app_levels == [1, 4]
+    assert args.dataset_names == ["synthetic", "prompts"] and args.out_dir == tmp_path.resolve()
+    assert benchmark.parse_args(["--app-concurrency", "none"]).app_levels == []
+    assert benchmark.parse_args(["--concurrency", "1,8", "--app-concurrency", "8"]).app_levels == [8]
+    for bad, message in (
+        (["--concurrency", "0,2"], "positive integers"),
+        (["--concurrency", "a"], "positive integers"),
+        (["--datasets", "synthetic,sharegpt"], "Unknown dataset"),
+        (["--concurrency", "1,2", "--app-concurrency", "4"], "among the --concurrency levels"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+    ):
+        with pytest.raises(BenchmarkError, match=message):
+            benchmark.parse_args(bad)
+
+
+def test_main_prints_friendly_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert benchmark.main(["--concurrency", "x"]) == 1
+    assert "bench: Concurrency levels 'x'" in capsys.readouterr().err
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    assert benchmark.main(["--base-url", closed, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "does not answer" in err and "Check --base-url" in err
+
+
+def test_process_tree_memory_covers_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+    try:
+        for _ in range(100):  # until the child holds its 64 MiB
+            if rss_bytes(child.pid) > 60 << 20:
+                break
+            time.sleep(0.05)
+        assert child.pid in process_tree(os.getpid())
+        own = rss_bytes(os.getpid())
+        assert tree_rss_bytes(os.getpid()) >= own + (60 << 20)
+    finally:
+        child.kill()
+        child.wait()
+    assert rss_bytes(child.pid) == 0  # gone
+
+
+async def test_metrics_memory_and_peak_sampler() -> None:
+    text = "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes 1.2345e+09\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+    async with httpx.AsyncClient(transport=transport) as http:
+        assert await metrics_rss_bytes(http, "http://engine/") == 1234500000
+    missing = httpx.MockTransport(lambda request: httpx.Response(404))
+    async with httpx.AsyncClient(transport=missing) as http:
+        assert await metrics_rss_bytes(http, "http://engine") is None
+
+    readings = iter([10, 30, None, 20])
+
+    async def read() -> int | None:
+        return next(readings, 5)
+
+    async with PeakSampler(read, interval_s=0.01) as sampler:
+        await asyncio.sleep(0.1)
+    assert sampler.peak == 30
+
+
+def test_baseline_job_uses_the_servers_token_counts() -> None:
+    requests = [BenchRequest([{"role": "user", "content": f"q{i}"}], 16, "x") for i in range(3)]
+    results = [
+        RequestResult(True, ttft=0.1, latency=1.0, output_tokens=16),
+        RequestResult(True, ttft=0.1, latency=1.0, output_tokens=9),  # ended early (EOS)
+        RequestResult(False, error="boom"),
+    ]
+    run = LevelRun(requests, results, level_metrics(2, results, 2.0))
+    args = benchmark.parse_args(["--hf-threads", "1"])
+    job, names = baseline_job(args, "/no/such/folder", Sampling(0.7, 0.9), {"prompts_zh": {2: run}})
+    assert names == ["prompts_zh"]
+    assert job["model"] == "/no/such/folder" and job["threads"] == 1 and job["cache"] == "static"
+    [level] = job["levels"]
+    assert level["concurrency"] == 2
+    assert [r["max_tokens"] for r in level["requests"]] == [16, 9, 16]
+    assert level["requests"][1]["messages"] == [{"role": "user", "content": "q1"}]
+
+    result = {
+        "weights": "random",
+        "levels": [
+            {
+                "concurrency": 2,
+                "duration_s": 4.0,
+                "peak_rss_bytes": 123,
+                "results": [
+                    {"success": True, "ttft": 0.5, "latency": 2.0, "itl": [0.1] * 15, "output_tokens": 16},
+                    {"success": False, "error": "RuntimeError: no"},
+                ],
+            }
+        ],
+    }
+    doc: dict = {"runs": []}
+    add_baseline(doc, names, result)
+    [hf] = doc["runs"]
+    assert (hf["dataset"], hf["target"]) == ("prompts_zh", "hf")
+    [lv] = hf["levels"]
+    assert (lv["completed"], lv["errors"], lv["output_tokens_per_s"], lv["peak_memory_bytes"]) == (1, 1, 4.0, 123)
+    assert doc["baseline"] == {"weights": "random"}

@@ -1,0 +1,80 @@
+"""While the offline demo model answers, the chat uses the demo's measured defaults (results/demo-quality/):
+its own sampling and system prompt, and messages as they are unless a template is asked for by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.chat.service import DEMO_REASON, ChatService, UserSettings
+from backend.config import ROOT, EngineFlags, load_config
+from backend.engines.vllm import LaunchSpec
+from backend.prompts.templates import TemplateStore
+
+
+class CountingClient:
+    """Counts tokens by words (enough for the context budget); nothing is streamed here."""
+
+    async def count_tokens(self, messages: list[dict[str, Any]]) -> int:
+        return sum(len(str(m["content"]).split()) for m in messages) + 4
+
+    async def max_model_len(self) -> int:
+        return 4096
+
+
+class ServingSupervisor:
+    def __init__(self, demo: bool) -> None:
+        self.spec = LaunchSpec("llama.cpp", [], {}, "127.0.0.1", 1, "m", "k", demo=demo)
+        self.flags = EngineFlags(max_model_len=4096)
+
+
+def service(demo: bool) -> ChatService:
+    cfg = load_config(environ={})
+    templates = TemplateStore(Path(ROOT / "prompts"))
+    return ChatService(cfg, ServingSupervisor(demo), CountingClient(), templates)  # type: ignore[arg-type]
+
+
+async def test_the_demo_gets_its_own_sampling_and_system_prompt_and_the_plain_message() -> None:
+    svc = service(demo=True)
+    assert svc.serving_demo
+    settings = UserSettings.defaults(svc.cfg, demo=True)
+    assert (settings.temperature, settings.max_tokens) == (svc.cfg.demo.temperature, svc.cfg.demo.max_tokens)
+    request = await svc.build_request([], "Write a short poem about the sea.", settings)
+    demo = svc.cfg.demo
+    assert request.sampling == {
+        "temperature": demo.temperature,
+        "top_p": demo.top_p,
+        "max_tokens": demo.max_tokens,
+        "frequency_penalty": demo.frequency_penalty,
+        "presence_penalty": demo.presence_penalty,
+    }
+    assert request.messages[0] == {"role": "system", "content": demo.system_prompt}
+    assert request.messages[-1] == {"role": "user", "content": "Write a short poem about the sea."}
+    assert (request.template, request.reason) == ("default", DEMO_REASON), "the keyword 'write' routes nothing"
+
+
+async def test_a_template_asked_for_by_name_still_applies_with_the_demo_sampling() -> None:
+    svc = service(demo=True)
+    request = await svc.build_request([], "/writing a poem", UserSettings.defaults(svc.cfg, demo=True))
+    assert request.template == "writing" and "【任务】" in request.user_text
+    assert request.sampling["temperature"] == svc.cfg.demo.temperature, "not the template's 0.8"
+
+
+async def test_the_users_own_choice_wins_over_the_demo_defaults() -> None:
+    svc = service(demo=True)
+    settings = UserSettings.defaults(svc.cfg, demo=True)
+    settings.update({"temperature": 1.1}, svc.cfg, demo=True)
+    request = await svc.build_request([], "Hello!", settings)
+    assert request.sampling["temperature"] == pytest.approx(1.1)
+
+
+async def test_the_real_model_keeps_the_chat_defaults_and_the_templates_sampling() -> None:
+    svc = service(demo=False)
+    request = await svc.build_request([], "Write a short poem about the sea.", UserSettings.defaults(svc.cfg))
+    assert request.template == "writing" and request.sampling["temperature"] == 0.8
+    assert "frequency_penalty" not in request.sampling
+    plain = await svc.build_request([], "Hello!", UserSettings.defaults(svc.cfg))
+    assert plain.sampling["temperature"] == svc.cfg.chat.temperature
+    assert plain.messages[0]["role"] == "user", "no system prompt is configured for the real model"

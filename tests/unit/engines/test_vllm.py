@@ -1,0 +1,71 @@
+"""Engine command lines and choices: argument lists, environment, secrets kept off the command line."""
+
+from __future__ import annotations
+
+from backend.config import load_config
+from backend.engines.vllm import build_launch, choose_engine, choose_profile, effective_flags, external_launch
+from backend.serving.hardware import Gpu, parse_nvidia_smi
+
+
+def test_cpu_launch_has_vllm_cpu_flags_and_env() -> None:
+    cfg = load_config(environ={})
+    spec = build_launch(cfg, "vllm-cpu", "/models/x", 8123, "sk-secret", python="/py")
+    argv = spec.argv
+    assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == "/models/x"
+    assert argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "--enforce-eager" in argv
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    assert "--gpu-memory-utilization" not in argv
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert spec.env["VLLM_API_KEY"] == "sk-secret"
+    assert all("sk-secret" not in a for a in argv), "the API key must not appear on the command line"
+    assert spec.base_url == "http://127.0.0.1:8123"
+
+
+def test_gpu_launch_uses_gpu_profile() -> None:
+    cfg = load_config(environ={})
+    spec = build_launch(cfg, "vllm", "org/model", 8000, "k", python="/py")
+    argv = spec.argv
+    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/model"], "the GPU engine runs `vllm serve`"
+    share = cfg.profiles["gpu"].gpu_memory_utilization
+    assert share is not None and argv[argv.index("--gpu-memory-utilization") + 1] == str(share)
+    assert "--enforce-eager" not in argv
+
+
+def test_config_flags_override_profile_and_extra_args_pass_through() -> None:
+    cfg = load_config(
+        environ={
+            "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "1024",
+            "ERNIE_ENGINE__FLAGS__EXTRA_ARGS": "[--seed, '7']",
+        }
+    )
+    flags = effective_flags(cfg, "cpu")
+    assert flags.max_model_len == 1024 and flags.enforce_eager is True
+    argv = build_launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py", flags=flags).argv
+    assert argv[argv.index("--max-model-len") + 1] == "1024"
+    assert argv[-2:] == ["--seed", "7"]
+
+
+def test_dummy_load_format_is_passed() -> None:
+    cfg = load_config(environ={"ERNIE_MODEL__LOAD_FORMAT": "dummy"})
+    argv = build_launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").argv
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+
+
+def test_engine_choice_follows_detected_gpus() -> None:
+    cfg = load_config(environ={})
+    assert choose_engine(cfg, []) == "vllm-cpu"
+    gpus = parse_nvidia_smi("NVIDIA H200, 143771\n")
+    assert gpus == [Gpu("NVIDIA H200", 143771)]
+    assert choose_engine(cfg, gpus) == "vllm"
+    assert choose_profile(cfg, "vllm-cpu") == "cpu"
+    forced = load_config(environ={"ERNIE_ENGINE__NAME": "vllm-cpu"})
+    assert choose_engine(forced, gpus) == "vllm-cpu"
+
+
+def test_external_engine_needs_base_url() -> None:
+    cfg = load_config(environ={"ERNIE_ENGINE__NAME": "external", "ERNIE_SERVER__BASE_URL": "http://10.1.2.3:8000/v1/"})
+    spec = external_launch(cfg, "k")
+    assert spec.base_url == "http://10.1.2.3:8000" and spec.argv == []

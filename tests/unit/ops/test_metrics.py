@@ -1,0 +1,120 @@
+"""The app's Prometheus metrics and the /metrics, /metrics/engine and /healthz endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx2
+import openai
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from backend.chat.client import StreamStats
+from backend.chat.service import ChatService
+from backend.config import AppConfig
+from backend.errors import BackendError, PromptTooLongError
+from backend.ops import web
+from backend.ops.metrics import AppMetrics, error_kind
+from backend.serving.supervisor import State, Status
+
+MakeConfig = Callable[..., AppConfig]
+
+
+def samples(metrics: AppMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.exposition().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(metrics: AppMetrics, name: str, **labels: str) -> float:
+    return samples(metrics)[(name, tuple(sorted(labels.items())))]
+
+
+def test_backend_state_and_restarts() -> None:
+    m = AppMetrics()
+    m.observe_status(Status(state=State.STARTING))
+    assert value(m, "ernie_backend_state", ernie_backend_state="starting") == 1
+    assert value(m, "ernie_backend_ready") == 0
+    m.observe_status(Status(state=State.READY, restarts=0))
+    m.observe_status(Status(state=State.RESTARTING, restarts=2))
+    m.observe_status(Status(state=State.READY, restarts=2))  # the same restarts are not counted twice
+    assert value(m, "ernie_backend_state", ernie_backend_state="ready") == 1
+    assert value(m, "ernie_backend_state", ernie_backend_state="restarting") == 0
+    assert value(m, "ernie_backend_ready") == 1
+    assert value(m, "ernie_backend_restarts_total") == 2
+
+
+def test_active_chats_count_sessions_once() -> None:
+    m = AppMetrics()
+    m.chat_started("a")
+    m.chat_started("b")
+    m.chat_started("b")
+    assert value(m, "ernie_active_chats") == 2
+    m.chat_ended("a")
+    m.chat_ended("a")
+    m.chat_ended("unknown")
+    assert value(m, "ernie_active_chats") == 1
+
+
+def test_replies_timings_and_outcomes() -> None:
+    m = AppMetrics()
+    ok = StreamStats(started=100.0, first_token=100.5, finished=102.0, completion_tokens=10)
+    m.reply_finished(ok)
+    m.reply_finished(
+        StreamStats(started=0.0, first_token=1.0, finished=1.5, completion_tokens=3), asyncio.CancelledError()
+    )
+    m.reply_finished(StreamStats(started=0.0, finished=0.1), BackendError("The engine refused the request: x"))
+    assert value(m, "ernie_reply_ttft_seconds_sum") == pytest.approx(1.5)
+    assert value(m, "ernie_reply_ttft_seconds_count") == 2
+    assert value(m, "ernie_reply_seconds_sum") == pytest.approx(3.5)
+    assert value(m, "ernie_reply_ttft_seconds_bucket", le="0.5") == 1
+    assert value(m, "ernie_reply_tokens_total") == 13
+    assert value(m, "ernie_replies_total", outcome="ok") == 1
+    assert value(m, "ernie_replies_total", outcome="stopped") == 1
+    assert value(m, "ernie_replies_total", outcome="error") == 1
+    assert value(m, "ernie_errors_total", kind="backend") == 1
+
+
+def test_error_kinds() -> None:
+    request = httpx2.Request("POST", "http://engine/v1/chat/completions")
+    timeout = BackendError("The engine did not answer in time.")
+    timeout.__cause__ = openai.APITimeoutError(request=request)
+    broken = BackendError("The connection to the engine broke.")
+    broken.__cause__ = openai.APIConnectionError(request=request)
+    assert error_kind(timeout) == "timeout"
+    assert error_kind(broken) == "connection"
+    assert error_kind(PromptTooLongError("too long")) == "too_long"
+    assert error_kind(RuntimeError("?")) == "internal"
+    assert error_kind("unavailable") == "unavailable"
+    m = AppMetrics()
+    assert m.record_error(timeout) == "timeout"
+    assert value(m, "ernie_errors_total", kind="timeout") == 1
+
+
+def test_endpoints(make_config: MakeConfig) -> None:
+    service = ChatService.from_config(make_config())  # never started: the engine is down
+    m = AppMetrics()
+    m.watch(service.supervisor)
+    m.chat_started("s1")
+    app = FastAPI()
+    web.install_routes(service, app, metrics=m)
+    with TestClient(app) as http:
+        resp = http.get("/metrics")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/plain")
+        assert 'ernie_backend_state{ernie_backend_state="stopped"} 1.0' in resp.text
+        assert "ernie_active_chats 1.0" in resp.text
+        assert "# TYPE ernie_reply_ttft_seconds histogram" in resp.text
+        engine = http.get("/metrics/engine")
+        assert engine.status_code == 503
+        assert engine.text.startswith("# engine metrics unavailable: ConnectError")
+        health = http.get("/healthz")
+        assert health.status_code == 503 and health.json()["engine"]["state"] == "stopped"
+    paths = [getattr(r, "path", None) for r in app.router.routes]
+    assert paths[:3] == ["/healthz", "/metrics", "/metrics/engine"]

@@ -1,0 +1,55 @@
+"""Hardware detection: the text nvidia-smi and a Jetson's system files print, parsed."""
+
+from __future__ import annotations
+
+from backend.serving.hardware import Gpu, parse_cpu_flags, parse_jetson, parse_nvidia_smi, visible_gpus
+
+
+def test_parse_with_compute_capability() -> None:
+    text = "NVIDIA H200, 143771, 9.0\nTesla T4, 15360, 7.5\n"
+    assert parse_nvidia_smi(text) == [
+        Gpu("NVIDIA H200", 143771, (9, 0)),
+        Gpu("Tesla T4", 15360, (7, 5)),
+    ]
+
+
+def test_parse_legacy_two_columns_and_commas_in_names() -> None:
+    assert parse_nvidia_smi("NVIDIA A100-SXM4-40GB, 40960\nOdd, Name, 8192, 8.6\n") == [
+        Gpu("NVIDIA A100-SXM4-40GB", 40960, None),
+        Gpu("Odd,Name", 8192, (8, 6)),
+    ]
+
+
+def test_parse_skips_lines_without_memory() -> None:
+    # A Jetson's nvidia-smi (JetPack 6) reports no dedicated memory.
+    assert parse_nvidia_smi("Orin (nvgpu), [N/A], 8.7\n\nNo devices were found\n") == []
+
+
+def test_cuda_visible_devices() -> None:
+    gpus = parse_nvidia_smi("A, 100, 8.0\nB, 200, 8.0\nC, 300, 8.0")
+    assert [g.name for g in visible_gpus(gpus, None)] == ["A", "B", "C"]
+    assert [g.name for g in visible_gpus(gpus, "2,0")] == ["C", "A"]
+    assert visible_gpus(gpus, "") == []
+    assert visible_gpus(gpus, "-1") == []
+    assert [g.name for g in visible_gpus(gpus, "1,7,0")] == ["B"]  # CUDA stops at the first bad index
+    assert len(visible_gpus(gpus, "GPU-5c1e7d3e-aaaa")) == 3  # UUIDs: cannot map, keep all
+
+
+def test_jetson_from_device_tree() -> None:
+    gpu = parse_jetson(
+        "NVIDIA Jetson Orin NX Engineering Reference Developer Kit\x00",
+        "MemTotal:       15655312 kB\nMemFree: 1 kB\n",
+    )
+    assert gpu == Gpu("NVIDIA Jetson Orin NX Engineering Reference Developer Kit", 15288, (8, 7), unified_memory=True)
+
+
+def test_not_a_jetson() -> None:
+    assert parse_jetson("", "MemTotal: 100 kB") is None
+    assert parse_jetson("Raspberry Pi 5 Model B", "MemTotal: 100 kB") is None
+    assert parse_jetson("", "MemTotal: 8000000 kB", is_tegra=True) is not None
+
+
+def test_cpu_flags() -> None:
+    text = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert parse_cpu_flags(text) == {"fpu", "sse", "avx512f", "avx512_bf16"}
+    assert parse_cpu_flags("Features\t: fp asimd bf16\n") == {"fp", "asimd", "bf16"}

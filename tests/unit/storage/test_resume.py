@@ -1,0 +1,58 @@
+"""Rebuilding the model's history from a saved thread's steps."""
+
+from __future__ import annotations
+
+import json
+
+from backend.storage.resume import TURN_KEY, history_from_steps, history_from_thread, turn_metadata
+
+
+def step(kind: str, name: str, output: str, when: str, metadata: object = None) -> dict:
+    return {"type": kind, "name": name, "output": output, "createdAt": when, "metadata": metadata or {}}
+
+
+def test_turns_come_back_in_order_without_notices() -> None:
+    steps = [
+        step("assistant_message", "system", "ℹ️ demo model notice", "2026-01-01T00:00:00Z"),
+        step("user_message", "alice", "/code sort a list", "2026-01-01T00:00:01Z"),
+        step(
+            "assistant_message",
+            "Assistant",
+            "sorted(x)\n\n*Template: code · /code*",
+            "2026-01-01T00:00:02Z",
+            turn_metadata("Write Python code: sort a list", "sorted(x)"),
+        ),
+        step("assistant_message", "system", "⏳ The model server is restarting", "2026-01-01T00:00:03Z"),
+        step("user_message", "alice", "and reversed?", "2026-01-01T00:00:04Z"),
+        # stopped before any text: no turn, as in a live chat
+        step("assistant_message", "Assistant", "⏹ Stopped.", "2026-01-01T00:00:05Z"),
+        step("assistant_message", "Assistant", "Task manually stopped.", "2026-01-01T00:00:06Z"),
+        step("user_message", "alice", "and reversed?", "2026-01-01T00:00:07Z"),
+        step(
+            "assistant_message",
+            "Assistant",
+            "sorted(x, reverse=True)\n\n*Template: default*",
+            "2026-01-01T00:00:08Z",
+            json.dumps(turn_metadata("and reversed?", "sorted(x, reverse=True)")),  # SQLite gives JSON as text
+        ),
+    ]
+    expected = [
+        {"role": "user", "content": "Write Python code: sort a list"},
+        {"role": "assistant", "content": "sorted(x)"},
+        {"role": "user", "content": "and reversed?"},
+        {"role": "assistant", "content": "sorted(x, reverse=True)"},
+    ]
+    assert history_from_steps(steps) == expected
+    assert history_from_steps(reversed(steps)) == expected, "ordered by time, not by list position"
+    assert history_from_thread({"id": "t1", "steps": steps}) == expected
+
+
+def test_damaged_metadata_is_skipped() -> None:
+    steps = [
+        step("assistant_message", "Assistant", "a", "1", "{not json"),
+        step("assistant_message", "Assistant", "b", "2", {TURN_KEY: "not a list"}),
+        step("assistant_message", "Assistant", "c", "3", {TURN_KEY: [{"role": "tool", "content": "x"}]}),
+        step("assistant_message", "Assistant", "d", "4", {TURN_KEY: [{"role": "user", "content": 5}]}),
+    ]
+    assert history_from_steps(steps) == []
+    assert history_from_thread({"id": "t2", "steps": None}) == []
