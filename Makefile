@@ -1,6 +1,7 @@
 # One command to start, one to test. See README.md.
 PYTHON ?= python3
 HOST ?= 127.0.0.1
+# The chat page's port; app.port in config/backend.yaml (backend.config.APP_PORT) is the same number.
 PORT ?= 8501
 VENV := .venv
 ENGINE_VENV := .venv-engine
@@ -85,9 +86,9 @@ bench-cpu: setup
 	  $(VENV)/bin/python -m backend bench --name cpu-ernie-0.3b --concurrency 1,2,4,8 --rounds 2 \
 	  --input-len 256 --output-len 128 --app-concurrency 1,8 --hf-threads 1
 
-## doctor: explain what is wrong with a running app and its engine
+## doctor: explain what is wrong with a running app (at PORT, as `make run` serves it) and its engine
 doctor: $(VENV)/.installed
-	$(VENV)/bin/python -m backend doctor
+	ERNIE_APP__PORT=$(PORT) $(VENV)/bin/python -m backend doctor
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .cache .data .files .pytest_cache .ruff_cache .mypy_cache

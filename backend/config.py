@@ -19,6 +19,8 @@ DEFAULT_CONFIG_PATH = ROOT / "config" / "backend.yaml"
 ENV_PREFIX = "ERNIE_"
 ENV_CONFIG_PATH = "ERNIE_CONFIG"
 ENV_SEPARATOR = "__"
+# The chat page's port: `make run` serves it there (Makefile PORT); app.port defaults to it.
+APP_PORT = 8501
 
 EngineName = Literal["auto", "vllm", "vllm-cpu", "llama.cpp", "external", "trtllm"]
 
@@ -66,6 +68,17 @@ class EngineSettings(_Strict):
     python: str | None = None
     profile: str = "auto"
     flags: EngineFlags = Field(default_factory=EngineFlags)
+
+
+class AppSettings(_Strict):
+    """The chat app (Chainlit): where `make run` serves it, for the commands that talk to it."""
+
+    port: int = Field(APP_PORT, ge=1, le=65535)
+
+    @property
+    def url(self) -> str:
+        """The app's address on this machine (the doctor and the load test default to it)."""
+        return f"http://127.0.0.1:{self.port}"
 
 
 class ServerSettings(_Strict):
@@ -204,6 +217,7 @@ class StorageSettings(_Strict):
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    app: AppSettings = Field(default_factory=AppSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     restart: RestartSettings = Field(default_factory=RestartSettings)
@@ -307,12 +321,7 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         ) from exc
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Check the configuration (file given or the default) and print the effective values."""
-    try:
-        cfg = load_config(argv[0] if argv else None)
-    except ConfigError as exc:
-        print(exc)
-        return 1
+def print_config(cfg: AppConfig) -> int:
+    """`check-config`: print the effective values of a configuration that loaded (it is valid)."""
     print(yaml.safe_dump(cfg.model_dump(mode="json"), allow_unicode=True, sort_keys=False))
     return 0

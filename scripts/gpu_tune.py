@@ -21,9 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.benchmarks.report import write_report
-from backend.benchmarks.run import parse_args, run
+from backend.benchmarks.run import check_options, run
 from backend.chat.service import ChatService
+from backend.cli import build_parser
 from backend.config import load_config
+from backend.engines.base import engine_python
 
 # The bundle carries no FlashAttention kernels; a fixed KV cache (8 GiB) per engine lets several share a GPU.
 TRITON = ["--attention-backend", "TRITON_ATTN", "--kv-cache-memory-bytes", str(8 * 1024**3)]
@@ -66,7 +68,8 @@ async def bench(svc: ChatService, out: Path, name: str, extra: list[str]) -> Non
         "--model", svc.endpoint.model, "--name", name, "--out-dir", str(out / name), *BENCH, *extra,
     ]  # fmt: skip
     started = time.monotonic()
-    doc = await run(parse_args(argv), argv)
+    cfg = load_config()
+    doc = await run(cfg, check_options(build_parser().parse_args(["bench", *argv])), argv, engine_python(cfg))
     doc["server"]["experiment"] = {"profile": EXPERIMENTS[name][0], "extra_args": TRITON + EXPERIMENTS[name][1]}
     write_report(doc, out / name)
     levels = [

@@ -5,7 +5,6 @@ refuses every login (it never opens the app) and the log names the file and line
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import getpass
 import logging
@@ -142,11 +141,11 @@ def setup_login(cfg: AppConfig | None = None) -> Accounts | None:
     return accounts
 
 
-def _read_password(args: argparse.Namespace) -> str:
-    if args.password_stdin:
+def _read_password(name: str, from_stdin: bool) -> str:
+    if from_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
-        password = getpass.getpass(f"Password for {args.name}: ")
+        password = getpass.getpass(f"Password for {name}: ")
         if getpass.getpass("Again: ") != password:
             raise ValueError("the two passwords differ")
     if len(password) < MIN_LENGTH:
@@ -154,40 +153,31 @@ def _read_password(args: argparse.Namespace) -> str:
     return password
 
 
-def main(argv: list[str] | None = None) -> int:
-    """add-user NAME: add a user or change their password in the users file."""
-    parser = argparse.ArgumentParser(prog="python -m backend add-user", description=main.__doc__)
-    parser.add_argument("name", help="user name (letters, digits, . _ @ -)")
-    parser.add_argument("--file", type=Path, help="users file (default: auth.users_file of the configuration)")
-    parser.add_argument("--password-stdin", action="store_true", help="read the password from stdin (no prompt)")
-    parser.add_argument("--print", action="store_true", help="print name:hash for ERNIE_AUTH__USERS, write nothing")
-    args = parser.parse_args(argv)
+def add_user_command(
+    cfg: AppConfig, name: str, file: Path | None = None, password_stdin: bool = False, print_only: bool = False
+) -> int:
+    """`add-user NAME`: add a user or change their password in the users file (`file`, default auth.users_file).
+
+    The password is asked twice, or read from stdin; `print_only` prints name:hash and writes nothing."""
     try:
-        check_name(args.name)
-        password = _read_password(args)
+        check_name(name)
+        password = _read_password(name, password_stdin)
     except ValueError as exc:
         print(f"add-user: {exc}", file=sys.stderr)
         return 2
-    if args.print:
-        print(f"{args.name}:{hash_password(password)}")
+    if print_only:
+        print(f"{name}:{hash_password(password)}")
         return 0
-    cfg: AppConfig | None = None
-    try:
-        cfg = load_config()
-    except ConfigError as exc:
-        if args.file is None:  # the configuration names the users file
-            print(f"add-user: {exc}", file=sys.stderr)
-            return 1
-    path: Path = args.file if args.file is not None else users_file_path(cfg)  # type: ignore[arg-type]
+    path = file if file is not None else users_file_path(cfg)
     try:
         users = read_users_file(path)
-        existed = args.name in users
-        users[args.name] = hash_password(password)
+        existed = name in users
+        users[name] = hash_password(password)
         write_users_file(path, users)
     except (ServiceError, OSError) as exc:
         print(f"add-user: {exc}", file=sys.stderr)
         return 1
-    print(f"{'Changed the password of' if existed else 'Added'} {args.name} in {path}.")
-    if cfg is not None and not cfg.auth.enabled:
+    print(f"{'Changed the password of' if existed else 'Added'} {name} in {path}.")
+    if not cfg.auth.enabled:
         print("Login is off: set auth.enabled: true in config/backend.yaml (or ERNIE_AUTH__ENABLED=true).")
     return 0

@@ -9,7 +9,6 @@ replies, latency percentiles, and the memory (RSS) of the app and its engine sam
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -177,18 +176,12 @@ async def run(url: str, sessions: int, duration_s: float, max_tokens: int, app_p
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend loadtest", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8501")
-    parser.add_argument("--sessions", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=120, help="seconds to keep sending")
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--app-pid", type=int, help="the app's pid, to sample memory")
-    parser.add_argument("--out", default="results/load")
-    args = parser.parse_args(argv)
-    report = asyncio.run(run(args.url, args.sessions, args.duration, args.max_tokens, args.app_pid))
+def loadtest_command(
+    url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, out: Path
+) -> int:
+    """`loadtest`: run the sessions, write <out>/load.json, print the summary; 1 when a reply failed or none came."""
+    report = asyncio.run(run(url, sessions, duration_s, max_tokens, app_pid))
     summary = report.summary()
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "load.json").write_text(
         json.dumps(

@@ -31,7 +31,6 @@ from backend.benchmarks.report import write_report
 from backend.benchmarks.stats import level_metrics
 from backend.benchmarks.targets import MemoryReader, Server, external_server, managed_server, server_version
 from backend.benchmarks.workload import (
-    DEFAULT_PROMPT_SET,
     BenchRequest,
     PromptSetWorkload,
     SyntheticWorkload,
@@ -39,8 +38,7 @@ from backend.benchmarks.workload import (
     load_prompt_set,
 )
 from backend.chat.client import ChatClient
-from backend.config import ROOT, load_config
-from backend.engines.vllm import engine_python
+from backend.config import ROOT, AppConfig
 from backend.errors import BenchmarkError, ServiceError
 
 log = logging.getLogger(__name__)
@@ -56,42 +54,10 @@ def _levels(text: str) -> list[int]:
     return values
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m backend bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--name", help="results folder name under results/ (default: bench-<date>-<time>)")
-    p.add_argument("--out-dir", type=Path, help="results folder (default: results/<name>)")
-    p.add_argument("--config", help="configuration file for the managed engine (default: config/backend.yaml)")
-    p.add_argument("--port", type=int, default=0, help="port of the managed engine (default 0: a free one)")
-    p.add_argument("--base-url", help="measure this running OpenAI-compatible server instead (http://host:port[/v1])")
-    p.add_argument("--api-key", default=os.environ.get("BENCH_API_KEY", "EMPTY"), help="its API key")
-    p.add_argument("--model", help="its model name (default: the first of /v1/models)")
-    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels (default 1,2,4,8)")
-    p.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (default 2)")
-    p.add_argument("--requests", type=int, help="fixed number of requests per level instead of --rounds")
-    p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
-    p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
-    p.add_argument("--output-len", type=int, default=128, help="synthetic output tokens")
-    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPT_SET, help="prompt set (JSONL)")
-    p.add_argument("--prompts-output-len", type=int, help="output tokens for every prompt-set request")
-    p.add_argument("--no-ignore-eos", action="store_true", help="let replies end at EOS (lengths then vary)")
-    p.add_argument("--temperature", type=float, help="default: chat.temperature of the configuration")
-    p.add_argument("--top-p", type=float, help="default: chat.top_p of the configuration")
-    p.add_argument(
-        "--app-concurrency",
-        default="ends",
-        help="levels also run through the app's client: 'ends' (lowest and highest), a list, or 'none'",
-    )
-    p.add_argument("--no-baseline", action="store_true", help="skip the HF transformers baseline")
-    p.add_argument("--hf-model", help="model folder for the HF baseline (default: the managed engine's)")
-    p.add_argument("--hf-python", help="interpreter with torch+transformers (default: the engine's)")
-    p.add_argument("--hf-cache", choices=("static", "dynamic"), default="static", help="HF KV cache (default static)")
-    p.add_argument("--hf-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    p.add_argument("--hf-threads", type=int, help="torch threads for the baseline (default: torch's own)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the sweep (default 2)")
-    p.add_argument("--timeout", type=float, default=600.0, help="longest wait per request in seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = p.parse_args(argv)
+def check_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Check the options of `bench` (backend.cli) and add what follows from them; raise BenchmarkError.
+
+    Adds levels, dataset_names and app_levels, and fills in name and out_dir."""
     args.levels = _levels(args.concurrency)
     args.dataset_names = [d.strip() for d in args.datasets.split(",") if d.strip()]
     unknown = set(args.dataset_names) - {"synthetic", "prompts"}
@@ -208,9 +174,11 @@ async def sweep(
 
 
 # ----- the command ---------------------------------------------------------------------------------
-async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    """Run the whole benchmark and return the run document (also written to args.out_dir)."""
-    cfg = load_config(args.config)
+async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python: str) -> dict[str, Any]:
+    """Run the whole benchmark and return the run document (also written to args.out_dir).
+
+    `args` are checked options (check_options), `argv` the command line as given (for the record),
+    `python` the engine's interpreter (the HF baseline's, unless --hf-python)."""
     sampling = Sampling(
         temperature=cfg.chat.temperature if args.temperature is None else args.temperature,
         top_p=cfg.chat.top_p if args.top_p is None else args.top_p,
@@ -280,22 +248,18 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         doc["notes"].append("No HF baseline: pass --hf-model with the model folder the server serves.")
     else:
         job, names = baseline_job(args, hf_model, sampling, done)
-        result = await run_baseline(args.hf_python or engine_python(cfg), job, progress=not args.no_progress)
+        result = await run_baseline(args.hf_python or python, job, progress=not args.no_progress)
         add_baseline(doc, names, result)
     compare(doc)
     doc["machine"]["load_end"] = [round(x, 2) for x in os.getloadavg()]
     return doc
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark command; print where the results are."""
-    from backend.logs import setup_logging
-
-    argv = sys.argv[1:] if argv is None else argv
-    setup_logging()
+def bench_command(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python: str) -> int:
+    """`bench`: check the options, run the benchmark, write the report and print where it is."""
     try:
-        args = parse_args(argv)
-        doc = asyncio.run(run(args, argv))
+        args = check_options(args)
+        doc = asyncio.run(run(cfg, args, argv, python))
     except ServiceError as exc:
         print(f"bench: {exc.message}\n{exc.hint}".rstrip(), file=sys.stderr)
         return 1

@@ -10,7 +10,6 @@ stays beside the quantized one: it is the quantizer's input, so switching quanti
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import subprocess
@@ -100,25 +99,18 @@ def ensure_gguf(
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Convert a model folder (default: the configured model) to GGUF now, with progress bars; print the path."""
-    from backend.config import load_config
-    from backend.engines.llamacpp import quantize_binary
-    from backend.engines.vllm import engine_python
+def convert_gguf_command(
+    cfg: AppConfig, python: str, quantize_tool: Path | None, source: Path | None = None, quant: str | None = None
+) -> int:
+    """`convert-gguf`: convert a model folder (default: model.id) to GGUF now, with progress bars; print the path.
 
-    parser = argparse.ArgumentParser(prog="python -m backend convert-gguf", description=main.__doc__)
-    parser.add_argument("source", nargs="?", type=Path, help="Hugging Face model folder (default: model.id)")
-    parser.add_argument("--quant", choices=QUANTS, help="quantization (default: llamacpp.quantization)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    `python` is the engine's interpreter (it runs the converter), `quantize_tool` llama.cpp's llama-quantize."""
+    folder = source or Path(cfg.model.id).expanduser()
+    if not folder.is_dir():
+        print(f"{folder} is not a model folder: give the folder of a Hugging Face ERNIE-4.5 model.")
+        return 2
     try:
-        cfg = load_config()
-        source = args.source or Path(cfg.model.id).expanduser()
-        if not source.is_dir():
-            print(f"{source} is not a model folder: give the folder of a Hugging Face ERNIE-4.5 model.")
-            return 2
-        quant = args.quant or cfg.llamacpp.quantization
-        path = ensure_gguf(cfg, engine_python(cfg), source, quant, quantize_tool=quantize_binary(cfg))
+        path = ensure_gguf(cfg, python, folder, quant or cfg.llamacpp.quantization, quantize_tool=quantize_tool)
     except ServiceError as exc:
         print(exc)
         return 1

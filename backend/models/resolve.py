@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from backend.config import ROOT, AppConfig
-from backend.errors import ModelNotFoundError
+from backend.errors import ModelNotFoundError, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -143,16 +143,10 @@ def resolve_model(
     return ResolvedModel(str(folder), is_demo=True, note=note)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Resolve the configured model now and print what the engine will serve."""
-    from backend.config import load_config
-    from backend.engines.vllm import engine_python
-    from backend.errors import ServiceError
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def prepare_model_command(cfg: AppConfig, python: str) -> int:
+    """`prepare-model`: resolve the configured model now (with `python`, the engine's); print what it serves."""
     try:
-        cfg = load_config()
-        resolved = resolve_model(cfg, engine_python(cfg))
+        resolved = resolve_model(cfg, python)
     except ServiceError as exc:
         print(exc)
         return 1

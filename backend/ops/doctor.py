@@ -8,19 +8,16 @@ is wrong (with --strict, warnings count too).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from backend.config import AppConfig, load_config
-from backend.errors import ServiceError
+from backend.config import AppConfig
 from backend.ops.prometheus_text import sample_totals
 from backend.ops.signatures import Severity, latest_start, scan
 
@@ -61,22 +58,24 @@ def engine_state(cfg: AppConfig) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def locate(cfg: AppConfig, args: argparse.Namespace) -> Target:
-    """Flags first, then the state file, then the configuration."""
+def locate(
+    cfg: AppConfig,
+    app_url: str | None = None,
+    engine_url: str | None = None,
+    log: str | Path | None = None,
+    no_app: bool = False,
+) -> Target:
+    """The given addresses first, then the state file, then the configuration (the app: app.port)."""
     state = engine_state(cfg)
-    default_app = f"http://127.0.0.1:{os.environ.get('CHAINLIT_PORT', '8000')}"
     return Target(
-        app_url=None if args.no_app else (args.app_url or default_app).rstrip("/"),
+        app_url=None if no_app else (app_url or cfg.app.url).rstrip("/"),
         engine_url=(
-            args.engine_url
-            or state.get("base_url")
-            or cfg.server.base_url
-            or f"http://{cfg.server.host}:{cfg.server.port}"
+            engine_url or state.get("base_url") or cfg.server.base_url or f"http://{cfg.server.host}:{cfg.server.port}"
         )
         .rstrip("/")
         .removesuffix("/v1"),
-        engine_pid=None if args.engine_url else state.get("pid"),
-        log=Path(args.log or state.get("log") or cfg.paths.engine_log),
+        engine_pid=None if engine_url else state.get("pid"),
+        log=Path(log or state.get("log") or cfg.paths.engine_log),
     )
 
 
@@ -241,27 +240,18 @@ def exit_code(checks: list[Check], strict: bool = False) -> int:
     return int(any(c.status in bad for c in checks))
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m backend doctor", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="configuration file (default: config/backend.yaml, or ERNIE_CONFIG)")
-    p.add_argument("--app-url", help="the app's address (default http://127.0.0.1:$CHAINLIT_PORT or :8000)")
-    p.add_argument("--no-app", action="store_true", help="do not check the app")
-    p.add_argument("--engine-url", help="the engine's address (default: from <data_dir>/engine.json)")
-    p.add_argument("--log", help="the engine log (default: from engine.json, else <data_dir>/logs/engine.log)")
-    p.add_argument("--all-log", action="store_true", help="scan the whole log, not only the latest start")
-    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP check")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the doctor; print the diagnosis; return the exit code."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = load_config(args.config)
-    except ServiceError as exc:
-        print(f"ERNIE chat doctor\n{LABELS[FAIL]} configuration: {exc}")
-        return 1
-    checks = asyncio.run(diagnose(locate(cfg, args), args.all_log, args.timeout))
+def doctor_command(
+    cfg: AppConfig,
+    app_url: str | None = None,
+    engine_url: str | None = None,
+    log: str | Path | None = None,
+    no_app: bool = False,
+    whole_log: bool = False,
+    strict: bool = False,
+    timeout_s: float = 5.0,
+) -> int:
+    """`doctor`: run every check, print the diagnosis, return the exit code."""
+    target = locate(cfg, app_url=app_url, engine_url=engine_url, log=log, no_app=no_app)
+    checks = asyncio.run(diagnose(target, whole_log, timeout_s))
     print(render(checks))
-    return exit_code(checks, args.strict)
+    return exit_code(checks, strict)

@@ -1,17 +1,15 @@
 """Prompt templates: one YAML file per template in a folder, hot-reloaded, routed per message.
 
-Run ``python -m backend.prompts.templates [FOLDER]`` to check a folder of templates.
+Run ``python -m backend check-prompts [FOLDER]`` to check a folder of templates.
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import logging
 import os
 import re
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -565,26 +563,19 @@ class TemplateStore:
         return name, (found.group(2) or "").strip()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Check a folder of templates: print each problem and return 1, or "N templates OK" and 0."""
-    parser = argparse.ArgumentParser(prog="python -m backend.prompts.templates", description=main.__doc__)
-    parser.add_argument("folder", nargs="?", default="prompts", help="folder of template files (default: prompts)")
-    args = parser.parse_args(argv)
+def check_folder(folder: str | Path) -> int:
+    """`check-prompts`: check a folder of templates; print each problem and return 1, or "N templates OK" and 0."""
     quiet = logging.NullHandler()  # the problems are printed below; don't print them twice via logging
     logger.addHandler(quiet)
     try:
-        store = TemplateStore(args.folder)
+        store = TemplateStore(folder)
     finally:
         logger.removeHandler(quiet)
     problems, names = store.problems(), store.names()
     for problem in problems:
         print(problem)
     if problems:
-        print(f"{len(problems)} problem(s) found in {args.folder}; usable templates: {', '.join(names)}")
+        print(f"{len(problems)} problem(s) found in {folder}; usable templates: {', '.join(names)}")
         return 1
     print(f"{len(names)} templates OK: {', '.join(names)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -40,7 +40,7 @@ async def test_doctor_explains_a_real_bad_flag_value(tiny_model: Path, tmp_path:
         await supervisor.stop()
 
     # In process: the state file leads to the log, whose latest start shows the flag.
-    target = doctor.locate(cfg, doctor.parse_args(["--no-app"]))
+    target = doctor.locate(cfg, no_app=True)
     assert target.log == cfg.paths.engine_log and target.log.exists()
     checks = await doctor.diagnose(target, timeout_s=2)
     failing = [c for c in checks if c.name == "engine log" and c.status == doctor.FAIL]

@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from backend.benchmarks import run as benchmark
+from backend import cli
 from backend.chat.pacing import paced
 from backend.chat.service import ChatService
 from backend.ops import doctor, web
@@ -56,7 +56,7 @@ async def test_a_real_reply_is_recorded(tiny_service: ChatService) -> None:
 
 
 async def test_doctor_finds_the_engine_through_its_state_file(tiny_service: ChatService) -> None:
-    target = doctor.locate(tiny_service.cfg, doctor.parse_args(["--no-app"]))
+    target = doctor.locate(tiny_service.cfg, no_app=True)
     assert target.engine_url == tiny_service.endpoint.base_url
     assert target.engine_pid == tiny_service.supervisor.status.pid
     checks = await doctor.diagnose(target)
@@ -72,7 +72,7 @@ async def test_bench_against_an_existing_server(tiny_service: ChatService, tiny_
     argv = ["--base-url", ep.base_url + "/v1", "--api-key", ep.api_key, "--model", ep.model]
     argv += ["--concurrency", "1,2", "--rounds", "1", "--input-len", "40", "--output-len", "6"]
     argv += ["--prompts-output-len", "6", "--hf-model", str(tiny_model), "--out-dir", str(out), "--no-progress"]
-    assert await asyncio.to_thread(benchmark.main, argv) == 0
+    assert await asyncio.to_thread(cli.main, ["bench", *argv]) == 0
 
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert doc["server"]["kind"] == "external" and doc["server"]["model"] == ep.model

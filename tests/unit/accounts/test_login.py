@@ -9,13 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from backend.accounts.login import SECRET_ENV, Accounts, ensure_auth_secret, main, setup_login
+from backend import cli
+from backend.accounts.login import SECRET_ENV, Accounts, ensure_auth_secret, setup_login
 from backend.accounts.passwords import hash_password, verify_password
 from backend.accounts.users import UsersFileError, parse_users_env, parse_users_file, read_users_file, write_users_file
 from backend.errors import ConfigError
 from tests.conftest import MakeConfig
 
 HASH = hash_password("alice-password")
+
+
+def add_user(argv: list[str]) -> int:
+    """`python -m backend add-user ARGV...`, in process."""
+    return cli.main(["add-user", *argv])
 
 
 def test_users_file_round_trip(tmp_path: Path) -> None:
@@ -135,22 +141,22 @@ def test_setup_login_only_when_enabled(
 def test_add_user_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "users.yaml"
     monkeypatch.setattr("sys.stdin", io.StringIO("first-password\n"))
-    assert main(["alice", "--file", str(path), "--password-stdin"]) == 0
+    assert add_user(["alice", "--file", str(path), "--password-stdin"]) == 0
     assert "Added alice" in capsys.readouterr().out
     monkeypatch.setattr("sys.stdin", io.StringIO("second-password\n"))
-    assert main(["alice", "--file", str(path), "--password-stdin"]) == 0
+    assert add_user(["alice", "--file", str(path), "--password-stdin"]) == 0
     assert "Changed the password of alice" in capsys.readouterr().out
     users = read_users_file(path)
     assert verify_password("second-password", users["alice"])
     assert "second-password" not in path.read_text()
 
     monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
-    assert main(["bob", "--file", str(path), "--password-stdin"]) == 2
+    assert add_user(["bob", "--file", str(path), "--password-stdin"]) == 2
     assert "at least 8 characters" in capsys.readouterr().err
-    assert main(["bad name", "--file", str(path), "--password-stdin"]) == 2
+    assert add_user(["bad name", "--file", str(path), "--password-stdin"]) == 2
 
     monkeypatch.setattr("sys.stdin", io.StringIO("bob-password\n"))
-    assert main(["bob", "--password-stdin", "--print"]) == 0
+    assert add_user(["bob", "--password-stdin", "--print"]) == 0
     line = capsys.readouterr().out.strip()
     assert verify_password("bob-password", parse_users_env(line)["bob"])
 
@@ -159,6 +165,6 @@ def test_add_user_refuses_a_damaged_file(tmp_path: Path, monkeypatch: pytest.Mon
     path = tmp_path / "users.yaml"
     path.write_text("users: [\n")
     monkeypatch.setattr("sys.stdin", io.StringIO("first-password\n"))
-    assert main(["alice", "--file", str(path), "--password-stdin"]) == 1
+    assert add_user(["alice", "--file", str(path), "--password-stdin"]) == 1
     assert f"{path}, line" in capsys.readouterr().err
     assert path.read_text() == "users: [\n", "left as it was"

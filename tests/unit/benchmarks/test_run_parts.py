@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend import cli
 from backend.benchmarks import run as benchmark
 from backend.benchmarks.baseline import add_baseline, baseline_job
 from backend.benchmarks.loadgen import LevelRun, Sampling
@@ -22,12 +24,17 @@ from backend.errors import BenchmarkError
 from backend.serving.supervisor import free_port
 
 
+def options(argv: list[str]) -> argparse.Namespace:
+    """The checked options of `python -m backend bench ARGV...`."""
+    return benchmark.check_options(cli.build_parser().parse_args(["bench", *argv]))
+
+
 def test_options_and_their_mistakes(tmp_path: Path) -> None:
-    args = benchmark.parse_args(["--concurrency", "4,1,2,4", "--out-dir", str(tmp_path)])
+    args = options(["--concurrency", "4,1,2,4", "--out-dir", str(tmp_path)])
     assert args.levels == [1, 2, 4] and args.app_levels == [1, 4]
     assert args.dataset_names == ["synthetic", "prompts"] and args.out_dir == tmp_path.resolve()
-    assert benchmark.parse_args(["--app-concurrency", "none"]).app_levels == []
-    assert benchmark.parse_args(["--concurrency", "1,8", "--app-concurrency", "8"]).app_levels == [8]
+    assert options(["--app-concurrency", "none"]).app_levels == []
+    assert options(["--concurrency", "1,8", "--app-concurrency", "8"]).app_levels == [8]
     for bad, message in (
         (["--concurrency", "0,2"], "positive integers"),
         (["--concurrency", "a"], "positive integers"),
@@ -36,14 +43,14 @@ def test_options_and_their_mistakes(tmp_path: Path) -> None:
         (["--rounds", "0"], "--rounds must be at least 1"),
     ):
         with pytest.raises(BenchmarkError, match=message):
-            benchmark.parse_args(bad)
+            options(bad)
 
 
-def test_main_prints_friendly_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    assert benchmark.main(["--concurrency", "x"]) == 1
+def test_command_prints_friendly_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--concurrency", "x"]) == 1
     assert "bench: Concurrency levels 'x'" in capsys.readouterr().err
     closed = f"http://127.0.0.1:{free_port()}/v1"
-    assert benchmark.main(["--base-url", closed, "--no-progress"]) == 1
+    assert cli.main(["bench", "--base-url", closed, "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "does not answer" in err and "Check --base-url" in err
 
@@ -91,7 +98,7 @@ def test_baseline_job_uses_the_servers_token_counts() -> None:
         RequestResult(False, error="boom"),
     ]
     run = LevelRun(requests, results, level_metrics(2, results, 2.0))
-    args = benchmark.parse_args(["--hf-threads", "1"])
+    args = options(["--hf-threads", "1"])
     job, names = baseline_job(args, "/no/such/folder", Sampling(0.7, 0.9), {"prompts_zh": {2: run}})
     assert names == ["prompts_zh"]
     assert job["model"] == "/no/such/folder" and job["threads"] == 1 and job["cache"] == "static"

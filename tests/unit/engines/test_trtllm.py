@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from backend import cli
 from backend.config import AppConfig, EngineFlags
 from backend.engines.options import EngineOptions, check_args
 from backend.engines.trtllm import (
@@ -20,7 +21,6 @@ from backend.engines.trtllm import (
     check_trtllm_installed,
     convert_command,
     engine_dir,
-    main,
     resolve_dtype,
 )
 from backend.engines.vllm import build_launch
@@ -188,7 +188,7 @@ def test_build_command_refuses_without_tensorrt_llm(
 ) -> None:
     monkeypatch.setenv("ERNIE_ENGINE__PYTHON", engine_py)
     monkeypatch.setenv("ERNIE_PATHS__DATA_DIR", str(tmp_path))
-    assert main([]) == 1
+    assert cli.main(["build-trt-engine"]) == 1
     assert "TensorRT-LLM is not installed" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from backend import cli
 from backend.config import AppConfig
 from backend.ops import doctor
 from backend.ops.doctor import FAIL, OK, SKIP, WARN, Target, diagnose, exit_code, locate, render
@@ -135,32 +136,35 @@ def test_locate_reads_the_supervisor_state_file(make_config: MakeConfig, tmp_pat
     cfg.paths.data.mkdir(parents=True)
     state = {"engine": "vllm-cpu", "base_url": "http://127.0.0.1:4321", "pid": 99, "log": str(tmp_path / "e.txt")}
     (cfg.paths.data / "engine.json").write_text(json.dumps(state))
-    found = locate(cfg, doctor.parse_args(["--no-app"]))
+    found = locate(cfg, no_app=True)
     assert found == Target(None, state["base_url"], 99, tmp_path / "e.txt")
-    flags = ["--engine-url", "http://h:1/v1", "--log", "x.txt", "--app-url", "http://a/"]
-    assert locate(cfg, doctor.parse_args(flags)) == Target("http://a", "http://h:1", None, Path("x.txt"))
+    given = locate(cfg, app_url="http://a/", engine_url="http://h:1/v1", log="x.txt")
+    assert given == Target("http://a", "http://h:1", None, Path("x.txt"))
 
 
 def test_locate_without_state_file_uses_the_configuration(make_config: MakeConfig) -> None:
     cfg = make_config(server__port=8123)
-    found = locate(cfg, doctor.parse_args([]))
+    found = locate(cfg)
     assert found.engine_url == "http://127.0.0.1:8123"
     assert found.log == cfg.paths.engine_log
-    assert found.app_url is not None and found.app_url.startswith("http://127.0.0.1:")
+    assert found.app_url == f"http://127.0.0.1:{cfg.app.port}"
+    assert locate(make_config(app__port=9123)).app_url == "http://127.0.0.1:9123"
 
 
-def test_main_exit_code_and_output(fake: tuple[Fake, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_command_exit_code_and_output(fake: tuple[Fake, str], capsys: pytest.CaptureFixture[str]) -> None:
     state, url = fake
     healthy(state)
-    assert doctor.main(["--app-url", url, "--engine-url", url, "--log", str(LOGS / "healthy_start.txt")]) == 0
+    command = ["doctor", "--app-url", url, "--engine-url", url, "--log"]
+    assert cli.main([*command, str(LOGS / "healthy_start.txt")]) == 0
     assert "Result: 0 problem(s), 0 warning(s)." in capsys.readouterr().out
-    assert doctor.main(["--app-url", url, "--engine-url", url, "--log", str(LOGS / "port_in_use.txt")]) == 1
+    assert cli.main([*command, str(LOGS / "port_in_use.txt")]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] engine log: Port already in use" in out and "Result: 1 problem(s)" in out
 
 
-def test_main_reports_a_broken_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_command_reports_a_broken_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("server:\n  port: lots\n")
-    assert doctor.main(["--config", str(bad)]) == 1
-    assert "[FAIL] configuration" in capsys.readouterr().out
+    assert cli.main(["doctor", "--config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "python -m backend doctor: Invalid configuration" in err and "server.port" in err

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.prompts.templates import AUTO, MAX_FILE_BYTES, TemplateProblem, TemplateStore, UnknownTemplate, main
+from backend.cli import main as cli_main
+from backend.prompts.templates import AUTO, MAX_FILE_BYTES, TemplateProblem, TemplateStore, UnknownTemplate
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "prompts"
@@ -388,7 +389,7 @@ def test_folder_without_default_uses_the_built_in_one(tmp_path: Path) -> None:
 
 
 def test_check_passes_on_a_good_folder(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(SHIPPED)]) == 0
+    assert cli_main(["check-prompts", str(SHIPPED)]) == 0
     out = capsys.readouterr().out
     assert re.fullmatch(r"\d+ templates OK: [a-z, -]+, default\n", out), out
     assert "summary" in out and "problem" not in out
@@ -397,22 +398,22 @@ def test_check_passes_on_a_good_folder(capsys: pytest.CaptureFixture[str]) -> No
 def test_check_lists_problems_and_fails(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(folder, "typo.yaml", 'name: typo\nuser: "{input}"\ntemprature: 0.5\n')
     write(folder, "empty.yaml", "")
-    assert main([str(folder)]) == 1
+    assert cli_main(["check-prompts", str(folder)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert any("empty.yaml" in line and "empty" in line for line in lines)
     assert any('typo.yaml, line 3, field "temprature"' in line for line in lines)
     assert "2 problem(s)" in lines[-1]
 
 
-def test_check_runs_as_a_module() -> None:
+def test_check_runs_as_a_command() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "backend.prompts.templates"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "backend", "check-prompts"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "templates OK" in result.stdout
 
     bad = subprocess.run(
-        [sys.executable, "-m", "backend.prompts.templates", str(REPO / "no-such-folder")],
+        [sys.executable, "-m", "backend", "check-prompts", str(REPO / "no-such-folder")],
         cwd=REPO,
         capture_output=True,
         text=True,

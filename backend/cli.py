@@ -1,0 +1,268 @@
+"""`python -m backend <command>`: the project's commands, one argparse parser with a subcommand each.
+
+Every command's options are declared here; the work is done by a plain function of the command's module,
+called with the configuration, which is read once, here, the same way for every command:
+backend.config.load_config (config/backend.yaml, or ERNIE_CONFIG, or --config; ERNIE_* overrides).
+`--help` reads nothing and starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from backend.accounts.login import add_user_command
+from backend.benchmarks.loadtest import loadtest_command
+from backend.benchmarks.run import bench_command
+from backend.benchmarks.workload import DEFAULT_PROMPT_SET
+from backend.config import APP_PORT, AppConfig, load_config, print_config
+from backend.engines.base import engine_python
+from backend.engines.llamacpp import quantize_binary
+from backend.engines.registry import engine
+from backend.engines.trtllm import build_trt_engine_command
+from backend.errors import ConfigError
+from backend.logs import setup_logging
+from backend.models.gguf import QUANTS, convert_gguf_command
+from backend.models.resolve import prepare_model_command
+from backend.ops.doctor import doctor_command
+from backend.prompts.templates import check_folder
+from backend.serving.hardware import detect_gpus
+from backend.serving.preflight import check_flags_command
+from backend.serving.profiles import choose_profile, effective_flags
+
+PROG = "python -m backend"
+Command = Callable[[AppConfig, argparse.Namespace], int]
+
+
+# ----- what each command does with its options -------------------------------------------------------
+def _check_prompts(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return check_folder(args.folder or cfg.paths.resolve(cfg.paths.prompts_dir))
+
+
+def _check_config(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return print_config(cfg)
+
+
+def _loadtest(cfg: AppConfig, args: argparse.Namespace) -> int:
+    url = args.url or cfg.app.url
+    return loadtest_command(url, args.sessions, args.duration, args.max_tokens, args.app_pid, Path(args.out))
+
+
+def _prepare_model(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return prepare_model_command(cfg, engine_python(cfg))
+
+
+def _check_flags(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return check_flags_command(cfg, list_only=args.list, all_profiles=args.all_profiles)
+
+
+def _build_trt_engine(cfg: AppConfig, args: argparse.Namespace) -> int:
+    gpus = detect_gpus()
+    flags = effective_flags(cfg, choose_profile(cfg, engine("trtllm"), gpus))  # the profile sizes the engine
+    smallest_cc = min((gpu.compute_capability or (0, 0) for gpu in gpus), default=None)  # picks the dtype
+    return build_trt_engine_command(cfg, engine_python(cfg), flags, smallest_cc)
+
+
+def _bench(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return bench_command(cfg, args, args.argv, engine_python(cfg))
+
+
+def _doctor(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return doctor_command(
+        cfg,
+        app_url=args.app_url,
+        engine_url=args.engine_url,
+        log=args.log,
+        no_app=args.no_app,
+        whole_log=args.all_log,
+        strict=args.strict,
+        timeout_s=args.timeout,
+    )
+
+
+def _convert_gguf(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return convert_gguf_command(cfg, engine_python(cfg), quantize_binary(cfg), args.source, args.quant)
+
+
+def _add_user(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return add_user_command(
+        cfg, args.name, file=args.file, password_stdin=args.password_stdin, print_only=args.print_only
+    )
+
+
+# ----- the parser ------------------------------------------------------------------------------------
+def _messages(level: int) -> Callable[[], None]:
+    """Log setup of the commands that show progress as plain log lines."""
+    return lambda: logging.basicConfig(level=level, format="%(message)s")
+
+
+def _no_logging() -> None:
+    """Commands that print their own output set up no logging (Python's default: warnings on stderr)."""
+
+
+def _bench_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", help="results folder name under results/ (default: bench-<date>-<time>)")
+    p.add_argument("--out-dir", type=Path, help="results folder (default: results/<name>)")
+    p.add_argument("--port", type=int, default=0, help="port of the managed engine (default 0: a free one)")
+    p.add_argument("--base-url", help="measure this running OpenAI-compatible server instead (http://host:port[/v1])")
+    p.add_argument("--api-key", default=os.environ.get("BENCH_API_KEY", "EMPTY"), help="its API key")
+    p.add_argument("--model", help="its model name (default: the first of /v1/models)")
+    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels (default 1,2,4,8)")
+    p.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (default 2)")
+    p.add_argument("--requests", type=int, help="fixed number of requests per level instead of --rounds")
+    p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
+    p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
+    p.add_argument("--output-len", type=int, default=128, help="synthetic output tokens")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPT_SET, help="prompt set (JSONL)")
+    p.add_argument("--prompts-output-len", type=int, help="output tokens for every prompt-set request")
+    p.add_argument("--no-ignore-eos", action="store_true", help="let replies end at EOS (lengths then vary)")
+    p.add_argument("--temperature", type=float, help="default: chat.temperature of the configuration")
+    p.add_argument("--top-p", type=float, help="default: chat.top_p of the configuration")
+    p.add_argument(
+        "--app-concurrency",
+        default="ends",
+        help="levels also run through the app's client: 'ends' (lowest and highest), a list, or 'none'",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the HF transformers baseline")
+    p.add_argument("--hf-model", help="model folder for the HF baseline (default: the managed engine's)")
+    p.add_argument("--hf-python", help="interpreter with torch+transformers (default: the engine's)")
+    p.add_argument("--hf-cache", choices=("static", "dynamic"), default="static", help="HF KV cache (default static)")
+    p.add_argument("--hf-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--hf-threads", type=int, help="torch threads for the baseline (default: torch's own)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the sweep (default 2)")
+    p.add_argument("--timeout", type=float, default=600.0, help="longest wait per request in seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _doctor_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--app-url", help=f"the app's address (default http://127.0.0.1:<app.port>, {APP_PORT} as make run)")
+    p.add_argument("--no-app", action="store_true", help="do not check the app")
+    p.add_argument("--engine-url", help="the engine's address (default: from <data_dir>/engine.json)")
+    p.add_argument("--log", help="the engine log (default: from engine.json, else <data_dir>/logs/engine.log)")
+    p.add_argument("--all-log", action="store_true", help="scan the whole log, not only the latest start")
+    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP check")
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's layout, 100-120 columns wide: most help lines fit on one line."""
+    width = min(120, max(100, shutil.get_terminal_size().columns))
+    return argparse.HelpFormatter(prog, max_help_position=30, width=width)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m backend`: one subparser per command, each with its help line and options."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        formatter_class=_formatter,
+        description="Commands of the ERNIE chat service.",
+        epilog=f"`{PROG} <command> --help` shows a command's options. Every command reads config/backend.yaml "
+        "(or ERNIE_CONFIG, or its --config FILE) with the ERNIE_<SECTION>__<KEY> overrides.",
+    )
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument(
+        "--config", metavar="FILE", help="configuration file (default: ERNIE_CONFIG, else config/backend.yaml)"
+    )
+
+    def command(
+        name: str, run: Command, text: str, setup_log: Callable[[], None] = _no_logging
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name, help=text, description=text[0].upper() + text[1:] + ".", parents=[shared], formatter_class=_formatter
+        )
+        sub.set_defaults(run=run, setup_log=setup_log)
+        return sub
+
+    p = command("check-prompts", _check_prompts, "validate the prompt templates folder (exit 1 on problems)")
+    p.add_argument("folder", nargs="?", help="folder of template files (default: paths.prompts_dir, prompts)")
+
+    p = command("check-config", _check_config, "validate config/backend.yaml and ERNIE_* overrides; print the result")
+    p.add_argument("config_file", nargs="?", metavar="CONFIG", help="the file to check (same as --config)")
+
+    p = command("loadtest", _loadtest, "many chat sessions at once through the app's websocket")
+    p.add_argument("--url", help=f"the app's address (default http://127.0.0.1:<app.port>, {APP_PORT} as make run)")
+    p.add_argument("--sessions", type=int, default=64)
+    p.add_argument("--duration", type=float, default=120, help="seconds to keep sending")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--app-pid", type=int, help="the app's pid, to sample memory")
+    p.add_argument("--out", default="results/load")
+
+    command(
+        "prepare-model",
+        _prepare_model,
+        "resolve the model now (converts the offline demo model once)",
+        _messages(logging.INFO),
+    )
+
+    p = command(
+        "check-flags",
+        _check_flags,
+        "check engine flags against the installed engine's own parser",
+        _messages(logging.WARNING),
+    )
+    p.add_argument("--list", action="store_true", help="print the flags the installed engine accepts")
+    p.add_argument("--all-profiles", action="store_true", help="check every profile, not only the detected one")
+
+    p = command(
+        "build-trt-engine",
+        _build_trt_engine,
+        "build the TensorRT-LLM engine for trtllm.backend: tensorrt",
+        _messages(logging.INFO),
+    )
+    p.add_argument("config_file", nargs="?", metavar="CONFIG", help="configuration file (same as --config)")
+
+    p = command(
+        "bench",
+        _bench,
+        "benchmark latency/throughput against concurrency, HF baseline, app overhead",
+        setup_logging,
+    )
+    _bench_options(p)
+
+    p = command("doctor", _doctor, "check the app, the engine, its metrics and its log; explain known failures")
+    _doctor_options(p)
+
+    p = command(
+        "convert-gguf",
+        _convert_gguf,
+        "convert a model folder to GGUF for llama.cpp now (cached)",
+        _messages(logging.INFO),
+    )
+    p.add_argument("source", nargs="?", type=Path, help="Hugging Face model folder (default: model.id)")
+    p.add_argument("--quant", choices=QUANTS, help="quantization (default: llamacpp.quantization)")
+
+    p = command("add-user", _add_user, "add a login user or change a password (see docs/accounts.md)")
+    p.add_argument("name", help="user name (letters, digits, . _ @ -)")
+    p.add_argument("--file", type=Path, help="users file (default: auth.users_file of the configuration)")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin (no prompt)")
+    p.add_argument(
+        "--print", dest="print_only", action="store_true", help="print name:hash for ERNIE_AUTH__USERS, write nothing"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, read the configuration once, run the command; return its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)  # --help and usage errors exit here (0 and 2), before any work
+    if args.command is None:
+        parser.print_help()
+        return 0
+    args.argv = argv[argv.index(args.command) + 1 :]  # the command's own arguments, as given
+    try:
+        cfg = load_config(getattr(args, "config_file", None) or args.config)
+    except ConfigError as exc:
+        print(f"{PROG} {args.command}: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(exc.hint, file=sys.stderr)
+        return 1
+    args.setup_log()
+    return int(args.run(cfg, args))
