@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
-from backend.errors import ConfigError
+from backend.errors import PHRASES, ConfigError, Phrase
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class RestartSettings(_Strict):
     @model_validator(mode="after")
     def _backoff_order(self) -> RestartSettings:
         if self.backoff_max_s < self.backoff_initial_s:
-            raise ValueError("backoff_max_s must be at least backoff_initial_s")
+            raise PydanticCustomError("backoff_order", "backoff_max_s must be at least backoff_initial_s")
         return self
 
 
@@ -234,14 +235,36 @@ class AppConfig(_Strict):
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:
         if self.engine.profile != "auto" and self.engine.profile not in self.profiles:
-            known = ", ".join(sorted(self.profiles)) or "none defined"
-            raise ValueError(f"engine.profile {self.engine.profile!r} is not defined (known: {known})")
+            profile = repr(self.engine.profile)
+            if not self.profiles:
+                raise PydanticCustomError(
+                    "no_profiles", "engine.profile {profile} is not defined (known: none defined)", {"profile": profile}
+                )
+            known = ", ".join(sorted(self.profiles))
+            raise PydanticCustomError(
+                "unknown_profile",
+                "engine.profile {profile} is not defined (known: {known})",
+                {"profile": profile, "known": known},
+            )
         return self
 
 
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _reason(err: Any) -> Phrase:
+    """Pydantic's reason for one invalid value: its own English words, in Chinese for the usual error types."""
+    code = f"pydantic.{err['type']}"
+    if code not in PHRASES:
+        return Phrase("pydantic.other", msg=err["msg"])
+    ctx = {key: _plain(value) for key, value in (err.get("ctx") or {}).items() if key in PHRASES[code].params}
+    return Phrase(code, msg=err["msg"], **ctx)
 
 
 def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
@@ -264,12 +287,7 @@ def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, tuple
             continue
         keys = [part.lower() for part in name[len(ENV_PREFIX) :].split(ENV_SEPARATOR)]
         if keys[0] not in sections or any(not key for key in keys):
-            raise ConfigError(
-                f"Environment variable {name} does not name a configuration key.",
-                f"Use {ENV_PREFIX}<SECTION>{ENV_SEPARATOR}<KEY> with a section among: "
-                + ", ".join(sorted(sections))
-                + f" (for example {ENV_PREFIX}SERVER{ENV_SEPARATOR}PORT=8100).",
-            )
+            raise ConfigError.of("config.env_key", name=name, sections=", ".join(sorted(sections)))
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -288,16 +306,14 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
             loaded = yaml.safe_load(config_path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             mark = getattr(exc, "problem_mark", None)
-            where = f", line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(
-                f"{config_path}{where}: not valid YAML ({getattr(exc, 'problem', exc)}).",
-                "Fix the file's syntax (indentation, colons, quotes) and start again.",
-            ) from exc
+            where = Phrase("config.at_line", line=mark.line + 1) if mark is not None else ""
+            problem = str(getattr(exc, "problem", None) or exc)
+            raise ConfigError.of("config.yaml", path=config_path, where=where, problem=problem) from exc
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{config_path}: the top level must be a mapping of sections.", "")
+            raise ConfigError.of("config.not_mapping", path=config_path)
         data = loaded or {}
     elif path is not None or ENV_CONFIG_PATH in env:
-        raise ConfigError(f"Configuration file {config_path} does not exist.", f"Check {ENV_CONFIG_PATH}.")
+        raise ConfigError.of("config.missing", path=config_path, env=ENV_CONFIG_PATH)
 
     sources: dict[tuple[str, ...], str] = {}
     for name, (keys, value) in env_overrides(env).items():
@@ -306,19 +322,18 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     try:
         return AppConfig(**data)
     except ValidationError as exc:
-        problems = []
+        # Each problem keeps the key path and the value as they are; the sentence around them is translated.
+        problems: list[Phrase] = []
         for err in exc.errors():
             loc = tuple(str(part) for part in err["loc"])
-            key = ".".join(loc) or "(top level)"
+            key: str | Phrase = ".".join(loc) or Phrase("config.top_level")
             origin = sources.get(loc)
-            where = f"set by {origin}" if origin else f"in {config_path.name}"
-            got = f" (got {_describe(err['input'])})" if "input" in err and loc else ""
-            msg = err["msg"].replace("Extra inputs are not permitted", "unknown key")
-            problems.append(f"{key}: {msg}{got}, {where}")
-        raise ConfigError(
-            f"Invalid configuration in {config_path}: " + "; ".join(problems) + ".",
-            "Correct the value (see the comments in config/backend.yaml) and start again.",
-        ) from exc
+            got: str | Phrase = Phrase("config.got", value=_describe(err["input"])) if "input" in err and loc else ""
+            if origin:
+                problems.append(Phrase("config.from_env", key=key, msg=_reason(err), got=got, env=origin))
+            else:
+                problems.append(Phrase("config.in_file", key=key, msg=_reason(err), got=got, file=config_path.name))
+        raise ConfigError.of("config.invalid", path=config_path, problems=problems) from exc
 
 
 def print_config(cfg: AppConfig) -> int:

@@ -10,19 +10,13 @@ from pathlib import Path
 import yaml
 
 from backend.accounts.passwords import PasswordHashError, parse_hash
-from backend.errors import ServiceError
+from backend.errors import UsersFileError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 HEADER = (
     "# Users who may log in to the chat, with salted scrypt hashes of their passwords (never the passwords).\n"
     "# Written by `python -m backend add-user NAME`; the app re-reads this file when it changes.\n"
 )
-
-
-class UsersFileError(ServiceError):
-    """The users file (or ERNIE_AUTH__USERS) cannot be read; nobody can log in until it is fixed."""
-
-    key = "error.users"
 
 
 def check_name(name: str) -> str:
@@ -47,7 +41,7 @@ def _check_entry(name: object, stored: object) -> str | None:
     try:
         parse_hash(stored)
     except PasswordHashError as exc:
-        return f"user {name!r}: {exc}"
+        return f"user {name!r}: {exc.message}"
     return None
 
 

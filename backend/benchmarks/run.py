@@ -70,10 +70,13 @@ def check_options(args: argparse.Namespace) -> argparse.Namespace:
     else:
         args.app_levels = _levels(args.app_concurrency)
         if not set(args.app_levels) <= set(args.levels):
-            raise BenchmarkError("--app-concurrency must be among the --concurrency levels.", "")
+            raise BenchmarkError(
+                "--app-concurrency must be among the --concurrency levels.",
+                "Use ends, none, or levels listed in --concurrency.",
+            )
     for name in ("rounds", "input_len", "output_len"):
         if getattr(args, name) < 1:
-            raise BenchmarkError(f"--{name.replace('_', '-')} must be at least 1.", "")
+            raise BenchmarkError(f"--{name.replace('_', '-')} must be at least 1.", "Give a positive whole number.")
     args.name = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     args.out_dir = (args.out_dir or ROOT / "results" / args.name).resolve()
     return args

@@ -91,12 +91,14 @@ def load_prompt_set(path: Path) -> list[PromptItem]:
             raise WorkloadError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}.", "Remove them.")
         prompt, max_tokens = data.get("prompt"), data.get("max_tokens")
         if not isinstance(prompt, str) or not prompt.strip():
-            raise WorkloadError(f"{where}: field 'prompt' must be a non-empty string.", "")
+            raise WorkloadError(f"{where}: field 'prompt' must be a non-empty string.", "Give the prompt's text.")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 32768:
-            raise WorkloadError(f"{where}: field 'max_tokens' must be an integer from 1 to 32768.", "")
+            raise WorkloadError(
+                f"{where}: field 'max_tokens' must be an integer from 1 to 32768.", "Give the reply's length in tokens."
+            )
         system = data.get("system")
         if system is not None and not isinstance(system, str):
-            raise WorkloadError(f"{where}: field 'system' must be a string.", "")
+            raise WorkloadError(f"{where}: field 'system' must be a string.", "Give a text, or leave the field out.")
         items.append(
             PromptItem(
                 id=str(data.get("id", f"line-{number}")),

@@ -15,16 +15,12 @@ import openai
 from openai import AsyncOpenAI
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from backend.errors import BackendError, PromptTooLongError
+from backend.errors import BackendError, PromptTooLongError, ServiceError
 
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
 RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
-BROKEN = (
-    "The connection to the engine broke.",
-    "The engine may have stopped; it is restarted automatically. Try again in a moment.",
-)
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
 
 
@@ -62,28 +58,22 @@ def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE)
 
 
-def _translate(exc: BaseException) -> Exception:
+def _translate(exc: BaseException) -> ServiceError:
     """Turn an openai/httpx exception into one of our errors with a message a person can act on."""
     if isinstance(exc, openai.BadRequestError):
         text = str(exc.message)
         if any(word in text.lower() for word in CONTEXT_WORDS):
-            return PromptTooLongError(
-                "The conversation does not fit in the model's context window.",
-                "Shorten the message or lower max tokens in the settings.",
-            )
-        return BackendError(f"The engine refused the request: {text}", "Check the settings and try again.")
+            return PromptTooLongError.of("context.window_exceeded")
+        return BackendError.of("backend.refused", detail=text)
     if isinstance(exc, openai.AuthenticationError):
-        return BackendError("The engine refused the app's API key.", "Restart the app; check server.api_key.")
+        return BackendError.of("backend.auth")
     if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
-        return BackendError(
-            "The engine did not answer in time.",
-            "It may be overloaded: try again, or raise timeouts.read_s.",
-        )
+        return BackendError.of("backend.timeout")
     if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
-        return BackendError(*BROKEN)
+        return BackendError.of("backend.broken")
     if isinstance(exc, openai.APIStatusError):
-        return BackendError(f"The engine answered with an error ({exc.status_code}): {exc.message}", "")
-    return BackendError(f"Unexpected error while talking to the engine: {exc}", "")
+        return BackendError.of("backend.status", status=exc.status_code, detail=exc.message)
+    return BackendError.of("backend.unexpected", detail=str(exc))
 
 
 class ChatStream:
@@ -178,7 +168,7 @@ class ChatStream:
             await self.aclose()
         if self.stats.finish_reason is None:
             # The stream ended without saying why: the engine went away mid-reply.
-            raise BackendError(BROKEN[0], BROKEN[1])
+            raise BackendError.of("backend.broken")
 
 
 class ChatClient:
@@ -234,7 +224,7 @@ class ChatClient:
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
-            raise BackendError(f"Counting tokens failed ({resp.status_code}): {resp.text[:200]}", "")
+            raise BackendError.of("backend.count_failed", status=resp.status_code, detail=resp.text[:200])
         data = resp.json()
         return int(data["count"]) if "count" in data else len(data["tokens"])
 

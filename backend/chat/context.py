@@ -60,13 +60,7 @@ async def fit_history(
         return Fitted(head + history + tail, full, 0)
     alone = await tokens_for(len(history))
     if alone > budget:
-        raise PromptTooLongError(
-            f"Your message needs {alone} tokens but only {budget} fit in the model's context window "
-            "(the rest is kept for the reply).",
-            "Shorten the message, split it into parts, or lower max tokens in the settings.",
-            tokens=alone,
-            budget=budget,
-        )
+        raise PromptTooLongError.of("context.too_long", tokens=alone, budget=budget)
     # Binary search for the earliest cut that fits: token counts only shrink as the cut moves later.
     lo, hi, best = 1, len(cuts) - 1, len(cuts) - 1
     best_tokens = alone

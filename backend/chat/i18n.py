@@ -1,8 +1,15 @@
-"""The chat's own messages in English and Simplified Chinese; the browser's language picks one."""
+"""The chat's own messages in English and Simplified Chinese; the browser's language picks one.
+
+Errors are rendered by `describe` (and `describe_status` for the engine's state): the texts of catalogued errors
+live in backend.errors.CATALOG, in both languages; an error without a catalog code is shown in English."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+from backend.errors import ServiceError, lang_of
+
+__all__ = ["MESSAGES", "describe", "describe_status", "lang_of", "t"]
 
 MESSAGES: dict[str, dict[str, str]] = {
     "starting": {
@@ -76,12 +83,34 @@ MESSAGES: dict[str, dict[str, str]] = {
 }
 
 
-def lang_of(locale: str | None) -> str:
-    """Map a browser locale such as 'zh-CN' or 'en-US' to one of our languages."""
-    return "zh" if (locale or "").lower().startswith("zh") else "en"
-
-
 def t(key: str, locale: str | None, **params: Any) -> str:
     """The message `key` in the language of `locale`, formatted with `params`."""
     entry = MESSAGES[key]
     return entry.get(lang_of(locale), entry["en"]).format(**params)
+
+
+def describe(error: BaseException | str | None, locale: str | None) -> str:
+    """An error as the user reads it, message and hint, in the language of `locale` when the catalog has it.
+
+    For t("error", ..., error=describe(exc, locale)) and the other messages that show an error."""
+    if error is None:
+        return ""
+    if isinstance(error, ServiceError):
+        return error.text(locale)
+    return str(error)
+
+
+class _Status(Protocol):
+    error: str | None
+    hint: str | None
+
+
+def describe_status(status: _Status, locale: str | None) -> tuple[str, str]:
+    """(error, hint) of the engine's state (backend.serving.supervisor.Status) in the language of `locale`.
+
+    The supervisor keeps the error it reports as `status.problem` (a ServiceError); without one, its English
+    `error` and `hint` texts are shown as they are."""
+    problem = getattr(status, "problem", None)
+    if isinstance(problem, ServiceError):
+        return problem.localized(locale)
+    return status.error or "", status.hint or ""

@@ -22,6 +22,7 @@ from typing import Any
 
 from backend.child.engine_probe import MARKER
 from backend.config import ROOT
+from backend.errors import EngineNotInstalledError
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,11 @@ PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
 LABELS = {"vllm": "vLLM", "trtllm": "trtllm-serve (TensorRT-LLM)"}
 
 
-class OptionsUnavailableError(RuntimeError):
+class OptionsUnavailableError(EngineNotInstalledError, RuntimeError):
     """The engine's parser could not be read (not installed, or an import failed); flags stay unchecked."""
+
+
+UNCHECKED = "The engine's flags stay unchecked: install the engine into engine.python's environment (make setup)."
 
 
 @dataclass(frozen=True)
@@ -96,14 +100,14 @@ def _run(python: str, args: list[str], timeout_s: float) -> subprocess.Completed
             [python, "-m", "backend.child.engine_probe", *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise OptionsUnavailableError(f"could not run {python}: {exc}") from exc
+        raise OptionsUnavailableError(f"could not run {python}: {exc}", UNCHECKED) from exc
 
 
 def engine_version(engine: str, python: str, timeout_s: float = 60) -> tuple[str, str]:
     """Return (version, package folder) of the engine's package for `python`, without importing it."""
     proc = _run(python, ["version", PACKAGES[engine]], timeout_s)
     if proc.returncode != 0:
-        raise OptionsUnavailableError(f"{PACKAGES[engine]} is not installed for {python}")
+        raise OptionsUnavailableError(f"{PACKAGES[engine]} is not installed for {python}", UNCHECKED)
     version, _, location = proc.stdout.strip().partition(" ")
     return version, location
 
@@ -144,7 +148,10 @@ def _probe(engine: str, python: str, timeout_s: float) -> dict[str, Any]:
         if line.startswith(MARKER):
             return dict(json.loads(line[len(MARKER) :]))
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-    raise OptionsUnavailableError(f"could not read {engine}'s options with {python} (exit {proc.returncode}):\n{tail}")
+    raise OptionsUnavailableError(
+        f"could not read {engine}'s options with {python} (exit {proc.returncode}):\n{tail}",
+        "The engine's flags stay unchecked: the lines above say why its parser could not be imported.",
+    )
 
 
 def _normalize(engine: str, key: str) -> str:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from backend.config import ROOT, AppConfig
-from backend.errors import ModelConversionError, ServiceError
+from backend.errors import ModelConversionError, Phrase, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,11 @@ def _run_converter(python: str, args: list[str], log_file: Path | None) -> None:
             fh.seek(start)
             tail = "\n".join(fh.read().decode("utf-8", "replace").strip().splitlines()[-TAIL_LINES:])
     if code != 0:
-        raise ModelConversionError(
-            f"Converting the model to GGUF failed (exit code {code})." + (f"\n{tail}" if tail else ""),
-            "Check that the folder is an ERNIE-4.5 model with tokenizer.model and safetensors weights, or set "
-            "llamacpp.gguf in config/backend.yaml to a GGUF file" + (f" (full log: {log_file})." if log_file else "."),
+        raise ModelConversionError.of(
+            "model.gguf_failed",
+            exit_code=code,
+            tail=f"\n{tail}" if tail else "",
+            log=Phrase("full_log", path=log_file) if log_file else "",
         )
 
 

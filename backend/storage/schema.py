@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from backend.errors import StorageError
+
 log = logging.getLogger(__name__)
 
 VERSION_TABLE = "ernie_schema_version"
@@ -102,7 +104,7 @@ INDEXES = [
 ]
 
 
-class SchemaError(RuntimeError):
+class SchemaError(StorageError, RuntimeError):
     """The database's schema cannot be brought to the version this app needs."""
 
 
@@ -139,20 +141,19 @@ async def current_version(conn: AsyncConnection) -> int:
     return int(found or 0)
 
 
-async def migrate(conn: AsyncConnection) -> int:
-    """Apply the migrations the database lacks, in the caller's transaction; return the version reached."""
+async def migrate(conn: AsyncConnection, where: str = "the database") -> int:
+    """Apply the migrations the database lacks, in the caller's transaction; return the version reached.
+
+    Raises SchemaError naming the database as `where` (its file, or its URL without the password)."""
     dialect = conn.dialect.name
     if dialect not in TYPES:
-        raise SchemaError(f"databases of type {dialect!r} are not supported (use SQLite or PostgreSQL)")
+        raise SchemaError.of("storage.unsupported", where=where, dialect=dialect)
     if dialect == "postgresql":
         # Several app instances may start at once: one migrates, the others wait and find it done.
         await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
     version = await current_version(conn)
     if version > LATEST:
-        raise SchemaError(
-            f"the database has schema version {version}, newer than this app's {LATEST}: "
-            "it was written by a newer version of the app"
-        )
+        raise SchemaError.of("storage.newer_schema", where=where, version=version, latest=LATEST)
     for migration in MIGRATIONS:
         if migration.version <= version:
             continue
@@ -166,10 +167,8 @@ async def migrate(conn: AsyncConnection) -> int:
         version = migration.version
     missing = await missing_columns(conn)
     if missing:
-        raise SchemaError(
-            "tables made by something else are in the way, lacking columns: "
-            + ", ".join(f"{table}.{column}" for table, column in missing)
-        )
+        columns = ", ".join(f"{table}.{column}" for table, column in missing)
+        raise SchemaError.of("storage.foreign_tables", where=where, columns=columns)
     return version
 
 
