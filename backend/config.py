@@ -156,6 +156,11 @@ class PathSettings(_Strict):
     def engine_log(self) -> Path:
         return self.data / "logs" / "engine.log"
 
+    @property
+    def engine_state(self) -> Path:
+        """Where the supervisor says which engine runs where (read by the doctor and the benchmark tool)."""
+        return self.data / "engine.json"
+
 
 class TrtllmSettings(_Strict):
     """TensorRT-LLM's trtllm-serve (engine.name: trtllm); see docs/engines.md."""

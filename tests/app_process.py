@@ -15,7 +15,7 @@ from pathlib import Path
 
 from backend.config import ROOT
 from backend.ops.prometheus_text import sample_totals
-from backend.serving.supervisor import free_port
+from backend.serving.process import free_port
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
-from backend.engines.vllm import engine_python
+from backend.engines.base import engine_python
 from backend.models.resolve import prepare_demo_model
 
 CACHE = ROOT / ".cache" / "test-models"

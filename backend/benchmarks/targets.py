@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 
 from backend.benchmarks.memory import metrics_rss_bytes, tree_rss_bytes
-from backend.chat.client import ChatClient, Endpoint
+from backend.chat.client import ChatClient
 from backend.chat.service import ChatService
 from backend.config import AppConfig
+from backend.engines.base import Api, Endpoint
 from backend.errors import BenchmarkError
 
 MemoryReader = Callable[[], Awaitable[int | None]]
@@ -94,8 +95,8 @@ async def external_server(cfg: AppConfig, base_url: str, api_key: str, model: st
         model = model or names[0]
         # llama.cpp's server has /props (vLLM answers 404): its /tokenize takes text, not messages.
         props = await http.get(root + "/props", headers={"Authorization": f"Bearer {api_key}"})
-        flavor = "llama.cpp" if props.status_code == 200 and "default_generation_settings" in props.text else "vllm"
-        endpoint = Endpoint(root, api_key, str(model), flavor=flavor)
+        llama = props.status_code == 200 and "default_generation_settings" in props.text  # llama-server's /props
+        endpoint = Endpoint(root, api_key, str(model), api=Api.LLAMACPP if llama else Api.VLLM)
         client = ChatClient(endpoint, cfg.timeouts.connect_s, cfg.timeouts.read_s, cfg.restart.request_retries)
 
         async def memory() -> int | None:

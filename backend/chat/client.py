@@ -15,6 +15,7 @@ import openai
 from openai import AsyncOpenAI
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from backend.engines.base import Api, Endpoint
 from backend.errors import BackendError, PromptTooLongError, ServiceError
 
 log = logging.getLogger(__name__)
@@ -22,18 +23,6 @@ log = logging.getLogger(__name__)
 Message = dict[str, str]
 RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
-
-
-@dataclass
-class Endpoint:
-    """Where the engine's OpenAI-compatible API is and how to call it."""
-
-    base_url: str  # the server's root, without /v1
-    api_key: str
-    model: str
-    # Whose extras the server has beside the OpenAI API (/tokenize differs): "vllm" or "llama.cpp".
-    # It changes when the canary falls back from one engine to another.
-    flavor: str = "vllm"
 
 
 @dataclass
@@ -210,7 +199,7 @@ class ChatClient:
         headers = {"Authorization": f"Bearer {self.endpoint.api_key}"}
         url = self.endpoint.base_url
         try:
-            if self.endpoint.flavor == "llama.cpp":
+            if self.endpoint.api is Api.LLAMACPP:
                 # llama-server renders the chat template and tokenizes in two steps.
                 resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
                 if resp.status_code == 200:

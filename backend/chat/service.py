@@ -1,103 +1,79 @@
-"""The chat service the UI talks to: one supervisor, one client, the templates, and request building."""
+"""The chat service the UI talks to: one chat turn from the typed text to the recorded reply.
+
+`ChatService.reply(session, text)` does the whole turn: clean the message, wait for the engine, route it to a
+template and fit the conversation into the context window, stream the reply through the one client, record it
+(metrics, the session's history). It yields events (backend.chat.turn) that the UI renders, and decides nothing
+the UI would have to know.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-import re
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
-from backend.chat.client import ChatClient, Endpoint, Message
+from backend.chat.client import ChatClient, Message, StreamStats
 from backend.chat.context import estimate_tokens, fit_history
+from backend.chat.pacing import paced
+from backend.chat.request import ChatRequest, UserSettings, clean_input
+from backend.chat.turn import ChatSession, Done, EngineState, EngineWait, Event, Notice, Refused, Text
 from backend.config import AppConfig, load_config
-from backend.errors import InvalidInputError, PromptTooLongError
-from backend.prompts.templates import RenderedPrompt, TemplateStore, UnknownTemplate
+from backend.engines.base import Endpoint
+from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
+from backend.prompts.templates import RenderedPrompt, TemplateStore
 from backend.serving.launch import make_supervisor
-from backend.serving.supervisor import Supervisor
+from backend.serving.supervisor import State, Supervisor
 
 log = logging.getLogger(__name__)
 
-CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
 DEMO_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")
 MIN_REPLY_TOKENS = 64
 DEMO_REASON = "demo model: automatic templates are off"
+WAIT_STEP_S = 1.0  # how often the "starting" notice is updated
 
 
-@dataclass
-class UserSettings:
-    """Sampling settings one chat session chose; `changed` holds those the user moved from the defaults."""
+class Recorder(Protocol):
+    """Where the service records what happened (the app's metrics, backend.ops.metrics.AppMetrics)."""
 
-    temperature: float
-    top_p: float
-    max_tokens: int
-    template: str | None = None
-    changed: set[str] = field(default_factory=set)
+    def record_error(self, error: BaseException | str) -> str: ...
 
-    @classmethod
-    def defaults(cls, cfg: AppConfig, demo: bool = False) -> UserSettings:
-        """The settings panel's starting values: the chat defaults, or the demo model's while it answers."""
-        base = cfg.demo if demo else cfg.chat
-        return cls(base.temperature, base.top_p, base.max_tokens)
-
-    def update(self, values: dict[str, Any], cfg: AppConfig, demo: bool = False) -> None:
-        """Apply values from the settings panel, remembering which differ from the configured defaults."""
-        base = UserSettings.defaults(cfg, demo)
-        for key in ("temperature", "top_p", "max_tokens"):
-            if key in values and values[key] is not None:
-                value = int(values[key]) if key == "max_tokens" else float(values[key])
-                setattr(self, key, value)
-                if value != getattr(base, key):
-                    self.changed.add(key)
-                else:
-                    self.changed.discard(key)
-        if "template" in values:
-            name = values["template"]
-            self.template = None if name in (None, "", "auto") else str(name)
+    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None: ...
 
 
-@dataclass(frozen=True)
-class ChatRequest:
-    """What goes to the engine for one reply, and what the UI should tell the user about it."""
+class NoRecorder:
+    """Records nothing (a service built without metrics: scripts, tests)."""
 
-    messages: list[Message]
-    sampling: dict[str, Any]
-    template: str
-    reason: str  # why this template: a keyword, a pattern, the user's choice
-    user_text: str  # the rendered user message, as kept in the history
-    prompt_tokens: int
-    dropped: int
+    def record_error(self, error: BaseException | str) -> str:
+        return ""
 
-
-def clean_input(text: str, max_chars: int) -> str:
-    """Return the message without control characters or invalid Unicode; refuse empty or oversized ones."""
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    text = CONTROL_CHARS.sub("", text)
-    if not text.strip():
-        raise InvalidInputError("The message is empty.", "Type some text and send it again.")
-    if len(text) > max_chars:
-        raise InvalidInputError(
-            f"The message has {len(text)} characters; at most {max_chars} are accepted.",
-            "Send a shorter text.",
-            chars=len(text),
-            limit=max_chars,
-        )
-    return text
+    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None:
+        return None
 
 
 class ChatService:
-    """Owns the engine supervisor, the single streaming client and the prompt templates."""
+    """Owns the engine supervisor, the single streaming client and the prompt templates; runs chat turns."""
 
-    def __init__(self, cfg: AppConfig, supervisor: Supervisor, client: ChatClient, templates: TemplateStore):
+    def __init__(
+        self,
+        cfg: AppConfig,
+        supervisor: Supervisor,
+        client: ChatClient,
+        templates: TemplateStore,
+        recorder: Recorder | None = None,
+    ):
         self.cfg = cfg
         self.supervisor = supervisor
         self.client = client
         self.templates = templates
+        self.recorder: Recorder = recorder or NoRecorder()
         self._max_model_len: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: AppConfig | None = None) -> ChatService:
+    def from_config(cls, cfg: AppConfig | None = None, recorder: Recorder | None = None) -> ChatService:
         """Build the service; nothing starts until start()."""
         cfg = cfg or load_config()
         supervisor = make_supervisor(cfg)
@@ -108,8 +84,9 @@ class ChatService:
             retries=cfg.restart.request_retries,
         )
         templates = TemplateStore(cfg.paths.resolve(cfg.paths.prompts_dir))
-        return cls(cfg, supervisor, client, templates)
+        return cls(cfg, supervisor, client, templates, recorder)
 
+    # ----- life cycle -------------------------------------------------------------------------
     @property
     def endpoint(self) -> Endpoint:
         return self.client.endpoint
@@ -120,6 +97,11 @@ class ChatService:
         spec = self.supervisor.spec
         return spec is not None and spec.demo
 
+    @property
+    def demo_note(self) -> str | None:
+        """Why the demo model answers, while it does (for the chat's first notice)."""
+        return self.supervisor.status.note
+
     def start(self) -> None:
         """Start the engine in the background (the chat says 'starting' until it is ready)."""
         self.supervisor.start_background()
@@ -128,6 +110,102 @@ class ChatService:
         await self.supervisor.stop()
         await self.client.aclose()
 
+    def new_session(self) -> ChatSession:
+        """A chat's state at its start: the default settings (the demo model's while it answers)."""
+        return ChatSession(UserSettings.defaults(self.cfg, self.serving_demo))
+
+    def resumed_session(self, history: list[Message], saved_settings: dict[str, Any]) -> ChatSession:
+        """A saved chat's state: its history and the settings it had."""
+        session = self.new_session()
+        session.history = history
+        session.settings.update(saved_settings, self.cfg, self.serving_demo)
+        return session
+
+    def update_settings(self, session: ChatSession, values: dict[str, Any]) -> None:
+        session.settings.update(values, self.cfg, self.serving_demo)
+
+    def template_news(self, session: ChatSession) -> Notice | None:
+        """The templates' problems, when they changed since this chat was last told (once per change)."""
+        problems = [str(p) for p in self.templates.problems()]
+        news = problems and problems != session.template_problems
+        session.template_problems = problems
+        return Notice("template_problems", items=tuple(problems)) if news else None
+
+    # ----- one turn ---------------------------------------------------------------------------
+    async def reply(self, session: ChatSession, text: str) -> AsyncIterator[Event]:
+        """One chat turn: clean → wait for the engine → build the request → stream → record. Yields its events."""
+        try:
+            text = clean_input(text, self.cfg.chat.max_input_chars)
+        except InvalidInputError as exc:
+            yield Refused(exc)
+            return
+        news = self.template_news(session)
+        if news is not None:
+            yield news
+        waited: EngineWait | None = None
+        async for waited in self.wait_for_engine():
+            yield waited
+        if waited is not None and waited.state != "ready":
+            self.recorder.record_error("unavailable")
+            return
+        try:
+            request = await self.build_request(session.history, text, session.settings)
+        except ServiceError as exc:
+            self.recorder.record_error(exc)
+            yield Refused(exc)
+            return
+        if request.dropped:
+            yield Notice("trimmed", {"dropped": request.dropped})
+        async for event in self.stream_reply(request):
+            if isinstance(event, Done) and event.text:
+                session.history += [
+                    {"role": "user", "content": request.user_text},
+                    {"role": "assistant", "content": event.text},
+                ]
+            yield event
+
+    async def wait_for_engine(self) -> AsyncIterator[EngineWait]:
+        """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow."""
+        sup = self.supervisor
+        if sup.ready:
+            return
+        sup.request_retry()
+        started = time.monotonic()
+        while not await sup.wait_ready(WAIT_STEP_S):
+            st = sup.status
+            waited = time.monotonic() - started
+            if st.state in (State.FAILED, State.STOPPED):
+                yield EngineWait("failed", waited, st.problem, st.log_tail, sup.log_path)
+                return
+            if waited > self.cfg.timeouts.wait_for_ready_s:
+                yield EngineWait("not_ready", waited)
+                return
+            state: EngineState = "restarting" if st.state == State.RESTARTING else "starting"
+            yield EngineWait(state, waited, st.problem if state == "restarting" else None)
+        yield EngineWait("ready", time.monotonic() - started)
+
+    async def stream_reply(self, request: ChatRequest) -> AsyncIterator[Text | Done]:
+        """Stream the engine's reply to `request`; a stop (cancellation) or a broken stream keeps what arrived."""
+        parts: list[str] = []
+        ending: Any = "finished"
+        error: ServiceError | None = None
+        failure: BaseException | None = None
+        stream = self.client.stream(request.messages, **request.sampling)
+        try:
+            async with stream:
+                async for piece in paced(stream, self.cfg.chat.stream_flush_ms / 1000):
+                    parts.append(piece)
+                    yield Text(piece)
+        except asyncio.CancelledError as exc:
+            # The stop button: the stream is closed above (the engine aborts the request); keep what arrived.
+            failure, ending = exc, "stopped"
+        except ServiceError as exc:
+            log.warning("Reply failed: %s", exc)
+            failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
+        self.recorder.reply_finished(stream.stats, failure)
+        yield Done("".join(parts), request.template, request.reason, request.user_text, ending, error)
+
+    # ----- building the request ---------------------------------------------------------------
     async def context_window(self) -> int:
         """The model's context length as the server reports it (cached), or the configured one."""
         if self._max_model_len is None:
@@ -142,15 +220,13 @@ class ChatService:
     def route(self, text: str, settings: UserSettings, demo: bool = False) -> RenderedPrompt:
         """Pick the template (a /name command, the session's choice, or routing) and render the message.
 
-        With the demo model, messages no template was asked for go as they are (the default template)."""
+        With the demo model, messages no template was asked for go as they are (the default template).
+        An unknown template name raises UnknownTemplate (an InvalidInputError)."""
         name, rest = self.templates.split_command(text)
         explicit = name or settings.template
-        try:
-            if demo and not explicit:
-                return dataclasses.replace(self.templates.route(text, explicit="default"), reason=DEMO_REASON)
-            return self.templates.route(rest if name else text, explicit=explicit)
-        except UnknownTemplate as exc:
-            raise InvalidInputError(str(exc), "Pick another template in the settings.") from exc
+        if demo and not explicit:
+            return dataclasses.replace(self.templates.route(text, explicit="default"), reason=DEMO_REASON)
+        return self.templates.route(rest if name else text, explicit=explicit)
 
     async def build_request(self, history: list[Message], text: str, settings: UserSettings) -> ChatRequest:
         """Route the message, merge sampling settings and fit the conversation into the context window."""

@@ -1,6 +1,7 @@
 """Reference log-probabilities of a model: HF transformers in float32 on the CPU (run with the engine's interpreter).
 
-usage: python -m backend.child.logprob_reference MODEL OUT.json [--gguf-file NAME] [--new-tokens 16] [--top 20] [--threads 1]
+usage: python -m backend.child.logprob_reference MODEL OUT.json [--gguf-file NAME] [--new-tokens 16] [--top 20]
+       [--threads 1]
 
 For a fixed list of chat prompts it renders the model's own chat template to token ids, greedily generates a
 short continuation in float32, and records, for every continuation position, the reference's top log-probabilities
@@ -118,7 +119,9 @@ def compute(model_dir: Path, gguf_file: str | None, new_tokens: int, top: int, t
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: compute the reference and write it as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m backend.child.logprob_reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m backend.child.logprob_reference", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("model", type=Path, help="a Hugging Face model folder, or the folder holding --gguf-file")
     parser.add_argument("out", type=Path, help="where to write the JSON")
     parser.add_argument("--gguf-file", default=None, help="a GGUF file name inside MODEL (read by transformers)")

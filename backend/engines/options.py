@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
 LABELS = {"vllm": "vLLM", "trtllm": "trtllm-serve (TensorRT-LLM)"}
+# Packages whose parser is vLLM's FlexibleArgumentParser: "_" and "-" alike in flag names, -O3 shorthands.
+FLEXIBLE_PARSERS = frozenset({"vllm"})
 
 
 class OptionsUnavailableError(EngineNotInstalledError, RuntimeError):
@@ -97,7 +99,11 @@ def _run(python: str, args: list[str], timeout_s: float) -> subprocess.Completed
     # backend.child.engine_probe runs in the engine's environment; the project folder makes it importable.
     try:
         return subprocess.run(
-            [python, "-m", "backend.child.engine_probe", *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
+            [python, "-m", "backend.child.engine_probe", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=ROOT,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise OptionsUnavailableError(f"could not run {python}: {exc}", UNCHECKED) from exc
@@ -156,7 +162,7 @@ def _probe(engine: str, python: str, timeout_s: float) -> dict[str, Any]:
 
 def _normalize(engine: str, key: str) -> str:
     # vLLM's FlexibleArgumentParser turns "_" into "-" between the leading "--" and the first ".".
-    if engine == "vllm" and key.startswith("--"):
+    if engine in FLEXIBLE_PARSERS and key.startswith("--"):
         head, dot, rest = key[2:].partition(".")
         return "--" + head.replace("_", "-") + dot + rest
     return key
@@ -212,7 +218,7 @@ def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str
             continue
         switch = ""
         key, has_inline, inline = token.partition("=")
-        if opts.engine == "vllm" and key.startswith("-O") and not key.startswith("--"):
+        if opts.engine in FLEXIBLE_PARSERS and key.startswith("-O") and not key.startswith("--"):
             # vLLM's shorthand for --optimization-level: -O3, -O=3, or -O 3.
             if key == "-O" and not has_inline and i < len(args) and args[i].isdigit():
                 i += 1

@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 
 from backend.config import ROOT, AppConfig, EngineFlags
-from backend.engines.options import has_package
-from backend.errors import ConfigError, EngineNotInstalledError, ServiceError
-from backend.serving.compat import ModelInfo
+from backend.engines.base import Engine, LaunchSpec, installed_dists
+from backend.engines.options import OptionsUnavailableError, has_package, read_options
+from backend.errors import ConfigError, EngineNotInstalledError, Phrase, ServiceError
+from backend.models.info import ModelInfo, read_model_info
+from backend.models.resolve import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +49,9 @@ def check_trtllm_installed(python: str) -> str:
     installed = has_package(python, "tensorrt_llm")
     serve = find_tool(python, SERVE)
     if not installed or serve is None:
-        missing = "the tensorrt_llm package" if not installed else f"the {SERVE} command"
-        raise EngineNotInstalledError(
-            f"TensorRT-LLM is not installed for {python} ({missing} is missing), so engine trtllm cannot start.",
-            "Install TensorRT-LLM on a machine with an NVIDIA GPU (pip install tensorrt-llm, or NVIDIA's "
-            "TensorRT-LLM container) and set engine.python to its interpreter; or choose an engine that works "
-            f"here with engine.name: {WORKING_ENGINES}.",
+        missing = Phrase("trtllm.no_package") if not installed else Phrase("trtllm.no_command", command=SERVE)
+        raise EngineNotInstalledError.of(
+            "engine.trtllm_missing", python=python, missing=missing, engines=WORKING_ENGINES
         )
     return serve
 
@@ -70,13 +69,16 @@ def check_architecture(model: ModelInfo | None, backend: str, supported: dict[st
     if arch in known:
         return
     other = "pytorch" if backend == "tensorrt" else "tensorrt"
-    also = ""
-    if arch in supported.get(other, ()):
-        also = f" (its {other} backend supports it: set trtllm.backend: {other})"
-    raise ConfigError(
-        f"TensorRT-LLM {version} ({backend} backend) does not support the model architecture {arch} of "
-        f"{model.path}{also}.",
-        f"Use another engine with engine.name: {WORKING_ENGINES}. TensorRT-LLM's list: {SUPPORTED_MODELS_URL}",
+    also = Phrase("trtllm.other_backend", other=other) if arch in supported.get(other, ()) else ""
+    raise ConfigError.of(
+        "config.trtllm_arch",
+        version=version,
+        backend=backend,
+        arch=arch,
+        path=model.path,
+        also=also,
+        engines=WORKING_ENGINES,
+        url=SUPPORTED_MODELS_URL,
     )
 
 
@@ -127,11 +129,7 @@ def serve_target(cfg: AppConfig, model: str) -> str:
         return model
     folder = engine_dir(cfg)
     if not (folder / "config.json").exists():
-        raise ConfigError(
-            f"trtllm.backend is tensorrt but no built engine is in {folder}.",
-            "Build it with `python -m backend build-trt-engine` (or set trtllm.engine_dir to an engine "
-            "folder), or use trtllm.backend: pytorch, which needs no build.",
-        )
+        raise ConfigError.of("config.trtllm_no_engine", folder=folder)
     return str(folder)
 
 
@@ -184,15 +182,10 @@ def _run_step(title: str, argv: list[str]) -> None:
         raise ServiceError(f"{title} failed with exit code {code}.", "See its output above.")
 
 
-def build_engine(cfg: AppConfig) -> Path:
-    """Convert the configured model and build its TensorRT engine into engine_dir(cfg); return that folder."""
-    from backend.engines.options import OptionsUnavailableError, read_options
-    from backend.engines.vllm import choose_profile, effective_flags, engine_python
-    from backend.models.resolve import resolve_model
-    from backend.serving.compat import read_model_info
-    from backend.serving.hardware import detect_gpus
+def build_engine(cfg: AppConfig, python: str, flags: EngineFlags, compute_capability: tuple[int, int] | None) -> Path:
+    """Convert the configured model and build its TensorRT engine into engine_dir(cfg); return that folder.
 
-    python = engine_python(cfg)
+    `flags` are the profile's (they size the engine), `compute_capability` the smallest GPU's (the dtype)."""
     check_trtllm_installed(python)
     build_exe = find_tool(python, BUILD)
     if build_exe is None:
@@ -211,9 +204,8 @@ def build_engine(cfg: AppConfig) -> Path:
         check_architecture(info, "tensorrt", opts.architectures, opts.version)
     except OptionsUnavailableError as exc:
         log.warning("TensorRT-LLM's model list could not be read (%s); trying the build anyway", exc)
-    gpus = detect_gpus()
-    dtype = resolve_dtype(cfg, min((g.compute_capability or (0, 0) for g in gpus), default=None))
-    seq_len = max_seq_len(cfg, effective_flags(cfg, choose_profile(cfg, "trtllm", gpus)))
+    dtype = resolve_dtype(cfg, compute_capability)
+    seq_len = max_seq_len(cfg, flags)
     out = engine_dir(cfg)
     checkpoint = out.with_name(out.name + "-checkpoint")
     _run_step("Convert checkpoint", convert_command(python, resolved.model, checkpoint, dtype, cfg.trtllm.tp_size))
@@ -224,14 +216,62 @@ def build_engine(cfg: AppConfig) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m backend build-trt-engine`: build the TensorRT engine trtllm.backend: tensorrt serves."""
-    from backend.config import load_config
+class Trtllm(Engine):
+    """trtllm-serve: the same OpenAI API, /health and /metrics as vLLM; its flags are checked by its own parser."""
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    name = "trtllm"
+    on_gpu = True
+    options_package = "trtllm"
+
+    def installed(self, cfg: AppConfig, python: str) -> bool:
+        return has_package(python, "tensorrt_llm") and find_tool(python, SERVE) is not None
+
+    def check_installed(self, cfg: AppConfig, python: str) -> None:
+        check_trtllm_installed(python)
+
+    def flags(self, cfg: AppConfig, profile_flags: EngineFlags) -> EngineFlags:
+        return profile_flags.merged(EngineFlags(max_model_len=max_seq_len(cfg, profile_flags)))
+
+    def check_model(
+        self, cfg: AppConfig, model: ModelInfo | None, supported: dict[str, list[str]], version: str
+    ) -> None:
+        check_architecture(model, cfg.trtllm.backend, supported, version)
+
+    def build_id(self, cfg: AppConfig, python: str) -> str:
+        return installed_dists(python, "tensorrt_llm")
+
+    def launch(
+        self,
+        cfg: AppConfig,
+        model: str,
+        port: int,
+        api_key: str,
+        python: str,
+        flags: EngineFlags,
+        variant: str | None = None,
+    ) -> LaunchSpec:
+        serve = find_tool(python, SERVE) or SERVE
+        args = serve_args(cfg, model, port, flags)
+        return LaunchSpec(
+            engine=self.name,
+            argv=[serve, serve_target(cfg, model), *args],
+            args=args,
+            env=serve_env(model),
+            host=cfg.server.host,
+            port=port,
+            served_name=cfg.model.served_name,
+            api_key=api_key,  # trtllm-serve checks no key; it listens on loopback only
+            flags=self.flags(cfg, flags),
+            variant=variant,
+        )
+
+
+def build_trt_engine_command(
+    cfg: AppConfig, python: str, flags: EngineFlags, compute_capability: tuple[int, int] | None
+) -> int:
+    """`build-trt-engine`: build the TensorRT engine trtllm.backend: tensorrt serves (see build_engine)."""
     try:
-        cfg = load_config(argv[0] if argv else None)
-        out = build_engine(cfg)
+        out = build_engine(cfg, python, flags, compute_capability)
     except ServiceError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -52,7 +52,7 @@ class Target:
 def engine_state(cfg: AppConfig) -> dict[str, Any]:
     """The supervisor's state file (<data_dir>/engine.json), or {} when there is none."""
     try:
-        data = json.loads((cfg.paths.data / "engine.json").read_text(encoding="utf-8"))
+        data = json.loads(cfg.paths.engine_state.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -5,18 +5,14 @@ default one), so a reload or a test never registers a name twice. app.py calls t
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import httpx2
 import openai
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
+from backend.chat.client import StreamStats
 from backend.errors import ServiceError
-from backend.serving.supervisor import State, Status
-
-if TYPE_CHECKING:
-    from backend.chat.client import StreamStats
-    from backend.serving.supervisor import Supervisor
+from backend.serving.supervisor import State, Status, Supervisor
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)

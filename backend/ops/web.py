@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 
+from backend.chat.service import ChatService
 from backend.ops.metrics import CONTENT_TYPE, METRICS, AppMetrics
-
-if TYPE_CHECKING:
-    from backend.chat.service import ChatService
 
 
 def health_payload(service: ChatService) -> dict[str, Any]:

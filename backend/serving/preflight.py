@@ -1,8 +1,9 @@
 """Checks run after the command line is built and before the engine is spawned.
 
-What the hardware can run (backend.serving.compat), whether TensorRT-LLM supports the model (backend.engines.trtllm),
-and every flag against the engine's own parser (backend.engines.options). A problem becomes one
-ConfigError that names the key and the flag, shown in the chat instead of a crashed child's log.
+What the hardware can run (backend.serving.compat), whether the installed engine supports the model
+(Engine.check_model, e.g. TensorRT-LLM's registries), and every flag against the engine's own parser
+(backend.engines.options). A problem becomes one ConfigError that names the key and the flag, shown in the
+chat instead of a crashed child's log.
 """
 
 from __future__ import annotations
@@ -10,33 +11,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from backend.config import AppConfig, load_config
+from backend.config import AppConfig
+from backend.engines.base import Engine, LaunchSpec, engine_python
 from backend.engines.options import EngineOptions, OptionsUnavailableError, check_args, read_options
-from backend.engines.trtllm import check_architecture, check_trtllm_installed
-from backend.engines.vllm import (
-    VLLM_FLAGS,
-    LaunchSpec,
-    build_launch,
-    choose_engine,
-    choose_profile,
-    effective_flags,
-    engine_python,
-)
+from backend.engines.registry import engine_for_profile, profile_engine
+from backend.engines.vllm import VLLM_FLAGS
 from backend.errors import ConfigError, ServiceError
-from backend.serving.compat import check_compatibility, read_model_info
+from backend.models.info import read_model_info
+from backend.serving.compat import check_compatibility
 from backend.serving.hardware import Gpu, detect_cpu_flags, detect_gpus
-from backend.serving.profiles import select_profile
+from backend.serving.profiles import choose_profile, effective_flags, select_profile
 
 log = logging.getLogger(__name__)
-
-VLLM_ENGINES = frozenset({"vllm", "vllm-cpu"})
-
-
-def engine_args(spec: LaunchSpec) -> list[str]:
-    """The flags part of the engine's argv: after `python -m module` (vLLM) or `trtllm-serve MODEL`."""
-    if spec.engine in VLLM_ENGINES:
-        return spec.argv[5:] if spec.argv[3:4] == ["serve"] else spec.argv[3:]
-    return spec.argv[2:]
 
 
 def flag_origin(cfg: AppConfig, profile: str | None) -> Callable[[str], str]:
@@ -62,76 +48,64 @@ def flag_origin(cfg: AppConfig, profile: str | None) -> Callable[[str], str]:
 
 def check_flags(cfg: AppConfig, spec: LaunchSpec, options: EngineOptions, profile: str | None = None) -> None:
     """Raise ConfigError naming every flag of `spec` the engine does not accept."""
-    problems = check_args(engine_args(spec), options, flag_origin(cfg, profile))
+    problems = check_args(spec.args, options, flag_origin(cfg, profile))
     if problems:
-        raise ConfigError(
-            f"{len(problems)} engine flag problem(s): " + " ".join(problems),
-            "Fix or remove them in config/backend.yaml; `python -m backend check-flags --list` prints the "
-            "flags the installed engine has.",
-        )
+        raise ConfigError.of("config.engine_flags", count=len(problems), problems=problems)
 
 
-def check_launch(cfg: AppConfig, spec: LaunchSpec, model: str, gpus: list[Gpu], python: str, profile: str) -> None:
+def check_launch(
+    cfg: AppConfig, engine: Engine, spec: LaunchSpec, model: str, gpus: list[Gpu], python: str, profile: str
+) -> None:
     """Everything checked before `spec` is spawned; raises ConfigError with what to change."""
-    if spec.engine not in VLLM_ENGINES and spec.engine != "trtllm":
+    if engine.options_package is None:
         return
     info = read_model_info(model)
-    cpu_flags = detect_cpu_flags() if spec.engine == "vllm-cpu" else None
-    for note in check_compatibility(spec.flags, spec.engine, gpus, info, cpu_flags):
+    cpu_flags = None if engine.on_gpu else detect_cpu_flags()
+    for note in check_compatibility(spec.flags, engine, gpus, info, cpu_flags):
         log.info("%s", note)
-    package = "trtllm" if spec.engine == "trtllm" else "vllm"
     try:
-        options = read_options(package, python, cfg.paths.cache)
+        options = read_options(engine.options_package, python, cfg.paths.cache)
     except OptionsUnavailableError as exc:
         log.warning("Engine flags not checked: %s", exc)
         return
-    if spec.engine == "trtllm":
-        check_architecture(info, cfg.trtllm.backend, options.architectures, options.version)
+    engine.check_model(cfg, info, options.architectures, options.version)
     check_flags(cfg, spec, options, profile)
 
 
-def _check_profile(cfg: AppConfig, engine: str, profile: str, options: EngineOptions, python: str) -> list[str]:
-    flags = effective_flags(cfg, profile)
+def _check_profile(cfg: AppConfig, engine: Engine, profile: str, options: EngineOptions, python: str) -> list[str]:
+    flags = engine.flags(cfg, effective_flags(cfg, profile))
     try:
-        spec = build_launch(cfg, engine, cfg.model.id, cfg.server.port or 8100, "check", python=python, flags=flags)
+        spec = engine.launch(cfg, cfg.model.id, cfg.server.port or 8100, "check", python, flags)
     except ServiceError as exc:
         return [str(exc)]
-    return check_args(engine_args(spec), options, flag_origin(cfg, profile))
+    return check_args(spec.args, options, flag_origin(cfg, profile))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m backend check-flags [--all-profiles] [--list]`: check flags against the installed engine."""
-    args = argv or []
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        cfg = load_config()
-    except ConfigError as exc:
-        print(exc)
-        return 1
+def check_flags_command(cfg: AppConfig, list_only: bool = False, all_profiles: bool = False) -> int:
+    """`check-flags`: check the profiles' flags against the installed engine's parser; print the result."""
     gpus = detect_gpus()
-    engine = choose_engine(cfg, gpus)
-    if engine not in VLLM_ENGINES and engine != "trtllm":
-        print(f"Engine {engine}: this app starts no engine with flags of its own to check.")
+    engine = profile_engine(cfg, bool(gpus))
+    if engine.options_package is None:
+        print(f"Engine {engine.name}: this app starts no engine with flags of its own to check.")
         return 0
     python = engine_python(cfg)
     try:
-        if engine == "trtllm":
-            check_trtllm_installed(python)
-        options = read_options("trtllm" if engine == "trtllm" else "vllm", python, cfg.paths.cache)
+        engine.check_installed(cfg, python)
+        options = read_options(engine.options_package, python, cfg.paths.cache)
     except (ServiceError, OptionsUnavailableError) as exc:
         print(exc)
         return 1
-    if "--list" in args:
+    if list_only:
         print("\n".join(sorted(options.options)))
         return 0
     chosen = select_profile(gpus, engine, cfg.profiles)
     print(f"{options.label} (options cached in {cfg.paths.cache / 'engine-options'})")
     print(f"Detected profile: {choose_profile(cfg, engine, gpus)} ({chosen.reason})")
-    profiles = sorted(cfg.profiles) if "--all-profiles" in args else [choose_profile(cfg, engine, gpus)]
+    profiles = sorted(cfg.profiles) if all_profiles else [choose_profile(cfg, engine, gpus)]
     failed = 0
     for profile in profiles:
-        target = engine if engine == "trtllm" else ("vllm-cpu" if profile == "cpu" else "vllm")
+        target = engine_for_profile(engine, profile)
         problems = _check_profile(cfg, target, profile, options, python)
         failed += bool(problems)
-        print(f"profile {profile} ({target}): " + ("OK" if not problems else "\n  " + "\n  ".join(problems)))
+        print(f"profile {profile} ({target.name}): " + ("OK" if not problems else "\n  " + "\n  ".join(problems)))
     return 1 if failed else 0

@@ -22,14 +22,15 @@ import re
 from collections.abc import Container
 from dataclasses import dataclass
 
+from backend.config import AppConfig, EngineFlags
+from backend.engines.base import Engine
+from backend.engines.registry import CPU_PROFILE
 from backend.serving.hardware import Gpu
 
 log = logging.getLogger(__name__)
 
-CPU_PROFILE = "cpu"
 GENERIC_GPU_PROFILE = "gpu"
 JETSON_PROFILE = "jetson-orin-nx"
-CPU_ENGINES = frozenset({"vllm-cpu"})
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def _weakest(gpus: list[Gpu]) -> Gpu:
     return min(gpus, key=lambda gpu: (gpu.memory_mib, gpu.compute_capability or (0, 0)))
 
 
-def select_profile(gpus: list[Gpu], engine: str, known: Container[str] | None = None) -> ProfileChoice:
+def select_profile(gpus: list[Gpu], engine: Engine, known: Container[str] | None = None) -> ProfileChoice:
     """Choose the profile for `engine` on these GPUs; `known` (the configured names) limits the choice."""
     choice = _select(gpus, engine)
     log.info("Hardware profile %s: %s", choice.name, choice.reason)
@@ -96,9 +97,9 @@ def select_profile(gpus: list[Gpu], engine: str, known: Container[str] | None = 
     return choice
 
 
-def _select(gpus: list[Gpu], engine: str) -> ProfileChoice:
-    if engine in CPU_ENGINES:
-        return ProfileChoice(CPU_PROFILE, f"engine {engine} runs on the CPU")
+def _select(gpus: list[Gpu], engine: Engine) -> ProfileChoice:
+    if not engine.on_gpu:
+        return ProfileChoice(CPU_PROFILE, f"engine {engine.name} runs on the CPU")
     if not gpus:
         return ProfileChoice(GENERIC_GPU_PROFILE, "no GPU was detected; generic GPU profile")
     gpu = _weakest(gpus)
@@ -117,3 +118,16 @@ def _select(gpus: list[Gpu], engine: str) -> ProfileChoice:
         if rule.fallback and not too_new and rule.fits(gpu):
             return ProfileChoice(rule.profile, f"{desc}: by memory size, the {rule.profile} class")
     return ProfileChoice(GENERIC_GPU_PROFILE, f"{desc}: smaller than every named profile; generic GPU profile")
+
+
+def choose_profile(cfg: AppConfig, engine: Engine, gpus: list[Gpu] | None = None) -> str:
+    """Return the profile name: the configured one, or the one that suits the detected GPUs."""
+    if cfg.engine.profile != "auto":
+        return cfg.engine.profile
+    return select_profile(gpus or [], engine, cfg.profiles).name
+
+
+def effective_flags(cfg: AppConfig, profile: str) -> EngineFlags:
+    """Return the profile's flags with the configuration's own engine.flags on top."""
+    base = cfg.profiles.get(profile, EngineFlags())
+    return base.merged(cfg.engine.flags)

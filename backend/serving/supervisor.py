@@ -1,40 +1,30 @@
-"""Runs the engine as a child process: start, wait until ready, watch, restart with backoff, stop.
+"""Keeps the engine serving: start, wait until ready, check its answers, watch, restart with backoff, stop.
 
 Readiness is "/health answers AND /v1/models lists our model AND the child is alive"; a child that
-exits during start-up is reported at once with its exit code and log tail. Restarts back off
-exponentially (tenacity) and stop after a limit; a new request can ask for another round.
+exits during start-up is reported at once with its exit code and log tail. One restart policy covers a
+failed start and a crash alike (RestartPolicy): the n-th failure in a row waits backoff_initial_s x 2^(n-1),
+at most backoff_max_s; max_attempts failures in a row give up until a new chat message asks again; an
+engine that served for stable_after_s starts a new count. Settings that cannot fix themselves (a wrong
+flag, no engine, no model, no candidate that passes the answer check) give up at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import enum
 import json
 import logging
-import os
-import secrets
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
 
-from backend.chat.client import Endpoint
-from backend.config import AppConfig, EngineFlags
-from backend.engines.vllm import LaunchSpec
+from backend.config import AppConfig, EngineFlags, RestartSettings
+from backend.engines.base import Endpoint, LaunchSpec
 from backend.errors import (
     CanaryError,
     ConfigError,
@@ -42,14 +32,15 @@ from backend.errors import (
     EngineStartError,
     ModelConversionError,
     ModelNotFoundError,
+    Phrase,
     ServiceError,
 )
 from backend.serving.canary import Guard, Rejected, crash_signal
+from backend.serving.process import EngineProcess, port_is_free
+from backend.serving.readiness import is_healthy, is_ready
 
 log = logging.getLogger(__name__)
 
-LOG_ROTATE_BYTES = 20 * 1024 * 1024
-TAIL_LINES = 30
 POLL_S = 0.5
 
 
@@ -70,8 +61,7 @@ class Status:
     attempt: int = 0
     restarts: int = 0
     pid: int | None = None
-    error: str | None = None
-    hint: str | None = None
+    problem: ServiceError | None = None  # what went wrong last (shown while restarting, or why it gave up)
     log_tail: str = ""
     note: str | None = None
 
@@ -79,101 +69,41 @@ class Status:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.since
 
-
-def port_is_free(host: str, port: int) -> bool:
-    """Tell whether nothing listens on host:port (a bind test, as the engine itself will do)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # Like every server: connections of a previous engine in TIME_WAIT don't block the port.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a port the OS considers free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if the app dies (even by SIGKILL) the engine gets SIGTERM.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class EngineProcess:
-    """One child process running the engine in its own process group, output appended to a log file."""
-
-    def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
-        self.spec = spec
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._offset = 0
-
-    def start(self) -> None:
-        """Spawn the child from its argument list; its output goes to the log file."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
-            self.log_path.replace(self.log_path.with_suffix(".log.1"))
-        with self.log_path.open("ab") as out:
-            self._offset = out.tell()
-            header = f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(self.spec.argv)}\n"
-            out.write(header.encode())
-            out.flush()
-            if self.spec.cwd:
-                Path(self.spec.cwd).mkdir(parents=True, exist_ok=True)
-            self.proc = subprocess.Popen(
-                self.spec.argv,
-                cwd=self.spec.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.spec.env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+    @property
+    def error(self) -> str | None:
+        """The problem's message in English (logs, /healthz)."""
+        return self.problem.message if self.problem else None
 
     @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+    def hint(self) -> str | None:
+        return self.problem.hint if self.problem else None
 
-    def exit_code(self) -> int | None:
-        """The child's exit code, or None while it runs."""
-        return None if self.proc is None else self.proc.poll()
 
-    def tail(self, lines: int = TAIL_LINES) -> str:
-        """The last lines this start wrote to the log."""
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(self._offset)
-                text = fh.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+@dataclass
+class RestartPolicy:
+    """When to try again: exponential backoff over failures in a row, a limit, and a reset after a stable run."""
 
-    def signal_group(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+    settings: RestartSettings
+    failures: int = 0  # failed starts and crashes in a row
 
-    async def stop(self, grace_s: float) -> int | None:
-        """Stop the whole process group: SIGTERM, wait up to grace_s, then SIGKILL; return the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.signal_group(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while self.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 (a child, not an event)
-                await asyncio.sleep(0.1)
-        # SIGKILL the group even when the leader is gone: its own children may linger.
-        self.signal_group(signal.SIGKILL)
-        code = await asyncio.to_thread(self.proc.wait)
-        return code
+    def failed(self, uptime_s: float = 0.0) -> None:
+        """Count one more failure (a start that failed, or a crash after serving `uptime_s`)."""
+        self.failures = 1 if uptime_s >= self.settings.stable_after_s else self.failures + 1
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether to give up until someone asks again."""
+        return self.failures >= self.settings.max_attempts
+
+    def delay_s(self) -> float:
+        """The wait before the next attempt: backoff_initial_s x 2^(failures-1), at most backoff_max_s."""
+        if self.failures <= 0:
+            return 0.0
+        s = self.settings
+        return float(min(s.backoff_max_s, s.backoff_initial_s * 2 ** (self.failures - 1)))
+
+    def reset(self) -> None:
+        self.failures = 0
 
 
 class Supervisor:
@@ -244,7 +174,7 @@ class Supervisor:
         """After the supervisor gave up, try a new round of starts (the cause may have been fixed)."""
         if self.status.state == State.FAILED:
             # STARTING at once, so waiters see the new round rather than the old failure.
-            self._set(State.STARTING, error=self.status.error, hint=self.status.hint)
+            self._set(State.STARTING, problem=self.status.problem)
             self._retry.set()
 
     async def stop(self) -> None:
@@ -260,15 +190,24 @@ class Supervisor:
     # ----- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         """Start the engine, watch it, restart it when it dies or hangs, until stop() or give-up."""
-        crash_streak = 0
+        policy = RestartPolicy(self.cfg.restart)
         while not self._stopping:
             try:
-                await self._start_with_backoff()
+                self.status.attempt = policy.failures + 1
+                await self._start_once()
             except ServiceError as exc:
-                self._set(State.FAILED, error=exc.message, hint=exc.hint, log_tail=getattr(exc, "log_tail", ""))
-                log.error("Engine gave up after %d attempts: %s", self.status.attempt, exc)
-                await self._wait_for_retry()
-                crash_streak = 0
+                policy.failed()
+                tail = exc.log_tail if isinstance(exc, EngineStartError) else ""
+                if not _worth_retrying(exc) or policy.exhausted:
+                    self._set(State.FAILED, problem=exc, log_tail=tail)
+                    log.error("Engine gave up after %d attempts: %s", policy.failures, exc)
+                    await self._wait_for_retry()
+                    policy.reset()
+                    continue
+                delay = policy.delay_s()
+                log.warning("Engine start attempt %d failed (%s); next in %.1f s", policy.failures, exc, delay)
+                self._set(State.RESTARTING, problem=exc, log_tail=tail)
+                await asyncio.sleep(delay)
                 continue
             ready_at = time.monotonic()
             reason = await self._watch()
@@ -280,60 +219,27 @@ class Supervisor:
                 try:
                     self._reject(f"crashed with {crashed} while serving")
                 except CanaryError as exc:
-                    self._set(State.FAILED, error=exc.message, hint=exc.hint)
+                    self._set(State.FAILED, problem=exc)
                     await self._wait_for_retry()
                 continue
-            crash_streak = crash_streak + 1 if uptime < self.cfg.restart.stable_after_s else 1
+            policy.failed(uptime)
             self.status.restarts += 1
             tail = self.process.tail() if self.process else ""
             await self._stop_process()
             log.error("Engine %s after %.0f s; restarting (restart #%d)", reason, uptime, self.status.restarts)
-            if crash_streak >= self.cfg.restart.max_attempts:
-                self._set(
-                    State.FAILED,
-                    error=f"The engine {reason} {crash_streak} times in a row shortly after starting.",
-                    hint="See the log tail; fix the cause, then send a message to try again.",
-                    log_tail=tail,
-                )
+            if policy.exhausted:
+                streak = EngineStartError.of("engine.crash_streak", reason=reason, count=policy.failures)
+                self._set(State.FAILED, problem=streak, log_tail=tail)
                 await self._wait_for_retry()
-                crash_streak = 0
+                policy.reset()
                 continue
-            self._set(State.RESTARTING, error=f"The engine {reason}; restarting.", log_tail=tail)
-            await asyncio.sleep(self._backoff(crash_streak - 1))
+            self._set(State.RESTARTING, problem=EngineStartError.of("engine.restarting", reason=reason), log_tail=tail)
+            await asyncio.sleep(policy.delay_s())
 
     async def _wait_for_retry(self) -> None:
         self._retry.clear()
         await self._retry.wait()
         self._retry.clear()
-
-    def _backoff(self, failures: int) -> float:
-        if failures <= 0:
-            return 0.0
-        r = self.cfg.restart
-        return float(min(r.backoff_max_s, r.backoff_initial_s * 2 ** (failures - 1)))
-
-    async def _start_with_backoff(self) -> None:
-        r = self.cfg.restart
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(r.max_attempts),
-            wait=wait_exponential(multiplier=r.backoff_initial_s, min=r.backoff_initial_s, max=r.backoff_max_s),
-            retry=retry_if_exception(_worth_retrying),
-            before_sleep=self._before_retry,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                self.status.attempt = attempt.retry_state.attempt_number
-                await self._start_once()
-
-    def _before_retry(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning("Engine start attempt %d failed (%s); next in %.1f s", state.attempt_number, exc, wait)
-        hint = getattr(exc, "hint", "")
-        tail = getattr(exc, "log_tail", "")
-        msg = getattr(exc, "message", str(exc))
-        self._set(State.RESTARTING, error=msg, hint=hint, log_tail=tail)
 
     async def _start_once(self) -> None:
         """Start the current candidate; when it is rejected (crash, wrong answers) start the next one."""
@@ -349,7 +255,10 @@ class Supervisor:
                 if self.guard is None or not self.guard.has_other_engine():
                     raise
                 self.guard.reject_engine(exc.message)
-                self._set(State.STARTING, error=f"Falling back to {self.guard.current.label}: {exc.message}")
+                self._set(
+                    State.STARTING,
+                    problem=EngineStartError.of("engine.fallback", engine=self.guard.current.label, reason=exc),
+                )
 
     def _reject(self, reason: str, whole_engine: bool = False) -> None:
         assert self.guard is not None
@@ -360,13 +269,16 @@ class Supervisor:
             self.guard.reject_engine(reason)
         else:
             self.guard.reject(reason)
-        self._set(State.STARTING, error=f"Falling back to {self.guard.current.label}: {reason}")
+        self._set(
+            State.STARTING,
+            problem=EngineStartError.of("engine.fallback", engine=self.guard.current.label, reason=reason),
+        )
 
     async def _start_candidate(self) -> None:
-        self._set(State.STARTING, error=self.status.error, hint=self.status.hint, log_tail="")
+        self._set(State.STARTING, problem=self.status.problem, log_tail="")
         spec = await asyncio.to_thread(self._prepare)
         self.spec = spec
-        if spec.engine == "external":
+        if not spec.spawns:
             await self._wait_ready(None, spec)
             self._set(State.READY)
             return
@@ -377,11 +289,7 @@ class Supervisor:
                 raise Rejected(f"{known} (remembered from an earlier start)")
             guard.prefetch_reference(spec.weights)
         if not port_is_free(spec.host, spec.port):
-            raise EngineStartError(
-                f"Port {spec.port} on {spec.host} is already in use by another program.",
-                "Stop that program, or choose another port: server.port in config/backend.yaml "
-                "(or ERNIE_SERVER__PORT; 0 picks a free one).",
-            )
+            raise EngineStartError.of("engine.port_in_use", port=spec.port, host=spec.host)
         process = EngineProcess(spec, self.log_path)
         self.process = process
         process.start()
@@ -408,37 +316,19 @@ class Supervisor:
                 if crashed and self.guard is not None:
                     raise Rejected(f"crashed with {crashed} during start-up")
                 if code is not None:
-                    raise EngineStartError(
-                        f"The engine exited during start-up with exit code {code}.",
-                        f"See the log tail below (full log: {self.log_path}).",
-                        exit_code=code,
-                        log_tail=process.tail() if process else "",
-                    )
-                if await self._is_ready(http, headers, spec.served_name, spec.health_path):
+                    exited = EngineStartError.of("engine.exited", exit_code=code, log=self.log_path)
+                    exited.log_tail = process.tail() if process else ""
+                    raise exited
+                if await is_ready(http, headers, spec.served_name, spec.health_path):
                     break
                 if time.monotonic() > deadline:
-                    raise EngineStartError(
-                        f"The engine did not become ready within {self.cfg.timeouts.startup_s:.0f} s.",
-                        "Raise timeouts.startup_s if the machine is slow, or see the log tail.",
-                        log_tail=process.tail() if process else "",
-                    )
+                    slow = EngineStartError.of("engine.not_ready", seconds=self.cfg.timeouts.startup_s)
+                    slow.log_tail = process.tail() if process else ""
+                    raise slow
                 await asyncio.sleep(POLL_S)
         log.info("Engine ready after %.1f s at %s", time.monotonic() - started, spec.base_url)
 
-    @staticmethod
-    async def _is_ready(
-        http: httpx.AsyncClient, headers: dict[str, str], served_name: str, health_path: str = "/health"
-    ) -> bool:
-        try:
-            health = await http.get(health_path)
-            if health.status_code != 200:
-                return False
-            models = await http.get("/v1/models", headers=headers)
-            return models.status_code == 200 and any(m.get("id") == served_name for m in models.json().get("data", []))
-        except (httpx.HTTPError, ValueError):
-            return False
-
-    async def _watch(self) -> str:
+    async def _watch(self) -> Phrase:
         """Return why the engine stopped serving: it 'exited' or it 'hung' (and was killed)."""
         assert self.spec is not None
         t = self.cfg.timeouts
@@ -449,13 +339,10 @@ class Supervisor:
                 await asyncio.sleep(POLL_S)
                 code = self.process.exit_code() if self.process else None
                 if code is not None:
-                    return f"exited unexpectedly (exit code {code})"
+                    return Phrase("reason.exited", exit_code=code)
                 if time.monotonic() < next_ping:
                     continue
-                try:
-                    ok = (await http.get(self.spec.health_path)).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
+                ok = await is_healthy(http, self.spec.health_path)
                 next_ping = time.monotonic() + t.health_interval_s
                 failures = 0 if ok else failures + 1
                 if failures:
@@ -463,7 +350,7 @@ class Supervisor:
                 if failures >= t.health_failures:
                     if self.process:
                         self.process.signal_group(signal.SIGKILL)
-                    return f"stopped answering health checks for {failures * t.health_interval_s:.0f} s"
+                    return Phrase("reason.hung", seconds=failures * t.health_interval_s)
 
     async def _stop_process(self) -> None:
         process, self.process = self.process, None
@@ -474,19 +361,12 @@ class Supervisor:
         self.status.pid = None
 
     # ----- state ------------------------------------------------------------------------------
-    def _set(
-        self,
-        state: State,
-        error: str | None = None,
-        hint: str | None = None,
-        log_tail: str = "",
-    ) -> None:
+    def _set(self, state: State, problem: ServiceError | None = None, log_tail: str = "") -> None:
         changed = state != self.status.state
         self.status.state = state
         if changed:
             self.status.since = time.monotonic()
-        self.status.error = error
-        self.status.hint = hint
+        self.status.problem = problem
         self.status.log_tail = log_tail
         if state == State.READY:
             self._ready.set()
@@ -497,7 +377,7 @@ class Supervisor:
 
     def _write_state(self, spec: LaunchSpec) -> None:
         # For the doctor and the benchmark tool: where the engine is. The API key is left out.
-        state_file = self.cfg.paths.data / "engine.json"
+        state_file = self.cfg.paths.engine_state
         with contextlib.suppress(OSError):
             state_file.write_text(
                 json.dumps(
@@ -519,8 +399,3 @@ def _worth_retrying(exc: BaseException) -> bool:
     return isinstance(exc, ServiceError) and not isinstance(
         exc, ConfigError | EngineNotInstalledError | ModelNotFoundError | CanaryError
     )
-
-
-def new_api_key() -> str:
-    """A fresh random key for one run of the engine."""
-    return "sk-local-" + secrets.token_urlsafe(24)

@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from backend.chat.service import ChatService, UserSettings
+from backend.chat.request import UserSettings
+from backend.chat.service import ChatService
 from backend.errors import BackendError, PromptTooLongError
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.supervisor import State

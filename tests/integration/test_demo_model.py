@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from backend.chat.service import ChatService, UserSettings
+from backend.chat.request import UserSettings
+from backend.chat.service import ChatService
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ from backend.config import ROOT, AppConfig, load_config
 from backend.engines.llamacpp import DEFAULT_PREFIX, install_prefix
 from backend.models.gguf import cached_gguf
 from backend.ops.prometheus_text import sample_totals
-from backend.serving.supervisor import State, port_is_free
+from backend.serving.process import port_is_free
+from backend.serving.supervisor import State
 
 pytestmark = pytest.mark.integration
 

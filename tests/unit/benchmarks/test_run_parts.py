@@ -21,7 +21,7 @@ from backend.benchmarks.memory import PeakSampler, metrics_rss_bytes, process_tr
 from backend.benchmarks.stats import RequestResult, level_metrics
 from backend.benchmarks.workload import BenchRequest
 from backend.errors import BenchmarkError
-from backend.serving.supervisor import free_port
+from backend.serving.process import free_port
 
 
 def options(argv: list[str]) -> argparse.Namespace:

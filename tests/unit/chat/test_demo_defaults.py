@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from backend.chat.service import DEMO_REASON, ChatService, UserSettings
+from backend.chat.request import UserSettings
+from backend.chat.service import DEMO_REASON, ChatService
 from backend.config import ROOT, EngineFlags, load_config
-from backend.engines.vllm import LaunchSpec
+from backend.engines.base import LaunchSpec
 from backend.prompts.templates import TemplateStore
 
 

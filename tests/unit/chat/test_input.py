@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.chat.service import clean_input
+from backend.chat.request import clean_input
 from backend.errors import InvalidInputError
 
 

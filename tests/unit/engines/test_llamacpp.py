@@ -12,7 +12,8 @@ import pytest
 
 from backend.child.gguf_convert import ConversionError, check_source, split_fused
 from backend.child.llamacpp_build import claimed_variants, cpu_flags, keep_variants
-from backend.config import ROOT, AppConfig, load_config
+from backend.config import ROOT, AppConfig, EngineName, load_config
+from backend.engines.base import Candidate, Engine
 from backend.engines.llamacpp import (
     HEALTH_PATH,
     build_llamacpp_launch,
@@ -21,9 +22,11 @@ from backend.engines.llamacpp import (
     resolve_gguf,
     server_binary,
 )
+from backend.engines.registry import engine, engines_to_try
 from backend.errors import ConfigError, EngineNotInstalledError, ModelConversionError, ModelNotFoundError
 from backend.models.gguf import cached_gguf, ensure_gguf, source_key
-from backend.serving.launch import choose_engines, engine_candidates, make_supervisor
+from backend.serving.launch import make_supervisor
+from backend.serving.profiles import effective_flags
 from backend.serving.supervisor import State
 
 KEY = "sk-local-secret"
@@ -127,7 +130,16 @@ def test_kernel_variants_are_tried_best_first_among_those_the_cpu_claims(tmp_pat
     assert cpu_variants(cfg, set()) == ["x64"]
     forced = config(tmp_path, llamacpp__prefix=prefix, llamacpp__cpu_variant="skylakex")
     assert cpu_variants(forced, amx) == ["skylakex"]
-    assert [c.variant for c in engine_candidates(forced, "llama.cpp", "cpu")] == ["skylakex"]
+    assert [c.variant for c in candidates(forced, "llama.cpp")] == ["skylakex"]
+
+
+def candidates(cfg: AppConfig, name: EngineName) -> list[Candidate]:
+    chosen = engine(name)
+    return chosen.candidates(cfg, chosen.flags(cfg, effective_flags(cfg, "cpu")))
+
+
+def names(engines: list[Engine]) -> list[str]:
+    return [e.name for e in engines]
 
 
 def test_the_build_keeps_only_the_claimed_variants_of_llama_cpps_list() -> None:
@@ -150,13 +162,17 @@ def test_the_build_keeps_only_the_claimed_variants_of_llama_cpps_list() -> None:
 def test_auto_on_a_cpu_tries_vllm_cpu_first_then_llama_cpp(tmp_path: Path) -> None:
     prefix = fake_install(tmp_path / "ll", ["x64"])
     cfg = config(tmp_path, engine__name="auto", llamacpp__prefix=prefix)
-    assert choose_engines(cfg, [], sys.executable) == ["llama.cpp"], "no vllm in this interpreter: llama.cpp alone"
+    assert names(engines_to_try(cfg, False, sys.executable)) == ["llama.cpp"], (
+        "no vllm in this interpreter: llama.cpp alone"
+    )
     engine_py = str(ROOT / ".venv-engine" / "bin" / "python")  # not resolved: the link is the venv
     if Path(engine_py).exists():
-        assert choose_engines(cfg, [], engine_py) == ["vllm-cpu", "llama.cpp"]
+        assert names(engines_to_try(cfg, False, engine_py)) == ["vllm-cpu", "llama.cpp"]
     bare = config(tmp_path, engine__name="auto", llamacpp__prefix=tmp_path / "none")
-    assert choose_engines(bare, [], sys.executable) == ["vllm-cpu"], "nothing installed: vllm-cpu says what is missing"
-    labels = [c.label for c in engine_candidates(cfg, "vllm-cpu", "cpu")]
+    assert names(engines_to_try(bare, False, sys.executable)) == ["vllm-cpu"], (
+        "nothing installed: vllm-cpu says what is missing"
+    )
+    labels = [c.label for c in candidates(cfg, "vllm-cpu")]
     assert labels == ["vllm-cpu bfloat16", "vllm-cpu float32"], "bfloat16 first, float32 as the fallback"
 
 

@@ -12,11 +12,12 @@ import pytest
 
 from backend.config import ROOT, AppConfig, EngineFlags, load_config
 from backend.engines.options import EngineOptions, OptionsUnavailableError, check_args, read_options
-from backend.engines.vllm import build_launch, effective_flags
 from backend.errors import ConfigError
 from backend.serving.launch import make_supervisor
-from backend.serving.preflight import check_flags, engine_args
+from backend.serving.preflight import check_flags
+from backend.serving.profiles import effective_flags
 from backend.serving.supervisor import State
+from tests.launching import launch
 
 pytestmark = pytest.mark.slow  # the first run imports vLLM (10-20 s); later runs read the cache
 
@@ -33,10 +34,10 @@ def vllm_options(engine_py: str) -> EngineOptions:
 
 def launch_args(cfg: AppConfig, profile: str, engine_py: str, flags: EngineFlags | None = None) -> list[str]:
     engine = "vllm-cpu" if profile == "cpu" else "vllm"
-    spec = build_launch(
+    spec = launch(
         cfg, engine, "/models/ernie", 8100, "key", python=engine_py, flags=flags or effective_flags(cfg, profile)
     )
-    return engine_args(spec)
+    return spec.args
 
 
 def test_options_are_cached_per_version(vllm_options: EngineOptions, engine_py: str) -> None:
@@ -181,7 +182,7 @@ def test_check_flags_names_the_config_key(
     engine_py: str,
 ) -> None:
     cfg = make_config(**override)
-    spec = build_launch(cfg, "vllm-cpu", "/m", 8100, "key", python=engine_py, flags=effective_flags(cfg, "cpu"))
+    spec = launch(cfg, "vllm-cpu", "/m", 8100, "key", python=engine_py, flags=effective_flags(cfg, "cpu"))
     with pytest.raises(ConfigError) as info:
         check_flags(cfg, spec, vllm_options, "cpu")
     text = str(info.value)

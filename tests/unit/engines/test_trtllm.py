@@ -23,12 +23,11 @@ from backend.engines.trtllm import (
     engine_dir,
     resolve_dtype,
 )
-from backend.engines.vllm import build_launch
 from backend.errors import ConfigError, EngineNotInstalledError
-from backend.serving.compat import read_model_info
+from backend.models.info import read_model_info
 from backend.serving.launch import make_supervisor
-from backend.serving.preflight import engine_args
 from backend.serving.supervisor import State
+from tests.launching import launch
 
 # What the probe reads from TensorRT-LLM (MODEL_MAP and the PyTorch backend's registry): no ERNIE.
 REGISTRIES = {
@@ -81,7 +80,7 @@ def test_serve_command_line_pytorch_backend(tmp_path: Path, make_config: Callabl
     model = ernie_folder(tmp_path)
     cfg = make_config(engine__name="trtllm", trtllm__extra_args='["--log_level", "info"]')
     flags = EngineFlags(max_model_len=4096)
-    spec = build_launch(cfg, "trtllm", str(model), 8123, "key", python="/opt/trt/bin/python", flags=flags)
+    spec = launch(cfg, "trtllm", str(model), 8123, "key", python="/opt/trt/bin/python", flags=flags)
     assert spec.argv == [
         "trtllm-serve",  # not installed beside /opt/trt/bin/python nor on PATH: the bare name
         str(model),
@@ -98,7 +97,7 @@ def test_serve_command_line_pytorch_backend(tmp_path: Path, make_config: Callabl
     ]  # fmt: skip
     assert spec.engine == "trtllm" and spec.env["HF_HUB_OFFLINE"] == "1"
     assert spec.flags.max_model_len == 4096 and spec.base_url == "http://127.0.0.1:8123"
-    assert check_args(engine_args(spec), SERVE_OPTIONS) == []
+    assert check_args(spec.args, SERVE_OPTIONS) == []
 
 
 def test_serve_command_line_tensorrt_backend(tmp_path: Path, make_config: Callable[..., AppConfig]) -> None:
@@ -107,18 +106,18 @@ def test_serve_command_line_tensorrt_backend(tmp_path: Path, make_config: Callab
         engine__name="trtllm", trtllm__backend="tensorrt", trtllm__max_seq_len=2048, paths__cache_dir=str(tmp_path)
     )
     with pytest.raises(ConfigError) as info:
-        build_launch(cfg, "trtllm", str(model), 8123, "key", python="/x/python", flags=EngineFlags())
+        launch(cfg, "trtllm", str(model), 8123, "key", python="/x/python", flags=EngineFlags())
     assert f"no built engine is in {tmp_path / 'trt-engines' / 'ernie-4.5-0.3b-tp1'}" in str(info.value)
     assert "python -m backend build-trt-engine" in str(info.value)
 
     built = engine_dir(cfg)
     built.mkdir(parents=True)
     (built / "config.json").write_text("{}")
-    spec = build_launch(cfg, "trtllm", str(model), 8123, "key", python="/x/python", flags=EngineFlags())
+    spec = launch(cfg, "trtllm", str(model), 8123, "key", python="/x/python", flags=EngineFlags())
     assert spec.argv[1] == str(built)
     assert spec.argv[spec.argv.index("--tokenizer") + 1] == str(model)
     assert spec.argv[spec.argv.index("--max_seq_len") + 1] == "2048"
-    assert check_args(engine_args(spec), SERVE_OPTIONS) == []
+    assert check_args(spec.args, SERVE_OPTIONS) == []
 
 
 def test_unknown_serve_flag_is_refused() -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from backend.config import load_config
-from backend.engines.vllm import build_launch, choose_engine, choose_profile, effective_flags, external_launch
+from backend.engines.registry import engine, profile_engine
 from backend.serving.hardware import Gpu, parse_nvidia_smi
+from backend.serving.profiles import choose_profile, effective_flags
+from tests.launching import launch
 
 
 def test_cpu_launch_has_vllm_cpu_flags_and_env() -> None:
     cfg = load_config(environ={})
-    spec = build_launch(cfg, "vllm-cpu", "/models/x", 8123, "sk-secret", python="/py")
+    spec = launch(cfg, "vllm-cpu", "/models/x", 8123, "sk-secret", python="/py")
     argv = spec.argv
     assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--model") + 1] == "/models/x"
@@ -26,7 +28,7 @@ def test_cpu_launch_has_vllm_cpu_flags_and_env() -> None:
 
 def test_gpu_launch_uses_gpu_profile() -> None:
     cfg = load_config(environ={})
-    spec = build_launch(cfg, "vllm", "org/model", 8000, "k", python="/py")
+    spec = launch(cfg, "vllm", "org/model", 8000, "k", python="/py")
     argv = spec.argv
     assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/model"], "the GPU engine runs `vllm serve`"
     share = cfg.profiles["gpu"].gpu_memory_utilization
@@ -43,29 +45,29 @@ def test_config_flags_override_profile_and_extra_args_pass_through() -> None:
     )
     flags = effective_flags(cfg, "cpu")
     assert flags.max_model_len == 1024 and flags.enforce_eager is True
-    argv = build_launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py", flags=flags).argv
+    argv = launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py", flags=flags).argv
     assert argv[argv.index("--max-model-len") + 1] == "1024"
     assert argv[-2:] == ["--seed", "7"]
 
 
 def test_dummy_load_format_is_passed() -> None:
     cfg = load_config(environ={"ERNIE_MODEL__LOAD_FORMAT": "dummy"})
-    argv = build_launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").argv
+    argv = launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").argv
     assert argv[argv.index("--load-format") + 1] == "dummy"
 
 
 def test_engine_choice_follows_detected_gpus() -> None:
     cfg = load_config(environ={})
-    assert choose_engine(cfg, []) == "vllm-cpu"
+    assert profile_engine(cfg, has_gpu=False).name == "vllm-cpu"
     gpus = parse_nvidia_smi("NVIDIA H200, 143771\n")
     assert gpus == [Gpu("NVIDIA H200", 143771)]
-    assert choose_engine(cfg, gpus) == "vllm"
-    assert choose_profile(cfg, "vllm-cpu") == "cpu"
+    assert profile_engine(cfg, has_gpu=bool(gpus)).name == "vllm"
+    assert choose_profile(cfg, engine("vllm-cpu")) == "cpu"
     forced = load_config(environ={"ERNIE_ENGINE__NAME": "vllm-cpu"})
-    assert choose_engine(forced, gpus) == "vllm-cpu"
+    assert profile_engine(forced, has_gpu=True).name == "vllm-cpu"
 
 
 def test_external_engine_needs_base_url() -> None:
     cfg = load_config(environ={"ERNIE_ENGINE__NAME": "external", "ERNIE_SERVER__BASE_URL": "http://10.1.2.3:8000/v1/"})
-    spec = external_launch(cfg, "k")
-    assert spec.base_url == "http://10.1.2.3:8000" and spec.argv == []
+    spec = launch(cfg, "external", cfg.model.id, 0, "k")
+    assert spec.base_url == "http://10.1.2.3:8000" and spec.argv == [] and not spec.spawns

@@ -14,7 +14,7 @@ from backend import cli
 from backend.config import AppConfig
 from backend.ops import doctor
 from backend.ops.doctor import FAIL, OK, SKIP, WARN, Target, diagnose, exit_code, locate, render
-from backend.serving.supervisor import free_port
+from backend.serving.process import free_port
 
 MakeConfig = Callable[..., AppConfig]
 

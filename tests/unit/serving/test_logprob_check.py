@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from backend.engines.base import Api
 from backend.serving.logprob_check import (
     SOURCES,
     TOLERANCES,
@@ -199,7 +200,7 @@ def test_tolerance_presets() -> None:
     assert TOLERANCES["float32"].max_nats < TOLERANCES["bfloat16"].max_nats <= TOLERANCES["q4_k_m"].max_nats
     with pytest.raises(ValueError, match="no log-probability tolerance"):
         tolerance_for("int3")
-    assert {"vllm", "vllm-cpu", "llama.cpp"} <= set(SOURCES)
+    assert set(SOURCES) == set(Api), "every kind of server the app can talk to has a log-probability source"
 
 
 def test_reference_file_round_trip(tmp_path: Path) -> None:
@@ -318,8 +319,7 @@ def truth_and_reference() -> Iterator[tuple[Logits, Reference]]:
 async def test_check_engine_passes_a_faithful_server(kind: str, truth_and_reference: tuple[Logits, Reference]) -> None:
     truth, reference = truth_and_reference
     with Stub(kind, truth, reference) as stub:
-        engine_kind = "vllm-cpu" if kind == "vllm" else kind
-        verdict = await check_engine(stub.url, "sk-x", "m", engine_kind, reference, TOLERANCES["float32"], 10)
+        verdict = await check_engine(stub.url, "sk-x", "m", Api(kind), reference, TOLERANCES["float32"], 10)
     assert verdict.passed, verdict.reason
     assert verdict.stats.max < 1e-6 and verdict.stats.positions == 12
     assert stub.seen_auth == {"Bearer sk-x"}
@@ -331,7 +331,7 @@ async def test_check_engine_fails_a_server_with_shuffled_logits(
 ) -> None:
     truth, reference = truth_and_reference
     with Stub(kind, shuffled(truth), reference) as stub:
-        verdict = await check_engine(stub.url, "k", "m", kind, reference, BF16, 10)
+        verdict = await check_engine(stub.url, "k", "m", Api(kind), reference, BF16, 10)
     assert not verdict.passed
 
 
@@ -346,18 +346,16 @@ async def test_a_faulty_server_gives_a_failed_verdict_that_says_why(
     truth, reference = truth_and_reference
     with Stub(kind, truth, reference) as stub:
         setattr(stub, fault, True)
-        verdict = await check_engine(stub.url, "k", "m", kind, reference, BF16, 10)
+        verdict = await check_engine(stub.url, "k", "m", Api(kind), reference, BF16, 10)
     assert not verdict.passed
     assert all(w in verdict.reason for w in words), verdict.reason
 
 
-async def test_a_dead_port_and_an_unknown_engine_raise_the_documented_error(
+async def test_a_dead_port_raises_the_documented_error(
     truth_and_reference: tuple[Logits, Reference],
 ) -> None:
     _, reference = truth_and_reference
     with Stub("vllm", model(1.0), reference) as stub:
         url = stub.url  # the port is free again once the stub is gone
     with pytest.raises(LogprobCheckError, match="could not be reached"):
-        await check_engine(url, "k", "m", "vllm", reference, BF16, 5)
-    with pytest.raises(LogprobCheckError, match="trtllm"):
-        await check_engine(url, "k", "m", "trtllm", reference, BF16, 5)
+        await check_engine(url, "k", "m", Api.VLLM, reference, BF16, 5)

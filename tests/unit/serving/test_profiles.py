@@ -7,10 +7,10 @@ from collections.abc import Callable
 import pytest
 
 from backend.config import AppConfig, load_config
-from backend.engines.vllm import choose_profile, effective_flags
+from backend.engines.registry import engine
 from backend.serving.compat import check_compatibility
 from backend.serving.hardware import Gpu, parse_jetson, parse_nvidia_smi
-from backend.serving.profiles import RULES, select_profile
+from backend.serving.profiles import RULES, choose_profile, effective_flags, select_profile
 
 CFG = load_config(environ={})
 GIB = 1024**3
@@ -45,41 +45,41 @@ CASES = [
 
 @pytest.mark.parametrize(("smi", "profile"), CASES)
 def test_profile_from_nvidia_smi(smi: str, profile: str) -> None:
-    assert select_profile(parse_nvidia_smi(smi), "vllm", CFG.profiles).name == profile
+    assert select_profile(parse_nvidia_smi(smi), engine("vllm"), CFG.profiles).name == profile
 
 
 def test_jetson_gets_its_profile_whatever_its_memory() -> None:
     for kb in (7_800_000, 15_655_312, 3_900_000):
         gpu = parse_jetson("NVIDIA Jetson Orin NX Engineering Reference Developer Kit", f"MemTotal: {kb} kB")
         assert gpu is not None
-        assert select_profile([gpu], "vllm", CFG.profiles).name == "jetson-orin-nx"
+        assert select_profile([gpu], engine("vllm"), CFG.profiles).name == "jetson-orin-nx"
 
 
 def test_several_gpus_use_the_smallest() -> None:
     gpus = parse_nvidia_smi("NVIDIA H100 80GB HBM3, 81559, 9.0\nNVIDIA A10, 23028, 8.6")
-    choice = select_profile(gpus, "vllm", CFG.profiles)
+    choice = select_profile(gpus, engine("vllm"), CFG.profiles)
     assert choice.name == "a10"
     assert "smallest of 2 GPUs" in choice.reason
 
 
 def test_engine_and_no_gpu() -> None:
     t4 = parse_nvidia_smi("Tesla T4, 15360, 7.5")
-    assert select_profile(t4, "vllm-cpu").name == "cpu"
-    assert select_profile([], "vllm").name == "gpu"
+    assert select_profile(t4, engine("vllm-cpu")).name == "cpu"
+    assert select_profile([], engine("vllm")).name == "gpu"
 
 
 def test_profile_missing_from_config_falls_back() -> None:
-    choice = select_profile(parse_nvidia_smi("Tesla T4, 15360, 7.5"), "vllm", {"cpu", "gpu"})
+    choice = select_profile(parse_nvidia_smi("Tesla T4, 15360, 7.5"), engine("vllm"), {"cpu", "gpu"})
     assert choice.name == "gpu"
     assert "'t4' is not configured" in choice.reason
 
 
 def test_choose_profile_auto_and_override(make_config: Callable[..., AppConfig]) -> None:
     h200 = parse_nvidia_smi("NVIDIA H200, 143771, 9.0")
-    assert choose_profile(make_config(), "vllm", h200) == "h200"
-    assert choose_profile(make_config(), "vllm-cpu", h200) == "cpu"
-    assert choose_profile(make_config(engine__profile="t4"), "vllm", h200) == "t4"
-    assert choose_profile(make_config(), "vllm") == "gpu"  # the old two-argument call still works
+    assert choose_profile(make_config(), engine("vllm"), h200) == "h200"
+    assert choose_profile(make_config(), engine("vllm-cpu"), h200) == "cpu"
+    assert choose_profile(make_config(engine__profile="t4"), engine("vllm"), h200) == "t4"
+    assert choose_profile(make_config(), engine("vllm")) == "gpu"  # the old two-argument call still works
 
 
 def test_every_rule_names_a_configured_profile() -> None:
@@ -90,7 +90,7 @@ def test_every_rule_names_a_configured_profile() -> None:
 @pytest.mark.parametrize(("smi", "profile"), CASES)
 def test_chosen_profile_runs_on_that_gpu(smi: str, profile: str) -> None:
     gpus = parse_nvidia_smi(smi)
-    check_compatibility(effective_flags(CFG, profile), "vllm", gpus, None)  # raises if not
+    check_compatibility(effective_flags(CFG, profile), engine("vllm"), gpus, None)  # raises if not
 
 
 # The GPU each profile was sized for (config/backend.yaml comments), and the rule written there:
@@ -122,7 +122,7 @@ def test_profile_kv_cache_fits_without_preemption(profile: str) -> None:
     need = flags.max_num_seqs * flags.max_model_len * kv_bytes
     have = gpu.memory_mib * 1024**2 * flags.gpu_memory_utilization - 2.5 * GIB
     assert need <= have, f"{profile}: KV {need / GIB:.1f} GiB > {have / GIB:.1f} GiB"
-    check_compatibility(flags, "vllm", [gpu], None)
+    check_compatibility(flags, engine("vllm"), [gpu], None)
 
 
 def test_cpu_profile_kv_cache_fits() -> None:

@@ -15,9 +15,10 @@ import pytest
 
 from backend.chat.client import Endpoint
 from backend.config import AppConfig, EngineFlags, load_config
-from backend.engines.vllm import LaunchSpec
-from backend.serving.canary import Candidate, Guard, Weights
-from backend.serving.supervisor import State, Supervisor, free_port
+from backend.engines.base import Candidate, LaunchSpec, Weights
+from backend.serving.canary import Guard
+from backend.serving.process import free_port
+from backend.serving.supervisor import State, Supervisor
 
 STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
 

@@ -1,0 +1,78 @@
+"""One chat turn as the UI sees it: the session it belongs to, and the events ChatService.reply() yields.
+
+The UI (app.py) renders each event and decides nothing: whether the message is sent, how long to wait for the
+engine, what the model is asked and what is recorded are the service's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from backend.chat.context import Message
+from backend.chat.request import UserSettings
+from backend.errors import ServiceError
+
+
+@dataclass
+class ChatSession:
+    """What one browser chat keeps between turns."""
+
+    settings: UserSettings
+    history: list[Message] = field(default_factory=list)  # the turns as the model saw them, oldest first
+    template_problems: list[str] = field(default_factory=list)  # the problems this chat was already told about
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reply at a time: sends queue up
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A line from the app, not the model: a key of backend.chat.i18n with its parameters."""
+
+    key: str
+    params: dict[str, Any] = field(default_factory=dict)
+    items: tuple[str, ...] = ()  # a list shown under the line (the templates' problems)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The message was not sent to the model, and why (empty, too large, unknown template, too long...)."""
+
+    error: ServiceError
+
+
+EngineState = Literal["starting", "restarting", "ready", "failed", "not_ready"]
+
+
+@dataclass(frozen=True)
+class EngineWait:
+    """The engine is not ready for this message: one notice the UI shows and then updates."""
+
+    state: EngineState
+    elapsed_s: float  # since this message started waiting
+    problem: ServiceError | None = None  # what went wrong (restarting, failed)
+    log_tail: str = ""
+    log_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Text:
+    """More of the reply's text (coalesced for the browser)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The reply ended: its whole text, which template answered and why, and how it ended."""
+
+    text: str
+    template: str
+    reason: str
+    user_text: str  # the user message as the model saw it (after the template)
+    ending: Literal["finished", "stopped", "interrupted", "failed"] = "finished"
+    error: ServiceError | None = None
+
+
+Event = Notice | Refused | EngineWait | Text | Done

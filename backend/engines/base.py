@@ -1,0 +1,177 @@
+"""What every engine is to the rest of the app: one small interface, the launch it builds, the address it serves.
+
+An engine module (vllm.py, llamacpp.py, trtllm.py, external.py) knows its own command line, install check,
+model format and the ways it can run (its candidates); backend.engines.registry maps `EngineName` to it.
+Nothing outside this package compares engine names: callers ask the engine's attributes instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from backend.config import ROOT, AppConfig, EngineFlags, EngineName
+from backend.models.info import ModelInfo
+from backend.models.resolve import ResolvedModel, resolve_model
+
+ENGINE_VENV_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
+
+Note = Callable[[str | None], None]  # shows a line about the model (converting, demo) while the engine starts
+
+
+class Api(enum.StrEnum):
+    """Which extras a server has beside the OpenAI API (token counting and log-probabilities differ)."""
+
+    VLLM = "vllm"  # vLLM and servers like it: /tokenize takes messages, prompt_logprobs
+    LLAMACPP = "llama.cpp"  # llama-server: /apply-template then /tokenize, log-probabilities per position
+
+
+@dataclass
+class Endpoint:
+    """Where the engine's OpenAI-compatible API is and how to call it (`api` changes on a fallback)."""
+
+    base_url: str  # the server's root, without /v1
+    api_key: str
+    model: str
+    api: Api = Api.VLLM
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run an engine: which engine, and its own alternative (CPU kernels, or dtype)."""
+
+    engine: EngineName
+    variant: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine} {self.variant}"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What the canary compares: the served weights' reference source and the format the engine computes in."""
+
+    model: str  # a folder (or the folder of a GGUF file) transformers loads in float32
+    gguf_file: str | None  # the GGUF file inside `model` to load, when the weights are a GGUF
+    number_format: str  # logprob_check.tolerance_for's key: float32, bfloat16, q8_0, q4_k_m, q4_1...
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one engine process and to talk to it."""
+
+    engine: EngineName
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    served_name: str
+    api_key: str
+    flags: EngineFlags = field(default_factory=EngineFlags)
+    args: list[str] = field(default_factory=list)  # the flags part of argv, as the engine's parser reads it
+    api: Api = Api.VLLM
+    url: str | None = None  # set for an external server; else derived from host and port
+    health_path: str = "/health"  # a GET that answers 200 while the server is alive
+    cwd: str | None = None  # the child's working directory (None: the app's)
+    variant: str | None = None  # which of the engine's own alternatives runs (llama.cpp: the CPU kernels)
+    weights: Weights | None = None  # what the canary checks this engine against (None: no check)
+    build: str = ""  # identifies the engine's installed build, for the canary's verdict cache
+    demo: bool = False  # the offline demo model answers (the chat uses the demo's own defaults)
+
+    def with_check(self, weights: Weights, build: str, demo: bool = False) -> LaunchSpec:
+        """This spec with what the canary checks it against (and whether it serves the demo model)."""
+        return dataclasses.replace(self, weights=weights, build=build, demo=demo)
+
+    @property
+    def spawns(self) -> bool:
+        """Whether the app runs this server as its child (False: an external server)."""
+        return self.url is None
+
+    @property
+    def base_url(self) -> str:
+        """The server's root URL (without /v1)."""
+        return (self.url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+def engine_python(cfg: AppConfig) -> str:
+    """Return the interpreter that runs the engine (configured, the engine venv, or our own)."""
+    if cfg.engine.python:
+        return str(Path(cfg.engine.python).expanduser())
+    if ENGINE_VENV_PYTHON.exists():
+        return str(ENGINE_VENV_PYTHON)
+    return sys.executable
+
+
+def installed_dists(python: str, prefix: str) -> str:
+    """The dist-info folder names of `prefix`* packages in `python`'s environment (identifies a build)."""
+    venv = Path(python).parent.parent
+    found = sorted(p.name for p in venv.glob(f"lib/python*/site-packages/{prefix}*.dist-info"))
+    return f"{python} {' '.join(found)}"
+
+
+class Engine:
+    """One inference server the app can use. Subclasses set the class attributes and build the launch."""
+
+    name: ClassVar[EngineName]
+    api: ClassVar[Api] = Api.VLLM
+    on_gpu: ClassVar[bool] = False  # needs an NVIDIA GPU: GPU profiles and checks apply
+    spawns: ClassVar[bool] = True  # the app starts it as a child process (False: an external server)
+    options_package: ClassVar[str | None] = None  # the package whose own parser checks the flags (preflight)
+    uses_profiles: ClassVar[bool] = True  # its flags come from the hardware profiles (llama.cpp's do not)
+    # CPU flags of which one must be present for an FP8 KV cache (None: no such limit)
+    fp8_kv_cpu_flags: ClassVar[frozenset[str] | None] = None
+
+    def installed(self, cfg: AppConfig, python: str) -> bool:
+        """Whether it can start here (for engine.name auto, which skips engines that are not installed)."""
+        return True
+
+    def check_installed(self, cfg: AppConfig, python: str) -> None:
+        """Raise EngineNotInstalledError, saying how to install it, when it cannot start here."""
+
+    def flags(self, cfg: AppConfig, profile_flags: EngineFlags) -> EngineFlags:
+        """The flags the rest of the app reads (context window, dtype) from the profile's."""
+        return profile_flags
+
+    def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
+        """The ways to run it, best first; the canary starts the next when one crashes or answers wrongly."""
+        return [Candidate(self.name, flags.dtype or "auto")]
+
+    def resolve(self, cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
+        """The model files it serves (converted if need be)."""
+        return resolve_model(cfg, python)
+
+    def launch(
+        self,
+        cfg: AppConfig,
+        model: str,
+        port: int,
+        api_key: str,
+        python: str,
+        flags: EngineFlags,
+        variant: str | None = None,
+    ) -> LaunchSpec:
+        """The argument list and environment that start it serving `model` on `port`."""
+        raise NotImplementedError
+
+    def check_model(
+        self, cfg: AppConfig, model: ModelInfo | None, supported: dict[str, list[str]], version: str
+    ) -> None:
+        """Raise ConfigError when the installed engine (its `supported` model registries) cannot run `model`."""
+
+    def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
+        """The number format a candidate computes in: a key of logprob_check.TOLERANCES."""
+        return "float32" if variant == "float32" else "bfloat16"
+
+    def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
+        """What the canary compares the candidate with: the weights it serves, loaded in float32 by transformers."""
+        return Weights(resolved.source or resolved.model, None, self.number_format(cfg, variant, resolved))
+
+    def build_id(self, cfg: AppConfig, python: str) -> str:
+        """An identifier of the installed engine build (a new build invalidates cached verdicts)."""
+        return installed_dists(python, self.options_package or self.name)

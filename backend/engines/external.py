@@ -1,0 +1,46 @@
+"""An OpenAI-compatible server (or vLLM fleet) the user runs: the app only talks to it at server.base_url."""
+
+from __future__ import annotations
+
+from backend.config import AppConfig, EngineFlags
+from backend.engines.base import Engine, LaunchSpec, Note
+from backend.errors import ConfigError
+from backend.models.resolve import ResolvedModel
+
+
+class External(Engine):
+    """Nothing to start, install or check: readiness is the server's /health and /v1/models."""
+
+    name = "external"
+    spawns = False
+    uses_profiles = False
+
+    def resolve(self, cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
+        return ResolvedModel(cfg.model.id)
+
+    def launch(
+        self,
+        cfg: AppConfig,
+        model: str,
+        port: int,
+        api_key: str,
+        python: str,
+        flags: EngineFlags,
+        variant: str | None = None,
+    ) -> LaunchSpec:
+        url = cfg.server.base_url
+        if not url:
+            raise ConfigError(
+                "engine.name is external but server.base_url is empty.",
+                "Set server.base_url to the server's address, e.g. http://10.0.0.5:8000/v1.",
+            )
+        return LaunchSpec(
+            engine=self.name,
+            argv=[],
+            env={},
+            host="",
+            port=0,
+            served_name=cfg.model.served_name,
+            api_key=api_key,
+            url=url.rstrip("/").removesuffix("/v1"),
+        )
