@@ -84,3 +84,38 @@ def test_backoff_order_is_checked() -> None:
 
 def test_default_path_is_the_shipped_file() -> None:
     assert DEFAULT_CONFIG_PATH.exists()
+
+
+def test_config_errors_read_in_chinese_with_key_and_value_kept() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ={"ERNIE_SERVER__PORT": "eighty", "ERNIE_CHAT__TEMPERATURE": "7"})
+    exc = err.value
+    assert exc.code == "config.invalid"
+    zh = exc.text("zh-CN")
+    assert "server.port：应为整数，实际为 'eighty'（由 ERNIE_SERVER__PORT 设置）" in zh
+    assert "chat.temperature：应小于或等于 2，实际为 7（由 ERNIE_CHAT__TEMPERATURE 设置）" in zh
+    assert zh.startswith("配置无效（") and "请改正这些值" in zh
+    assert "Input should be a valid integer" in str(exc)  # pydantic's own words in English
+
+
+def test_config_errors_in_a_file_read_in_chinese(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("server:\n  prot: 8100\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert "server.prot：未知的配置项，实际为 8100（位于 c.yaml）" in err.value.text("zh-CN")
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert err.value.hint and err.value.text("zh-CN").startswith(f"{path}：顶层必须是由各个配置节组成的映射。")
+    path.write_text("server:\n  port: 8100\n engine: [\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert err.value.text("zh-CN").startswith(f"{path}，第 3 行：不是有效的 YAML（")
+
+
+def test_unknown_profile_reads_in_chinese() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ={"ERNIE_ENGINE__PROFILE": "turbo"})
+    assert "engine.profile 'turbo' is not defined (known: " in str(err.value)
+    assert "engine.profile 'turbo' 未定义（已定义的：" in err.value.text("zh-CN")

@@ -35,7 +35,10 @@ def test_unicode_passwords() -> None:
     ],
 )
 def test_malformed_hashes_are_refused(stored: str) -> None:
-    with pytest.raises(PasswordHashError):
+    with pytest.raises(PasswordHashError) as err:
         parse_hash(stored)
+    assert "add-user" in err.value.hint
     with pytest.raises(PasswordHashError):
         verify_password("anything", stored)
+    with pytest.raises(ValueError):  # callers that caught ValueError still do
+        parse_hash(stored)

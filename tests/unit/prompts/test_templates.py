@@ -420,3 +420,17 @@ def test_check_runs_as_a_command() -> None:
         timeout=60,
     )
     assert bad.returncode == 1 and "does not exist" in bad.stdout
+
+
+def test_unknown_template_is_a_refused_message_in_both_languages(shipped: TemplateStore) -> None:
+    with pytest.raises(UnknownTemplate) as caught:
+        shipped.route("hi", explicit="poetry")
+    exc = caught.value
+    assert (
+        exc.code == "input.unknown_template"
+        and exc.hint == "Choose one in the settings, or start a message with /name."
+    )
+    assert exc.text("zh-CN").startswith("没有名为“poetry”的模板。可用的模板：")
+    assert "summary" in exc.text("zh-CN") and exc.text("zh-CN").endswith(
+        "请在设置中选择一个模板，或在消息开头写 /模板名。"
+    )

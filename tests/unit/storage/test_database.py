@@ -71,9 +71,11 @@ async def test_a_database_from_a_newer_app_is_refused(tmp_path: Path) -> None:
         conn.execute(f"CREATE TABLE {VERSION_TABLE} (version INTEGER NOT NULL, applied_at TEXT NOT NULL)")
         conn.execute(f"INSERT INTO {VERSION_TABLE} VALUES ({LATEST + 1}, 'later')")
     store = HistoryStore(sqlite_url(db))
-    with pytest.raises(StorageError, match="newer version of the app"):
+    with pytest.raises(StorageError, match="newer version of the app") as err:
         await store.prepare()
     await store.close()
+    assert err.value.code == "storage.newer_schema" and str(db) in str(err.value)
+    assert err.value.text("zh-CN").startswith(f"无法使用对话数据库（{db}）：它的结构版本为 {LATEST + 1}")
 
 
 async def test_migration_is_one_transaction(tmp_path: Path) -> None:
@@ -165,6 +167,9 @@ async def test_locked_file_at_start(make_config: MakeConfig, tmp_path: Path) -> 
         with pytest.raises(StorageError, match="locked") as err:
             await store.prepare()
         assert "close it" in str(err.value)
+        # The driver's own words stay as they are; the sentence and what to do are Chinese.
+        assert err.value.text("zh-CN").startswith(f"对话数据库（{db}）在打开数据库时出错：database is locked。")
+        assert "另一个程序锁住了" in err.value.text("zh-CN")
         await store.close()
     finally:
         holder.execute("ROLLBACK")
