@@ -18,10 +18,11 @@ from pathlib import Path
 
 from backend.accounts.login import add_user_command
 from backend.benchmarks.loadtest import loadtest_command
+from backend.benchmarks.report import report_command
 from backend.benchmarks.run import bench_command
 from backend.benchmarks.workload import DEFAULT_PROMPT_SET
 from backend.config import APP_PORT, AppConfig, load_config, print_config
-from backend.engines.base import engine_python
+from backend.engines.base import Api, engine_python
 from backend.engines.llamacpp import quantize_binary
 from backend.engines.registry import engine
 from backend.engines.trtllm import build_trt_engine_command
@@ -32,6 +33,7 @@ from backend.models.resolve import prepare_model_command
 from backend.ops.doctor import doctor_command
 from backend.prompts.templates import check_folder
 from backend.serving.hardware import detect_gpus
+from backend.serving.logprob_check import TOLERANCES, check_answers_command
 from backend.serving.preflight import check_flags_command
 from backend.serving.profiles import choose_profile, effective_flags
 
@@ -83,6 +85,16 @@ def _doctor(cfg: AppConfig, args: argparse.Namespace) -> int:
         strict=args.strict,
         timeout_s=args.timeout,
     )
+
+
+def _report(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return report_command(args.results)
+
+
+def _check_answers(cfg: AppConfig, args: argparse.Namespace) -> int:
+    url = args.url or cfg.server.base_url or f"http://{cfg.server.host}:{cfg.server.port}"
+    return check_answers_command(url, args.key, args.name or cfg.model.served_name, args.api, args.reference,
+                                 args.format, args.timeout)  # fmt: skip
 
 
 def _convert_gguf(cfg: AppConfig, args: argparse.Namespace) -> int:
@@ -225,6 +237,23 @@ def build_parser() -> argparse.ArgumentParser:
         setup_logging,
     )
     _bench_options(p)
+
+    p = command("report", _report, "rewrite a benchmark's report.md and plots from its results.json")
+    p.add_argument("results", type=Path, help="a results.json written by bench")
+
+    p = command(
+        "check-answers",
+        _check_answers,
+        "compare a running engine's log-probabilities with a float32 reference (the answer check)",
+        _messages(logging.INFO),
+    )
+    p.add_argument("reference", type=Path, help="a JSON file from backend.child.logprob_reference")
+    p.add_argument("--url", help="the engine's root URL (default: server.base_url, else server.host:server.port)")
+    p.add_argument("--key", default="", help="its API key (default: none)")
+    p.add_argument("--name", help="the served model name (default: model.served_name)")
+    p.add_argument("--api", type=Api, choices=list(Api), default=Api.VLLM, help="the server's kind")
+    p.add_argument("--format", default="bfloat16", help=f"tolerance preset: {', '.join(TOLERANCES)}")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole check")
 
     p = command("doctor", _doctor, "check the app, the engine, its metrics and its log; explain known failures")
     _doctor_options(p)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -217,7 +216,7 @@ def write_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     written[0].write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
     written[1].write_text(markdown(doc), encoding="utf-8")
     if importlib.util.find_spec("matplotlib") is None:
-        # e.g. on a GPU machine with no matplotlib: `python -m backend.benchmarks.report results.json` draws them later
+        # e.g. on a GPU machine with no matplotlib: `python -m backend report results.json` draws them later
         return written
     for dataset in datasets(doc):
         for kind, draw in (("latency", plot_latency), ("throughput", plot_throughput)):
@@ -227,17 +226,8 @@ def write_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Rewrite report.md and the plots from a results.json: python -m backend.benchmarks.report PATH/results.json"""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m backend.benchmarks.report RESULTS_JSON")
-        return 2
-    path = Path(args[0])
-    for written in write_report(json.loads(path.read_text(encoding="utf-8")), path.parent):
+def report_command(results_file: Path) -> int:
+    """`report`: rewrite report.md and the plots beside a results.json; print what was written."""
+    for written in write_report(json.loads(results_file.read_text(encoding="utf-8")), results_file.parent):
         print(written)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -276,6 +276,6 @@ def build_trt_engine_command(
         print(exc, file=sys.stderr)
         return 1
     print(f"\nEngine built in {out}.")
-    if cfg.trtllm.backend != "tensorrt" or cfg.engine.name != "trtllm":
+    if cfg.trtllm.backend != "tensorrt" or cfg.engine.name != Trtllm.name:
         print("To serve it set engine.name: trtllm and trtllm.backend: tensorrt in config/backend.yaml.")
     return 0

@@ -7,17 +7,15 @@ computes in. Greedy text is useless for this: a small model's first token sits o
 CPU to the next. The check also renders the reference's messages with the engine's own chat template: a wrong
 template gives other token ids, which the log-probabilities of fixed ids cannot show.
 
-usage: python -m backend.serving.logprob_check URL KEY NAME ENGINE_KIND REFERENCE.json [--format bfloat16]
+usage: python -m backend check-answers REFERENCE.json [--url URL] [--key KEY] [--api vllm|llama.cpp] [--format bfloat16]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -542,26 +540,11 @@ async def check_engine(
     return verdict
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: check a running engine, print the verdict as JSON; exit 0 when it passes, 1 when not."""
-    parser = argparse.ArgumentParser(
-        prog="python -m backend.serving.logprob_check", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("url", help="the engine's root URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("key", help="its API key ('' for none)")
-    parser.add_argument("name", help="the served model name")
-    parser.add_argument("api", type=Api, choices=list(Api), help="the server's kind")
-    parser.add_argument("reference", type=Path, help="a JSON file from backend.child.logprob_reference")
-    parser.add_argument("--format", default="bfloat16", help=f"tolerance preset: {', '.join(TOLERANCES)}")
-    parser.add_argument("--timeout", type=float, default=120.0)
-    args = parser.parse_args(argv)
-    reference = Reference.load(args.reference)
-    verdict = asyncio.run(
-        check_engine(args.url, args.key, args.name, args.api, reference, tolerance_for(args.format), args.timeout)
-    )
-    print(json.dumps({**verdict.to_dict(), "format": args.format, "reference_seconds": reference.seconds}, indent=1))
+def check_answers_command(
+    url: str, key: str, name: str, api: Api, reference_file: Path, number_format: str, timeout_s: float
+) -> int:
+    """`check-answers`: check a running engine against a reference file; print the verdict as JSON (exit 1: fails)."""
+    reference = Reference.load(reference_file)
+    verdict = asyncio.run(check_engine(url, key, name, api, reference, tolerance_for(number_format), timeout_s))
+    print(json.dumps({**verdict.to_dict(), "format": number_format, "reference_seconds": reference.seconds}, indent=1))
     return 0 if verdict.passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ import pytest
 
 from backend import cli
 from backend.config import ROOT, AppConfig, load_config
-from backend.engines.base import engine_python
+from backend.engines.base import Api, engine_python
 from backend.engines.llamacpp import quantize_binary
 from backend.ops.doctor import locate
 from tests.conftest import MakeConfig
@@ -28,6 +28,8 @@ COMMANDS = [
     "check-flags",
     "build-trt-engine",
     "bench",
+    "report",
+    "check-answers",
     "doctor",
     "convert-gguf",
     "add-user",
@@ -41,6 +43,8 @@ WORKERS = {
     "check-flags": "check_flags_command",
     "build-trt-engine": "build_trt_engine_command",
     "bench": "bench_command",
+    "report": "report_command",
+    "check-answers": "check_answers_command",
     "doctor": "doctor_command",
     "convert-gguf": "convert_gguf_command",
     "add-user": "add_user_command",
@@ -146,7 +150,13 @@ def test_a_configuration_error_stops_every_command_with_its_message_and_hint(
     bad = tmp_path / "bad.yaml"
     bad.write_text("server:\n  port: lots\n")
     monkeypatch.setattr(cli, "load_config", load_config)  # the real one; nothing after it may run
-    needs = {"check-prompts": [], "add-user": ["bob"], "convert-gguf": []}
+    needs = {
+        "check-prompts": [],
+        "add-user": ["bob"],
+        "convert-gguf": [],
+        "report": ["r.json"],
+        "check-answers": ["ref.json"],
+    }
     for command in COMMANDS:
         assert cli.main([command, *needs.get(command, []), "--config", str(bad)]) == 1
         err = capsys.readouterr().err.splitlines()
@@ -262,6 +272,13 @@ def test_add_user(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     assert called(monkeypatch, "add_user_command", argv) == want
     plain = mock.call(cfg, "bob", file=None, password_stdin=False, print_only=False)
     assert called(monkeypatch, "add_user_command", ["add-user", "bob"]) == plain
+
+
+def test_report_and_check_answers(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert called(monkeypatch, "report_command", ["report", "out/results.json"]) == mock.call(Path("out/results.json"))
+    argv = ["check-answers", "ref.json", "--url", "http://e:1", "--key", "k", "--api", "llama.cpp", "--format", "q8_0"]
+    want = mock.call("http://e:1", "k", cfg.model.served_name, Api.LLAMACPP, Path("ref.json"), "q8_0", 120.0)
+    assert called(monkeypatch, "check_answers_command", argv) == want
 
 
 # ----- the doctor finds the app where `make run` serves it -------------------------------------------
