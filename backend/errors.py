@@ -642,10 +642,16 @@ CATALOG: dict[str, Entry] = {
         ),
         ("配置无效（{path}）：{problems}。", "请改正这些值（参见 config/backend.yaml 中的注释）后重新启动。"),
     ),
-    "config.engine_unknown": _e(
-        "engine",
-        ("Engine {engine!r} cannot be started by this app.", "Use vllm or vllm-cpu."),
-        ("本应用无法启动引擎 {engine!r}。", "请使用 vllm 或 vllm-cpu。"),
+    "config.external_no_url": _e(
+        "",
+        (
+            "engine.name is external but server.base_url is empty.",
+            "Set server.base_url to the server's address, e.g. http://10.0.0.5:8000/v1.",
+        ),
+        (
+            "engine.name 为 external，但 server.base_url 为空。",
+            "请把 server.base_url 设为该服务器的地址，例如 http://10.0.0.5:8000/v1。",
+        ),
     ),
     "config.trtllm_arch": _e(
         "version backend arch path also engines url",

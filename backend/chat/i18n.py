@@ -1,15 +1,15 @@
 """The chat's own messages in English and Simplified Chinese; the browser's language picks one.
 
-Errors are rendered by `describe` (and `describe_status` for the engine's state): the texts of catalogued errors
-live in backend.errors.CATALOG, in both languages; an error without a catalog code is shown in English."""
+Errors are rendered by `describe` (one text) or `describe_parts` (message and hint apart): the texts of catalogued
+errors live in backend.errors.CATALOG, in both languages; an error without a catalog code is shown in English."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from backend.errors import ServiceError, lang_of
 
-__all__ = ["MESSAGES", "describe", "describe_status", "lang_of", "t"]
+__all__ = ["MESSAGES", "describe", "describe_parts", "lang_of", "t"]
 
 MESSAGES: dict[str, dict[str, str]] = {
     "starting": {
@@ -100,17 +100,8 @@ def describe(error: BaseException | str | None, locale: str | None) -> str:
     return str(error)
 
 
-class _Status(Protocol):
-    error: str | None
-    hint: str | None
-
-
-def describe_status(status: _Status, locale: str | None) -> tuple[str, str]:
-    """(error, hint) of the engine's state (backend.serving.supervisor.Status) in the language of `locale`.
-
-    The supervisor keeps the error it reports as `status.problem` (a ServiceError); without one, its English
-    `error` and `hint` texts are shown as they are."""
-    problem = getattr(status, "problem", None)
-    if isinstance(problem, ServiceError):
-        return problem.localized(locale)
-    return status.error or "", status.hint or ""
+def describe_parts(error: BaseException | str | None, locale: str | None) -> tuple[str, str]:
+    """(message, hint) of an error in the language of `locale`, for messages that show them apart (t("failed"))."""
+    if isinstance(error, ServiceError):
+        return error.localized(locale)
+    return ("" if error is None else str(error)), ""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import httpx2 as httpx
 import pytest
@@ -11,7 +10,7 @@ from openai import AsyncOpenAI
 
 from backend.chat.client import ChatClient, Endpoint
 from backend.chat.context import fit_history
-from backend.chat.i18n import describe, describe_status, t
+from backend.chat.i18n import describe, describe_parts, t
 from backend.errors import BackendError, EngineStartError, PromptTooLongError, ServiceError
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -34,27 +33,15 @@ def test_english_only_error_stays_english() -> None:
     assert describe(None, "zh-CN") == "" and describe("plain text", "zh-CN") == "plain text"
 
 
-@dataclass
-class OldStatus:
-    error: str | None = None
-    hint: str | None = None
-
-
-@dataclass
-class Status(OldStatus):
-    problem: ServiceError | None = None
-
-
-def test_status_with_a_problem_is_localized_and_without_one_shown_as_it_is() -> None:
+def test_message_and_hint_apart_for_the_failed_notice() -> None:
     problem = EngineStartError.of("engine.port_in_use", port=8100, host="127.0.0.1")
-    error, hint = describe_status(Status(problem.message, problem.hint, problem), "zh-CN")
+    error, hint = describe_parts(problem, "zh-CN")
     assert error == "127.0.0.1 上的端口 8100 已被其他程序占用。" and CJK.search(hint)
-    assert describe_status(Status(problem.message, problem.hint, problem), "en") == (problem.message, problem.hint)
-    assert describe_status(OldStatus("The engine exited.", "See the log."), "zh-CN") == (
-        "The engine exited.",
-        "See the log.",
-    )
-    assert describe_status(Status(), "zh-CN") == ("", "")
+    assert describe_parts(problem, "en") == (problem.message, problem.hint)
+    notice = t("failed", "zh-CN", error=error, hint=hint)
+    assert notice.startswith("❌ 模型服务无法启动：127.0.0.1 上的端口 8100 已被其他程序占用。\n\n请停止该程序")
+    assert describe_parts(ServiceError("Free-form.", "Do this."), "zh-CN") == ("Free-form.", "Do this.")
+    assert describe_parts(None, "zh-CN") == ("", "") and describe_parts("text", "zh") == ("text", "")
 
 
 async def _words(messages: list[dict[str, str]]) -> int:
