@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backend.config import AppConfig, EngineFlags, EngineName
-from backend.engines.base import LaunchSpec
+from backend.engines.base import LaunchSpec, Target
 from backend.engines.registry import engine
 from backend.serving.profiles import choose_profile, effective_flags
 
@@ -21,4 +21,4 @@ def launch(
     chosen = engine(name)
     if flags is None:
         flags = chosen.flags(cfg, effective_flags(cfg, choose_profile(cfg, chosen)))
-    return chosen.launch(cfg, model, port, api_key, python, flags)
+    return chosen.launch(cfg, Target(model, port, api_key, python), flags)

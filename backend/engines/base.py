@@ -63,6 +63,16 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class Target:
+    """What an engine is started for: the model files, the port, the API key, the engine's interpreter."""
+
+    model: str
+    port: int
+    api_key: str
+    python: str
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """Everything needed to start one engine process and to talk to it."""
 
@@ -146,17 +156,8 @@ class Engine:
         """The model files it serves (converted if need be)."""
         return resolve_model(cfg, python)
 
-    def launch(
-        self,
-        cfg: AppConfig,
-        model: str,
-        port: int,
-        api_key: str,
-        python: str,
-        flags: EngineFlags,
-        variant: str | None = None,
-    ) -> LaunchSpec:
-        """The argument list and environment that start it serving `model` on `port`."""
+    def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
+        """The argument list and environment that start it serving `target.model` on `target.port`."""
         raise NotImplementedError
 
     def check_model(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backend.config import AppConfig, EngineFlags
-from backend.engines.base import Engine, LaunchSpec, Note
+from backend.engines.base import Engine, LaunchSpec, Note, Target
 from backend.errors import ConfigError
 from backend.models.resolve import ResolvedModel
 
@@ -18,16 +18,7 @@ class External(Engine):
     def resolve(self, cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
         return ResolvedModel(cfg.model.id)
 
-    def launch(
-        self,
-        cfg: AppConfig,
-        model: str,
-        port: int,
-        api_key: str,
-        python: str,
-        flags: EngineFlags,
-        variant: str | None = None,
-    ) -> LaunchSpec:
+    def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
         url = cfg.server.base_url
         if not url:
             raise ConfigError(
@@ -41,6 +32,6 @@ class External(Engine):
             host="",
             port=0,
             served_name=cfg.model.served_name,
-            api_key=api_key,
+            api_key=target.api_key,
             url=url.rstrip("/").removesuffix("/v1"),
         )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from backend.child.llamacpp_build import LADDER, cpu_flags
 from backend.config import ROOT, AppConfig, EngineFlags
-from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Note, Weights
+from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Note, Target, Weights
 from backend.errors import EngineNotInstalledError, ModelNotFoundError
 from backend.models.gguf import cached_gguf, convert_log, ensure_gguf
 from backend.models.resolve import ResolvedModel, resolve_model
@@ -187,17 +187,9 @@ class LlamaCpp(Engine):
     def resolve(self, cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
         return resolve_gguf(cfg, python, note)
 
-    def launch(
-        self,
-        cfg: AppConfig,
-        model: str,
-        port: int,
-        api_key: str,
-        python: str,
-        flags: EngineFlags,
-        variant: str | None = None,
-    ) -> LaunchSpec:
-        return build_llamacpp_launch(cfg, model, port, api_key, server_binary(cfg), variant or "x64")
+    def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
+        server = server_binary(cfg)
+        return build_llamacpp_launch(cfg, target.model, target.port, target.api_key, server, variant or "x64")
 
     def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
         if resolved.source:

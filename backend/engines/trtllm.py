@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from backend.config import ROOT, AppConfig, EngineFlags
-from backend.engines.base import Engine, LaunchSpec, installed_dists
+from backend.engines.base import Engine, LaunchSpec, Target, installed_dists
 from backend.engines.options import OptionsUnavailableError, has_package, read_options
 from backend.errors import ConfigError, EngineNotInstalledError, Phrase, ServiceError
 from backend.models.info import ModelInfo, read_model_info
@@ -240,27 +240,18 @@ class Trtllm(Engine):
     def build_id(self, cfg: AppConfig, python: str) -> str:
         return installed_dists(python, "tensorrt_llm")
 
-    def launch(
-        self,
-        cfg: AppConfig,
-        model: str,
-        port: int,
-        api_key: str,
-        python: str,
-        flags: EngineFlags,
-        variant: str | None = None,
-    ) -> LaunchSpec:
-        serve = find_tool(python, SERVE) or SERVE
-        args = serve_args(cfg, model, port, flags)
+    def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
+        serve = find_tool(target.python, SERVE) or SERVE
+        args = serve_args(cfg, target.model, target.port, flags)
         return LaunchSpec(
             engine=self.name,
-            argv=[serve, serve_target(cfg, model), *args],
+            argv=[serve, serve_target(cfg, target.model), *args],
             args=args,
-            env=serve_env(model),
+            env=serve_env(target.model),
             host=cfg.server.host,
-            port=port,
+            port=target.port,
             served_name=cfg.model.served_name,
-            api_key=api_key,  # trtllm-serve checks no key; it listens on loopback only
+            api_key=target.api_key,  # trtllm-serve checks no key; it listens on loopback only
             flags=self.flags(cfg, flags),
             variant=variant,
         )

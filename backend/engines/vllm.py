@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from backend.config import AppConfig, EngineFlags, EngineName
-from backend.engines.base import Candidate, Engine, LaunchSpec
+from backend.engines.base import Candidate, Engine, LaunchSpec, Target
 from backend.engines.options import has_package
 from backend.errors import EngineNotInstalledError
 
@@ -71,16 +71,7 @@ class Vllm(Engine):
     def extra_env(self, flags: EngineFlags) -> dict[str, str]:
         return {}
 
-    def launch(
-        self,
-        cfg: AppConfig,
-        model: str,
-        port: int,
-        api_key: str,
-        python: str,
-        flags: EngineFlags,
-        variant: str | None = None,
-    ) -> LaunchSpec:
+    def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
         if variant is not None and variant not in ("auto", flags.dtype):
             flags = flags.merged(EngineFlags(dtype=variant))
         args = [
@@ -89,7 +80,7 @@ class Vllm(Engine):
             "--host",
             cfg.server.host,
             "--port",
-            str(port),
+            str(target.port),
             "--disable-uvicorn-access-log",
         ]
         if cfg.model.load_format != "auto":
@@ -97,23 +88,23 @@ class Vllm(Engine):
         args += vllm_args(flags, self.skipped_flags)
         env = {
             **os.environ,
-            "VLLM_API_KEY": api_key,  # by environment, so the key never shows in `ps` or the log
+            "VLLM_API_KEY": target.api_key,  # by environment, so the key never shows in `ps` or the log
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "PYTHONUNBUFFERED": "1",
             **self.extra_env(flags),
         }
-        if Path(model).exists():
+        if Path(target.model).exists():
             env["HF_HUB_OFFLINE"] = "1"
         return LaunchSpec(
             engine=self.name,
-            argv=[python, "-m", *self.model_args(model), *args],
+            argv=[target.python, "-m", *self.model_args(target.model), *args],
             args=args,
             env=env,
             host=cfg.server.host,
-            port=port,
+            port=target.port,
             served_name=cfg.model.served_name,
-            api_key=api_key,
+            api_key=target.api_key,
             flags=flags,
             variant=variant,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from backend.config import AppConfig
-from backend.engines.base import Endpoint, Engine, LaunchSpec, engine_python
+from backend.engines.base import Endpoint, Engine, LaunchSpec, Target, engine_python
 from backend.engines.registry import configured_engine, engine, engines_to_try
 from backend.models.resolve import ResolvedModel
 from backend.serving.canary import Guard
@@ -24,7 +24,8 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
     python = engine_python(cfg)
     configured = configured_engine(cfg)
     if configured is not None and not configured.spawns:
-        spec = configured.launch(cfg, cfg.model.id, 0, api_key, python, configured.flags(cfg, cfg.engine.flags))
+        target = Target(cfg.model.id, 0, api_key, python)
+        spec = configured.launch(cfg, target, configured.flags(cfg, cfg.engine.flags))
         return Supervisor(cfg, lambda: spec, Endpoint(spec.base_url, api_key, spec.served_name), spec.flags)
 
     gpus = detect_gpus()
@@ -53,7 +54,7 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
             resolved[chosen.name] = chosen.resolve(cfg, python, note)
         model = resolved[chosen.name]
         note(model.note)
-        spec = chosen.launch(cfg, model.model, port, api_key, python, flags[chosen.name], candidate.variant)
+        spec = chosen.launch(cfg, Target(model.model, port, api_key, python), flags[chosen.name], candidate.variant)
         # A bad flag stops here, not in the child.
         check_launch(cfg, chosen, spec, model.model, gpus, python, profiles[chosen.name])
         weights = chosen.weights(cfg, candidate.variant, model)

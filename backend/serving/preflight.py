@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from backend.config import AppConfig
-from backend.engines.base import Engine, LaunchSpec, engine_python
+from backend.engines.base import Engine, LaunchSpec, Target, engine_python
 from backend.engines.options import EngineOptions, OptionsUnavailableError, check_args, read_options
 from backend.engines.registry import engine_for_profile, profile_engine
 from backend.engines.vllm import VLLM_FLAGS
@@ -75,7 +75,7 @@ def check_launch(
 def _check_profile(cfg: AppConfig, engine: Engine, profile: str, options: EngineOptions, python: str) -> list[str]:
     flags = engine.flags(cfg, effective_flags(cfg, profile))
     try:
-        spec = engine.launch(cfg, cfg.model.id, cfg.server.port or 8100, "check", python, flags)
+        spec = engine.launch(cfg, Target(cfg.model.id, cfg.server.port or 8100, "check", python), flags)
     except ServiceError as exc:
         return [str(exc)]
     return check_args(spec.args, options, flag_origin(cfg, profile))
