@@ -54,14 +54,6 @@ MESSAGES: dict[str, dict[str, str]] = {
         "zh": "⚠️ *回复中断：* {error}",
     },
     "error": {"en": "⚠️ {error}", "zh": "⚠️ 出错了：{error}"},
-    "empty": {
-        "en": "Please type a message (it was empty).",
-        "zh": "请输入内容（消息为空）。",
-    },
-    "too_large": {
-        "en": "⚠️ The message has {chars} characters; at most {limit} are accepted. Please send a shorter text.",
-        "zh": "⚠️ 消息有 {chars} 个字符，最多接受 {limit} 个，请发送更短的文本。",
-    },
     "trimmed": {
         "en": "*The oldest {dropped} messages no longer fit in the model's context window and were left out.*",
         "zh": "*最早的 {dropped} 条消息已超出模型的上下文窗口，本次未发送给模型。*",
