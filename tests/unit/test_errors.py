@@ -275,3 +275,26 @@ def test_the_scan_sees_a_raise_without_hint() -> None:
     assert isinstance(good, ast.Raise) and isinstance(good.exc, ast.Call) and _has_hint(good.exc)
     assert isinstance(unknown, ast.Raise) and isinstance(unknown.exc, ast.Call) and not _has_hint(unknown.exc)
     assert ConfigError.of("config.missing", path="p", env="E").hint
+
+
+def test_every_catalog_use_in_backend_names_a_known_code_with_all_its_parameters() -> None:
+    problems = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+                continue
+            func, code = node.func, node.args[0].value
+            if isinstance(func, ast.Attribute) and func.attr == "of" and isinstance(code, str):
+                params: tuple[str, ...] | None = CATALOG[code].params if code in CATALOG else None
+            elif isinstance(func, ast.Name) and func.id == "Phrase" and isinstance(code, str):
+                params = PHRASES[code].params if code in PHRASES else None
+            else:
+                continue
+            where = f"{path.relative_to(BACKEND.parent)}:{node.lineno} {code!r}"
+            if params is None:
+                problems.append(f"{where}: unknown code")
+            elif not any(k.arg is None for k in node.keywords):  # **kwargs: checked at run time
+                given = {k.arg for k in node.keywords}
+                if missing := set(params) - given:
+                    problems.append(f"{where}: missing {sorted(missing)}")
+    assert not problems, problems
