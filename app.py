@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import chainlit as cl
@@ -15,7 +16,7 @@ from backend.chat.i18n import describe, t
 from backend.chat.render import notice_text, reply_text, wait_text
 from backend.chat.request import SETTING_RANGES
 from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession, Done, EngineWait, Notice, Refused, Text
+from backend.chat.turn import ChatSession, Done, EngineWait, Event, Text
 from backend.config import load_config
 from backend.errors import ConfigError
 from backend.logs import setup_logging
@@ -85,7 +86,8 @@ async def _open(session: ChatSession | None, greet: bool) -> None:
     if greet:
         if SERVICE.demo_note:
             await _say(t("demo", _lang(), note=SERVICE.demo_note))
-        await _render(SERVICE.template_news(session))
+        if news := SERVICE.template_news(session):
+            await _say(notice_text(news, _lang()))
         await _show_storage_problem()
 
 
@@ -135,12 +137,6 @@ async def _show_storage_problem() -> None:
         await _say(t("storage_failed", _lang(), error=describe(problem, _lang())))
 
 
-async def _render(event: Notice | Refused | None) -> None:
-    """Show an event that is a message of its own (a notice or a refusal)."""
-    if event is not None:
-        await _say(notice_text(event, _lang()))
-
-
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
     session: ChatSession | None = cl.user_session.get("chat")
@@ -153,27 +149,39 @@ async def on_message(message: cl.Message) -> None:
 
 async def _answer(session: ChatSession, text: str) -> None:
     assert SERVICE is not None
-    lang = _lang()
-    note: cl.Message | None = None  # the engine's state while this message waits for it
-    # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
-    reply = cl.Message(content="", created_at=utc_now())
-    async for event in SERVICE.reply(session, text):
-        if isinstance(event, EngineWait):
-            if note is None and event.state == "ready":
-                continue  # ready before anything was shown
-            if note is None:
-                note = cl.Message(content=wait_text(event, lang), author="system")
-                await note.send()
-            else:
-                note.content = wait_text(event, lang)
-                await note.update()
-        elif isinstance(event, Text):
-            await reply.stream_token(event.text)
-        elif isinstance(event, Done):
-            reply.content = reply_text(event, lang)
-            if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
-                reply.metadata = turn_metadata(event.user_text, event.text)
-            await (reply.update() if event.text else reply.send())
-        else:
-            await _render(event)
+    page = _Page(_lang())
+    turn = SERVICE.reply(session, text)
+    try:
+        async for event in turn:
+            await page.show(event)
+    except asyncio.CancelledError as stop:  # the stop button, while the page was being updated
+        await page.show(await turn.athrow(stop))  # the turn ends as stopped (the engine's request is aborted)
     await _show_storage_problem()
+
+
+class _Page:
+    """One turn on the page: the engine notice (sent once, then updated) and the streamed reply."""
+
+    def __init__(self, lang: str) -> None:
+        self.lang = lang
+        self.note: cl.Message | None = None
+        # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
+        self.reply = cl.Message(content="", created_at=utc_now())
+
+    async def show(self, event: Event) -> None:
+        if isinstance(event, EngineWait):
+            if self.note is None and event.state != "ready":  # "ready" only updates a notice already shown
+                self.note = cl.Message(content=wait_text(event, self.lang), author="system")
+                await self.note.send()
+            elif self.note is not None:
+                self.note.content = wait_text(event, self.lang)
+                await self.note.update()
+        elif isinstance(event, Text):
+            await self.reply.stream_token(event.text)
+        elif isinstance(event, Done):
+            self.reply.content = reply_text(event, self.lang)
+            if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
+                self.reply.metadata = turn_metadata(event.user_text, event.text)
+            await (self.reply.update() if event.text else self.reply.send())
+        else:
+            await _say(notice_text(event, self.lang))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.chat.i18n import describe, t
+from backend.chat.i18n import describe, describe_parts, t
 from backend.chat.turn import Done, EngineWait, Notice, Refused
 
 
@@ -16,7 +16,8 @@ def notice_text(event: Notice | Refused, locale: str) -> str:
 def wait_text(event: EngineWait, locale: str) -> str:
     """The engine's state while a message waits for it (one notice, updated)."""
     if event.state == "failed":
-        text = t("failed", locale, error=describe(event.problem, locale), hint="")
+        error, hint = describe_parts(event.problem, locale)
+        text = t("failed", locale, error=error, hint=hint)
         if event.log_tail:
             text += "\n\n" + t("log_tail", locale, path=event.log_path) + f"\n```text\n{event.log_tail}\n```"
         return text

@@ -19,7 +19,7 @@ from backend.chat.client import ChatClient, Message, StreamStats
 from backend.chat.context import estimate_tokens, fit_history
 from backend.chat.pacing import paced
 from backend.chat.request import ChatRequest, UserSettings, clean_input
-from backend.chat.turn import ChatSession, Done, EngineState, EngineWait, Event, Notice, Refused, Text
+from backend.chat.turn import ChatSession, Done, Ending, EngineState, EngineWait, Event, Notice, Refused, Text
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
 from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
@@ -156,13 +156,29 @@ class ChatService:
             return
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
-        async for event in self.stream_reply(request):
-            if isinstance(event, Done) and event.text:
-                session.history += [
-                    {"role": "user", "content": request.user_text},
-                    {"role": "assistant", "content": event.text},
-                ]
-            yield event
+        # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
+        # in here (athrow) and ends the reply like one that lands while waiting for the engine.
+        parts: list[str] = []
+        ending: Ending = "finished"
+        error: ServiceError | None = None
+        failure: BaseException | None = None
+        stream = self.client.stream(request.messages, **request.sampling)
+        try:
+            async with stream:
+                async for piece in paced(stream, self.cfg.chat.stream_flush_ms / 1000):
+                    parts.append(piece)
+                    yield Text(piece)
+        except asyncio.CancelledError as exc:
+            # The stop button: the stream is closed above (the engine aborts the request); keep what arrived.
+            failure, ending = exc, "stopped"
+        except ServiceError as exc:
+            log.warning("Reply failed: %s", exc)
+            failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
+        self.recorder.reply_finished(stream.stats, failure)
+        text = "".join(parts)
+        if text:
+            session.history += [{"role": "user", "content": request.user_text}, {"role": "assistant", "content": text}]
+        yield Done(text, request.template, request.reason, request.user_text, ending, error)
 
     async def wait_for_engine(self) -> AsyncIterator[EngineWait]:
         """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow."""
@@ -183,27 +199,6 @@ class ChatService:
             state: EngineState = "restarting" if st.state == State.RESTARTING else "starting"
             yield EngineWait(state, waited, st.problem if state == "restarting" else None)
         yield EngineWait("ready", time.monotonic() - started)
-
-    async def stream_reply(self, request: ChatRequest) -> AsyncIterator[Text | Done]:
-        """Stream the engine's reply to `request`; a stop (cancellation) or a broken stream keeps what arrived."""
-        parts: list[str] = []
-        ending: Any = "finished"
-        error: ServiceError | None = None
-        failure: BaseException | None = None
-        stream = self.client.stream(request.messages, **request.sampling)
-        try:
-            async with stream:
-                async for piece in paced(stream, self.cfg.chat.stream_flush_ms / 1000):
-                    parts.append(piece)
-                    yield Text(piece)
-        except asyncio.CancelledError as exc:
-            # The stop button: the stream is closed above (the engine aborts the request); keep what arrived.
-            failure, ending = exc, "stopped"
-        except ServiceError as exc:
-            log.warning("Reply failed: %s", exc)
-            failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
-        self.recorder.reply_finished(stream.stats, failure)
-        yield Done("".join(parts), request.template, request.reason, request.user_text, ending, error)
 
     # ----- building the request ---------------------------------------------------------------
     async def context_window(self) -> int:

@@ -43,6 +43,7 @@ class Refused:
 
 
 EngineState = Literal["starting", "restarting", "ready", "failed", "not_ready"]
+Ending = Literal["finished", "stopped", "interrupted", "failed"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Done:
     template: str
     reason: str
     user_text: str  # the user message as the model saw it (after the template)
-    ending: Literal["finished", "stopped", "interrupted", "failed"] = "finished"
+    ending: Ending = "finished"
     error: ServiceError | None = None
 
 

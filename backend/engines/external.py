@@ -21,10 +21,7 @@ class External(Engine):
     def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
         url = cfg.server.base_url
         if not url:
-            raise ConfigError(
-                "engine.name is external but server.base_url is empty.",
-                "Set server.base_url to the server's address, e.g. http://10.0.0.5:8000/v1.",
-            )
+            raise ConfigError.of("config.external_no_url")
         return LaunchSpec(
             engine=self.name,
             argv=[],
