@@ -31,7 +31,7 @@ from backend.logs import setup_logging
 from backend.models.gguf import QUANTS, convert_gguf_command
 from backend.models.resolve import prepare_model_command
 from backend.ops.doctor import doctor_command
-from backend.prompts.templates import check_folder
+from backend.prompts.store import check_folder
 from backend.serving.hardware import detect_gpus
 from backend.serving.logprob_check import TOLERANCES, check_answers_command
 from backend.serving.preflight import check_flags_command

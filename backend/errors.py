@@ -266,7 +266,7 @@ _DB_FAILED = (
 #: Codes are stable: tests, metrics and translations refer to them. Group: input, context, backend, engine, model,
 #: canary, config, storage.
 CATALOG: dict[str, Entry] = {
-    # ----- the message itself (backend.chat.service, backend.prompts.templates)
+    # ----- the message itself (backend.chat.service, backend.prompts.store)
     "input.empty": _e(
         "",
         ("The message is empty.", "Type some text and send it again."),

@@ -23,7 +23,8 @@ from backend.chat.turn import ChatSession, Done, Ending, EngineState, EngineWait
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
 from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
-from backend.prompts.templates import RenderedPrompt, TemplateStore
+from backend.prompts.schema import RenderedPrompt
+from backend.prompts.store import TemplateStore
 from backend.serving.launch import make_supervisor
 from backend.serving.supervisor import State, Supervisor
 

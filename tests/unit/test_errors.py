@@ -27,7 +27,7 @@ from backend.errors import (
 
 BACKEND = Path(__file__).resolve().parents[2] / "backend"
 # Control flow inside one module, never shown to anyone as such (their text becomes part of a ServiceError).
-INTERNAL = {"_Problems", "Rejected"}
+INTERNAL = {"FileProblems", "Rejected"}
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 
@@ -172,7 +172,7 @@ def test_the_former_outsiders_are_in_the_family_and_keep_their_builtin_bases() -
     from backend.accounts.passwords import PasswordHashError
     from backend.engines.options import OptionsUnavailableError
     from backend.errors import EngineNotInstalledError
-    from backend.prompts.templates import UnknownTemplate
+    from backend.prompts.store import UnknownTemplate
     from backend.serving.logprob_check import EngineAnswerError
     from backend.storage.schema import SchemaError
 

@@ -12,7 +12,7 @@ from backend.chat.request import UserSettings
 from backend.chat.service import DEMO_REASON, ChatService
 from backend.config import ROOT, EngineFlags, load_config
 from backend.engines.base import LaunchSpec
-from backend.prompts.templates import TemplateStore
+from backend.prompts.store import TemplateStore
 
 
 class CountingClient:

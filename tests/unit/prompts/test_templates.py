@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from backend.cli import main as cli_main
-from backend.prompts.templates import AUTO, MAX_FILE_BYTES, TemplateProblem, TemplateStore, UnknownTemplate
+from backend.prompts.schema import AUTO, MAX_FILE_BYTES, TemplateProblem
+from backend.prompts.store import TemplateStore, UnknownTemplate
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "prompts"
@@ -318,7 +319,7 @@ def test_broken_file_keeps_its_last_good_version(folder: Path) -> None:
 
 def test_problems_are_logged_once_with_file_line_and_field(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
     write(folder, "bad.yaml", 'name: bad\nuser: "{input}"\ntop_p: 7\n')
-    with caplog.at_level(logging.WARNING, logger="backend.prompts.templates"):
+    with caplog.at_level(logging.WARNING, logger="backend.prompts.store"):
         store = TemplateStore(folder)
         store.route("hello")
         write(folder, "other.yaml", template("other"))  # a change elsewhere must not repeat the old warning
@@ -352,7 +353,7 @@ def test_edit_add_and_delete_take_effect_on_the_next_message(folder: Path) -> No
 
 def test_unchanged_files_are_not_read_again(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
     write(folder, "a.yaml", template("a"))
-    with caplog.at_level(logging.INFO, logger="backend.prompts.templates"):
+    with caplog.at_level(logging.INFO, logger="backend.prompts.store"):
         store = TemplateStore(folder)
         for _ in range(3):
             store.route("hello")

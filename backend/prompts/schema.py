@@ -1,16 +1,13 @@
-"""Prompt templates: one YAML file per template in a folder, hot-reloaded, routed per message.
+"""The template file: its fields, what each must hold, and reading one file into a checked Template.
 
-Run ``python -m backend check-prompts [FOLDER]`` to check a folder of templates.
+Every problem is worded for the person who edits the file (file, line, field, what to do): see TemplateProblem.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import logging
-import os
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,20 +15,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backend.errors import InvalidInputError, render
-
-logger = logging.getLogger(__name__)
-
 DEFAULT_NAME = "default"
 AUTO = "auto"  # a selector value meaning "route by the rules"; no template may use this name
 MAX_FILE_BYTES = 64 * 1024
-REQUEST_CHARS = 80  # rules look only at the instruction part of a message, at most this long
-SUFFIXES = (".yaml", ".yml")
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,39}$"
 
-_COMMAND = re.compile(r"\s*/([A-Za-z0-9_-]+)(?:[\s:：]+(.*)|$)", re.DOTALL)
-_COLON = re.compile(r"[:：]")
 _KEY = re.compile(r"\s*([A-Za-z_]\w*)\s*:")  # the field named at the start of a YAML line
 _BRACES = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")  # the same left-to-right reading as str.format
 
@@ -104,17 +93,6 @@ class TemplateProblem:
         return f"{where}: {self.message}"
 
 
-class UnknownTemplate(InvalidInputError, ValueError):
-    """An explicitly chosen template name that does not exist (the chat shows it as a refused message)."""
-
-    code = "input.unknown_template"
-
-    def __init__(self, name: str, known: list[str]) -> None:
-        params = {"name": name, "known": ", ".join(known)}
-        super().__init__(*render("input.unknown_template", "en", params), **params)
-        self.name, self.known = name, known
-
-
 @dataclass(frozen=True)
 class Template:
     """A loaded, validated template ready to render."""
@@ -149,11 +127,6 @@ class Template:
         return RenderedPrompt(self.name, system, self.user.format_map(values), dict(self.sampling), reason)
 
 
-BUILTIN_DEFAULT = Template(
-    name=DEFAULT_NAME, description="Pass the message through unchanged", path="(built-in)", user="{input}"
-)
-
-
 def _keyword_in(word: str, text: str) -> bool:
     # English keywords match whole words ("write" must not fire on "rewrite" or "writer"); Chinese has no
     # spaces between words, so a Chinese keyword matches anywhere.
@@ -162,20 +135,7 @@ def _keyword_in(word: str, text: str) -> bool:
     return re.search(before + re.escape(word) + after, text) is not None
 
 
-def request_parts(message: str) -> list[str]:
-    """The parts of a message where people write the instruction: the first line, then the last line.
-
-    Each is cut at the first colon and at REQUEST_CHARS, so text pasted after "翻译成英文：" or
-    between the lines never triggers a template by itself.
-    """
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if not lines:
-        return []
-    picked = lines[:1] + lines[-1:] if len(lines) > 1 else lines
-    return [_COLON.split(line, maxsplit=1)[0][:REQUEST_CHARS] for line in picked]
-
-
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -189,7 +149,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-class _Problems(Exception):
+class FileProblems(Exception):
     def __init__(self, problems: list[TemplateProblem]) -> None:
         super().__init__(problems)
         self.problems = problems
@@ -249,11 +209,11 @@ def _placeholders(text: str) -> list[tuple[int, str | None, str]]:
 
 
 def parse_template(path: Path, data: bytes) -> Template:
-    """Validate one file's bytes into a Template, or raise _Problems listing everything wrong."""
-    shown = _display(path)
+    """Validate one file's bytes into a Template, or raise FileProblems listing everything wrong."""
+    shown = display_path(path)
 
-    def problem(line: int | None, name: str | None, message: str) -> _Problems:
-        return _Problems([TemplateProblem(shown, line, name, message)])
+    def problem(line: int | None, name: str | None, message: str) -> FileProblems:
+        return FileProblems([TemplateProblem(shown, line, name, message)])
 
     if b"\0" in data:
         raise problem(None, None, "this is not a text file; template files are plain UTF-8 text")
@@ -284,7 +244,7 @@ def parse_template(path: Path, data: bytes) -> Template:
     try:
         model = TemplateFile.model_validate(raw)
     except ValidationError as exc:
-        raise _Problems(_schema_problems(shown, raw, exc, lines)) from None
+        raise FileProblems(_schema_problems(shown, raw, exc, lines)) from None
     return _build(path, shown, model, lines)
 
 
@@ -398,7 +358,7 @@ def _build(path: Path, shown: str, model: TemplateFile, lines: _Lines) -> Templa
                 f"item {index + 1} is empty and would match every message",
             )
     if problems:
-        raise _Problems(problems)
+        raise FileProblems(problems)
     return Template(
         name=name,
         description=model.description.strip(),
@@ -412,172 +372,3 @@ def _build(path: Path, shown: str, model: TemplateFile, lines: _Lines) -> Templa
         sampling={key: getattr(model, key) for key in SAMPLING_KEYS if getattr(model, key) is not None},
         name_line=lines.of(("name",)) if model.name is not None else None,
     )
-
-
-@dataclass
-class _FileState:
-    stamp: tuple[int, int, int]  # (mtime_ns, size, inode): a change of any means "read it again"
-    good: Template | None = None  # the last version without problems, kept while the file is broken
-    problems: list[TemplateProblem] = field(default_factory=list)
-
-
-class TemplateStore:
-    """The templates of one folder, re-read when files change; never raises on a broken file."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-        self._files: dict[Path, _FileState] = {}
-        self._templates: dict[str, Template] = {}
-        self._problems: list[TemplateProblem] = []
-        self._lock = threading.Lock()
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Re-read new and changed files and forget deleted ones; one stat per file when nothing changed."""
-        with self._lock:
-            entries = self._scan()
-            changed = entries is None or entries.keys() != self._files.keys() or not self._templates
-            for path in [path for path in self._files if entries is None or path not in entries]:
-                logger.info("prompt template file %s is gone", path)
-                del self._files[path]
-            for path, stat in (entries or {}).items():
-                stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-                state = self._files.get(path)
-                if state is None or state.stamp != stamp:
-                    self._files[path] = self._load(path, stat.st_size, stamp, state)
-                    changed = True
-            if changed:
-                self._assemble(folder_found=entries is not None)
-
-    def _scan(self) -> dict[Path, os.stat_result] | None:
-        try:
-            with os.scandir(self.folder) as listing:
-                candidates = [e for e in listing if e.name.endswith(SUFFIXES) and not e.name.startswith(".")]
-        except OSError:
-            return None
-        found = {}
-        for entry in candidates:
-            try:  # a file may vanish between listing and stat; then it is simply not there
-                if entry.is_file():
-                    found[Path(entry.path)] = entry.stat()
-            except OSError:
-                continue
-        return found
-
-    def _load(self, path: Path, size: int, stamp: tuple[int, int, int], old: _FileState | None) -> _FileState:
-        state = _FileState(stamp, good=old.good if old else None)
-        shown = _display(path)
-        too_large = f"the file is too large; a template file may be at most {MAX_FILE_BYTES // 1024} KB"
-        try:
-            if size > MAX_FILE_BYTES:  # checked before reading: a huge file is a mistake, not a template
-                raise _Problems([TemplateProblem(shown, None, None, f"{too_large} (this one is {size // 1024} KB)")])
-            with path.open("rb") as handle:
-                data = handle.read(MAX_FILE_BYTES + 1)  # the file may have grown since the stat
-            if len(data) > MAX_FILE_BYTES:
-                raise _Problems([TemplateProblem(shown, None, None, too_large)])
-            state.good = parse_template(path, data)
-            logger.info("loaded prompt template %r from %s", state.good.name, path)
-        except _Problems as exc:
-            state.problems = exc.problems
-        except OSError as exc:
-            state.problems = [TemplateProblem(shown, None, None, f"cannot be read ({exc.strerror})")]
-        return state
-
-    def _assemble(self, folder_found: bool) -> None:
-        before = set(self._problems)
-        problems = [problem for state in self._files.values() for problem in state.problems]
-        owners = {template.name: template.path for template in self._templates.values()}
-        templates: dict[str, Template] = {}
-        # A name stays with the file that already had it; then files in name order, so a copied file
-        # that still carries the original's name is the one reported.
-        candidates = [state.good for state in self._files.values() if state.good is not None]
-        candidates.sort(key=lambda t: (owners.get(t.name) != t.path, t.path))
-        for template in candidates:
-            if template.name in templates:
-                other = templates[template.name].path
-                message = f'"{template.name}" is already used by {other}; every template needs its own name'
-                problems.append(TemplateProblem(template.path, template.name_line, "name", message))
-            else:
-                templates[template.name] = template
-        folder = _display(self.folder)
-        if not folder_found:
-            message = "the prompt folder does not exist; using the built-in default (messages are sent unchanged)"
-            problems.append(TemplateProblem(folder, None, None, message))
-        elif DEFAULT_NAME not in templates:
-            message = f'no usable "{DEFAULT_NAME}" template; using the built-in one (messages are sent unchanged)'
-            problems.append(TemplateProblem(folder, None, None, message))
-        templates.setdefault(DEFAULT_NAME, BUILTIN_DEFAULT)
-        self._templates = templates
-        self._problems = sorted(problems, key=lambda p: (p.path, p.line or 0, p.field or ""))
-        for problem in self._problems:
-            if problem not in before:
-                logger.warning("prompt template problem: %s", problem)
-
-    def _ordered(self) -> list[Template]:
-        rest = [t for t in self._templates.values() if t.name != DEFAULT_NAME]
-        return [*sorted(rest, key=lambda t: (-t.priority, t.name)), self._templates[DEFAULT_NAME]]
-
-    def names(self) -> list[str]:
-        """Template names in routing order: highest priority first, the default last."""
-        self.refresh()
-        return [template.name for template in self._ordered()]
-
-    def describe(self) -> list[tuple[str, str]]:
-        """(name, description) pairs in routing order, for a selector or a help message."""
-        self.refresh()
-        return [(template.name, template.description) for template in self._ordered()]
-
-    def problems(self) -> list[TemplateProblem]:
-        """Current problems in the folder, after re-reading changed files."""
-        self.refresh()
-        return list(self._problems)
-
-    def get(self, name: str) -> Template:
-        """The template called name, or UnknownTemplate."""
-        self.refresh()
-        template = self._templates.get(name)
-        if template is None:
-            raise UnknownTemplate(name, self.names())
-        return template
-
-    def route(self, message: str, explicit: str | None = None) -> RenderedPrompt:
-        """Render the message with the chosen template, or the first one whose rules match it."""
-        if explicit and explicit != AUTO:
-            return self.get(explicit).render(message, "chosen")
-        self.refresh()
-        ordered = self._ordered()
-        for part in request_parts(message):  # the first line wins over the last line
-            for template in ordered[:-1]:
-                reason = template.match(part)
-                if reason:
-                    return template.render(message, reason)
-        return ordered[-1].render(message, "no rule matched")
-
-    def split_command(self, message: str) -> tuple[str | None, str]:
-        """Split "/name rest" into (name, rest) when name is a template; otherwise (None, message)."""
-        found = _COMMAND.match(message)
-        if found is None:
-            return None, message
-        self.refresh()
-        name = found.group(1).lower()
-        if name not in self._templates:
-            return None, message
-        return name, (found.group(2) or "").strip()
-
-
-def check_folder(folder: str | Path) -> int:
-    """`check-prompts`: check a folder of templates; print each problem and return 1, or "N templates OK" and 0."""
-    quiet = logging.NullHandler()  # the problems are printed below; don't print them twice via logging
-    logger.addHandler(quiet)
-    try:
-        store = TemplateStore(folder)
-    finally:
-        logger.removeHandler(quiet)
-    problems, names = store.problems(), store.names()
-    for problem in problems:
-        print(problem)
-    if problems:
-        print(f"{len(problems)} problem(s) found in {folder}; usable templates: {', '.join(names)}")
-        return 1
-    print(f"{len(names)} templates OK: {', '.join(names)}")
-    return 0
