@@ -1,6 +1,12 @@
-"""A stand-in engine process for supervisor unit tests: a real child serving /health and /v1/models.
+"""A stand-in engine process for unit tests: a real child serving /health, /v1/models and a streamed chat.
 
 usage: python stub_engine.py PORT MODEL [--exit-at-start CODE] [--die-with SIGNAL] [--ready-after S] [--spawn-child]
+                             [--reply TEXT] [--break-after N]
+
+POST /v1/chat/completions streams --reply word by word as server-sent events (finish_reason "stop", then usage);
+with --break-after N the stub drops the connection after N words, in the middle of the chunked body, like an
+engine that dies mid-reply. Every POST prints "request POST <path>" so a test can count them in the output.
+Other POST paths answer 404 (so /tokenize is "not supported": the client estimates).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ def main() -> None:
         sys.exit(int(opts[opts.index("--exit-at-start") + 1]))
     if "--die-with" in opts:  # like kernels built for instructions this CPU does not run: SIGILL
         os.kill(os.getpid(), signal.Signals[opts[opts.index("--die-with") + 1]])
+    reply = opts[opts.index("--reply") + 1] if "--reply" in opts else "Hello from the stub engine."
+    break_after = int(opts[opts.index("--break-after") + 1]) if "--break-after" in opts else None
     ready_at = time.monotonic() + (float(opts[opts.index("--ready-after") + 1]) if "--ready-after" in opts else 0)
     if "--spawn-child" in opts:  # like vLLM's engine core: a grandchild in the same process group
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -49,6 +57,42 @@ def main() -> None:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            print(f"request POST {self.path}", flush=True)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path != "/v1/chat/completions" or time.monotonic() < ready_at:
+                self.send_response(404 if time.monotonic() >= ready_at else 503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.protocol_version = "HTTP/1.1"  # chunked: a dropped connection is a broken body, not its end
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            words = reply.split(" ")
+            for i, word in enumerate(words):
+                if break_after is not None and i >= break_after:
+                    return  # no finish_reason and no last chunk
+                self._event({"delta": {"content": word if i == len(words) - 1 else word + " "}, "finish_reason": None})
+            self._event({"delta": {}, "finish_reason": "stop"})
+            usage = {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}
+            self._event(None, usage)
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+
+        def _event(self, choice: dict[str, object] | None, usage: dict[str, int] | None = None) -> None:
+            data: dict[str, object] = {"id": "stub", "object": "chat.completion.chunk", "created": 0, "model": model}
+            data["choices"] = [{"index": 0, **choice}] if choice is not None else []
+            if usage is not None:
+                data["usage"] = usage
+            self._chunk(b"data: " + json.dumps(data).encode() + b"\n\n")
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 

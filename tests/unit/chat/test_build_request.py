@@ -1,0 +1,231 @@
+"""ChatService.build_request: the conversation fitted into the context window (oldest turns first, a shorter reply
+for a long message, refused when nothing fits), sampling from config, template and the user's own changes, and
+the template a message gets. The client is a fake that counts one token per character."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.chat.client import Message, StreamStats
+from backend.chat.request import UserSettings
+from backend.chat.service import MIN_REPLY_TOKENS, ChatService
+from backend.chat.turn import Done, Notice, Refused, Text
+from backend.config import AppConfig, EngineFlags
+from backend.errors import InvalidInputError, PromptTooLongError
+from backend.prompts.store import TemplateStore
+from tests.conftest import MakeConfig
+
+
+class FakeStream:
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+        self.stats = StreamStats()
+
+    async def __aenter__(self) -> FakeStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        for piece in self.pieces:
+            yield piece
+        self.stats.finish_reason = "stop"
+
+
+class CharClient:
+    """One token per character of every message's content; a window of `window` tokens; replies "ok"."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.sent: list[tuple[list[Message], dict[str, Any]]] = []
+
+    async def count_tokens(self, messages: list[Message]) -> int:
+        return sum(len(m["content"]) for m in messages)
+
+    async def max_model_len(self) -> int:
+        return self.window
+
+    def stream(self, messages: list[Message], **sampling: Any) -> FakeStream:
+        self.sent.append((messages, sampling))
+        return FakeStream(["o", "k"])
+
+
+class ReadySupervisor:
+    """An engine that is serving the real model (not the demo)."""
+
+    spec = None
+    flags = EngineFlags()
+    ready = True
+
+
+def turn(i: int, size: int = 10) -> list[Message]:
+    return [{"role": "user", "content": f"{i}" * size}, {"role": "assistant", "content": f"{i}" * size}]
+
+
+def done_turn(text: str) -> Message:
+    return {"role": "assistant", "content": text}
+
+
+CREATIVE = """\
+name: creative
+keywords: [poem]
+temperature: 1.3
+top_p: 0.5
+max_tokens: 50
+stop: [END]
+user: "Write creatively: {input}"
+"""
+
+
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "default.yaml").write_text('name: default\nuser: "{input}"\n')
+    (folder / "creative.yaml").write_text(CREATIVE)
+    return folder
+
+
+Build = Callable[..., tuple[ChatService, CharClient]]
+
+
+@pytest.fixture
+def build(make_config: MakeConfig, prompts: Path) -> Build:
+    def make(window: int = 100, max_tokens: int = 40, **overrides: object) -> tuple[ChatService, CharClient]:
+        cfg: AppConfig = make_config(chat__max_tokens=max_tokens, chat__stream_flush_ms=0, **overrides)
+        assert cfg.chat.system_prompt is None, "the budgets below count no system prompt"
+        client = CharClient(window)
+        svc = ChatService(cfg, ReadySupervisor(), client, TemplateStore(prompts))  # type: ignore[arg-type]
+        return svc, client
+
+    return make
+
+
+def defaults(svc: ChatService) -> UserSettings:
+    return UserSettings.defaults(svc.cfg)
+
+
+# ----- fitting the window ----------------------------------------------------------------------------------
+# window 100, max_tokens 40: 40 are kept for the reply, so the prompt may take 60.
+async def test_a_conversation_exactly_at_the_budget_keeps_everything(build: Build) -> None:
+    svc, _ = build(window=100, max_tokens=40)
+    history = turn(1) + turn(2)  # 40 tokens
+    request = await svc.build_request(history, "x" * 20, defaults(svc))
+    assert request.messages == [*history, {"role": "user", "content": "x" * 20}]
+    assert (request.prompt_tokens, request.dropped) == (60, 0)
+    assert request.sampling["max_tokens"] == 40
+
+
+async def test_one_token_over_the_budget_drops_the_oldest_turn(build: Build) -> None:
+    svc, _ = build(window=100, max_tokens=40)
+    history = turn(1) + turn(2)
+    request = await svc.build_request(history, "x" * 21, defaults(svc))
+    assert request.messages == [*turn(2), {"role": "user", "content": "x" * 21}]
+    assert request.dropped == 2, "one turn: its user message and its reply"
+    assert request.prompt_tokens == 41 and request.sampling["max_tokens"] == 40
+
+
+async def test_the_trimmed_notice_comes_before_the_reply(build: Build) -> None:
+    svc, client = build(window=100, max_tokens=40)
+    session = svc.new_session()
+    session.history = turn(1) + turn(2)
+    events = [e async for e in svc.reply(session, "x" * 21)]
+    assert events[0] == Notice("trimmed", {"dropped": 2})
+    assert [type(e) for e in events[1:]] == [Text, Text, Done]
+    done = events[-1]
+    assert isinstance(done, Done) and done.ending == "finished" and done.text == "ok"
+    assert len(client.sent) == 1 and client.sent[0][0][0] == turn(2)[0], "the oldest turn was not sent"
+    assert session.history == [*turn(1), *turn(2), {"role": "user", "content": "x" * 21}, done_turn("ok")]
+    # nothing dropped, no notice
+    session.history = turn(1)
+    events = [e async for e in svc.reply(session, "y")]
+    assert not any(isinstance(e, Notice) for e in events)
+
+
+# window 400, max_tokens 200: 200 are kept for the reply; a long message may still use all but MIN_REPLY_TOKENS.
+async def test_a_long_message_gets_a_shorter_reply_down_to_the_minimum(build: Build) -> None:
+    svc, _ = build(window=400, max_tokens=200)
+    request = await svc.build_request([], "x" * 250, defaults(svc))  # over the 200 left for the prompt
+    assert request.prompt_tokens == 250 and request.sampling["max_tokens"] == 150, "what is left of the window"
+    longest = 400 - MIN_REPLY_TOKENS
+    request = await svc.build_request(turn(1), "x" * longest, defaults(svc))
+    assert request.messages == [{"role": "user", "content": "x" * longest}], "the history goes first"
+    assert request.dropped == 2 and request.prompt_tokens == longest
+    assert request.sampling["max_tokens"] == MIN_REPLY_TOKENS
+
+
+async def test_a_message_that_leaves_less_than_the_minimum_reply_is_refused(build: Build) -> None:
+    svc, client = build(window=400, max_tokens=200)
+    with pytest.raises(PromptTooLongError) as caught:
+        await svc.build_request([], "x" * (400 - MIN_REPLY_TOKENS + 1), defaults(svc))
+    assert caught.value.code == "context.too_long" and caught.value.hint
+    session = svc.new_session()
+    events = [e async for e in svc.reply(session, "x" * 400)]
+    assert len(events) == 1 and isinstance(events[0], Refused) and isinstance(events[0].error, PromptTooLongError)
+    assert client.sent == [] and session.history == []
+
+
+async def test_the_reply_reserve_is_at_most_half_the_window(build: Build) -> None:
+    svc, _ = build(window=100, max_tokens=512)  # 512 > 100: half the window is kept for the reply
+    request = await svc.build_request([], "x" * 50, defaults(svc))
+    assert request.sampling["max_tokens"] == 50
+    with pytest.raises(PromptTooLongError):
+        await svc.build_request([], "x" * 51, defaults(svc))  # MIN_REPLY_TOKENS > 50: no fallback
+
+
+# ----- sampling -------------------------------------------------------------------------------------------
+async def test_the_templates_sampling_wins_over_the_config(build: Build) -> None:
+    svc, _ = build(window=4096, max_tokens=512)
+    request = await svc.build_request([], "a poem about the sea", defaults(svc))
+    assert request.template == "creative" and request.reason == 'keyword "poem"'
+    assert request.sampling == {"temperature": 1.3, "top_p": 0.5, "max_tokens": 50, "stop": ["END"]}
+    plain = await svc.build_request([], "hello", defaults(svc))
+    assert plain.template == "default"
+    assert plain.sampling == {"temperature": svc.cfg.chat.temperature, "top_p": svc.cfg.chat.top_p, "max_tokens": 512}
+
+
+async def test_settings_the_user_changed_win_over_the_template_and_unchanged_ones_do_not(build: Build) -> None:
+    svc, _ = build(window=4096, max_tokens=512)
+    settings = defaults(svc)
+    # temperature and max_tokens moved; top_p "moved" back to the configured default counts as unchanged
+    settings.update({"temperature": 0.2, "max_tokens": 96, "top_p": svc.cfg.chat.top_p}, svc.cfg)
+    assert settings.changed == {"temperature", "max_tokens"}
+    request = await svc.build_request([], "a poem about the sea", settings)
+    assert request.template == "creative"
+    assert request.sampling == {"temperature": 0.2, "top_p": 0.5, "max_tokens": 96, "stop": ["END"]}
+
+
+# ----- which template -------------------------------------------------------------------------------------
+async def test_a_slash_command_picks_that_template_and_is_not_sent(build: Build) -> None:
+    svc, _ = build(window=4096)
+    request = await svc.build_request([], "/creative the sea", defaults(svc))
+    assert (request.template, request.reason) == ("creative", "chosen")
+    assert request.user_text == "Write creatively: the sea"
+    assert request.messages[-1] == {"role": "user", "content": "Write creatively: the sea"}
+
+
+async def test_a_slash_word_that_is_no_template_is_sent_as_it_is(build: Build) -> None:
+    """As prompts/README.md and the template tests say: "/usr/bin/python 是什么" is a message, not a command."""
+    svc, _ = build(window=4096)
+    request = await svc.build_request([], "/nosuch hello", defaults(svc))
+    assert (request.template, request.user_text) == ("default", "/nosuch hello")
+
+
+async def test_an_unknown_chosen_template_is_refused(build: Build) -> None:
+    svc, client = build(window=4096)
+    settings = defaults(svc)
+    settings.update({"template": "nosuch"}, svc.cfg)
+    with pytest.raises(InvalidInputError) as caught:
+        await svc.build_request([], "hello", settings)
+    assert caught.value.code == "input.unknown_template"
+    assert "creative" in caught.value.message and caught.value.hint
+    session = svc.new_session()
+    session.settings = settings
+    events = [e async for e in svc.reply(session, "hello")]
+    assert len(events) == 1 and isinstance(events[0], Refused)
+    assert events[0].error.code == "input.unknown_template" and client.sent == []

@@ -1,0 +1,297 @@
+"""The streaming client against a scripted local HTTP server: retries only before the first token, the read
+timeout, and a cancelled reply that closes its HTTP connection (the engine then aborts the request)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias
+
+import pytest
+
+from backend.chat.client import ChatClient, ChatStream
+from backend.engines.base import Endpoint
+from backend.errors import BackendError, PromptTooLongError
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+GENEROUS_S = 20.0  # a safety net against a hanging test, never a synchronisation
+
+Reader: TypeAlias = asyncio.StreamReader
+Writer: TypeAlias = asyncio.StreamWriter
+Behaviour = Callable[["ScriptedServer", Reader, Writer], Awaitable[None]]
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event as one HTTP chunk."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    event = f"data: {text}\n\n".encode()
+    return f"{len(event):x}\r\n".encode() + event + b"\r\n"
+
+
+def piece(text: str) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+
+
+def finish() -> dict[str, Any]:
+    chunk = piece("")
+    chunk["choices"][0].update(delta={}, finish_reason="stop")
+    return chunk
+
+
+USAGE = {
+    "id": "c1",
+    "object": "chat.completion.chunk",
+    "created": 0,
+    "model": "m",
+    "choices": [],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+)
+
+
+# ----- what the server does with one request ---------------------------------------------------------------
+def status(code: int, message: str = "overloaded") -> Behaviour:
+    async def answer(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+        body = json.dumps({"error": {"message": message, "type": "error", "code": code}}).encode()
+        head = f"HTTP/1.1 {code} Whatever\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+        await writer.drain()
+
+    return answer
+
+
+async def reset(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+    """Drop the connection with a TCP reset before answering (an engine that died under the request)."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def stream(*pieces: str, end: str = "done") -> Behaviour:
+    """Stream `pieces`; then end properly ("done"), end the body without a finish_reason ("no_finish"), close
+    the connection in the middle of the chunked body ("break"), or wait until the client goes away ("hang")."""
+
+    async def answer(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+        writer.write(STREAM_HEAD)
+        for text in pieces:
+            writer.write(sse(piece(text)))
+            await writer.drain()
+        if end == "done":
+            writer.write(sse(finish()) + sse(USAGE) + sse("[DONE]") + b"0\r\n\r\n")
+        elif end == "no_finish":
+            writer.write(sse("[DONE]") + b"0\r\n\r\n")
+        elif end == "hang":
+            await server.until_client_leaves(reader, writer)
+        await writer.drain()
+
+    return answer
+
+
+async def silent(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+    """Accept the request and never answer."""
+    await server.until_client_leaves(reader, writer)
+
+
+class ScriptedServer:
+    """An HTTP/1.1 server on a port the OS picks: the n-th chat request gets script[n] (the last one repeats).
+
+    `requests` counts the chat requests it saw; `disconnected` is set when a client it was waiting on went away."""
+
+    def __init__(self, *script: Behaviour) -> None:
+        self.script = script
+        self.requests = 0
+        self.disconnected = asyncio.Event()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> ScriptedServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        for task in list(self._handlers):
+            with contextlib.suppress(BaseException):
+                await task
+        await self._server.wait_closed()
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(f"http://127.0.0.1:{self.port}", "k", "m")
+
+    async def until_client_leaves(self, reader: Reader, writer: Writer) -> None:
+        """Wait (forever if need be) until the client closes its end of the connection."""
+        try:
+            while await reader.read(1024):
+                pass
+        except ConnectionError:
+            pass
+        self.disconnected.set()
+
+    async def _handle(self, reader: Reader, writer: Writer) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            length = next(
+                (
+                    int(line.split(":", 1)[1])
+                    for line in head.split("\r\n")
+                    if line.lower().startswith("content-length")
+                ),
+                0,
+            )
+            await reader.readexactly(length)
+            if not head.startswith("POST /v1/chat/completions"):
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                return
+            behaviour = self.script[min(self.requests, len(self.script) - 1)]
+            self.requests += 1
+            await behaviour(self, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.disconnected.set()
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+            self._handlers.discard(task)
+
+
+@contextlib.asynccontextmanager
+async def client_for(
+    server: ScriptedServer, retries: int = 2, read_timeout_s: float = 10.0
+) -> AsyncIterator[ChatClient]:
+    client = ChatClient(server.endpoint, connect_timeout_s=2.0, read_timeout_s=read_timeout_s, retries=retries)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def collect(stream: ChatStream, into: list[str] | None = None) -> list[str]:
+    pieces = [] if into is None else into
+    async with stream:
+        async for text in stream:
+            pieces.append(text)
+    return pieces
+
+
+async def read_all(client: ChatClient, into: list[str] | None = None) -> tuple[list[str], ChatStream]:
+    s = client.stream(MESSAGES, max_tokens=8)
+    return await asyncio.wait_for(collect(s, into), GENEROUS_S), s
+
+
+# ----- (a) failures before the first token are retried -----------------------------------------------------
+@pytest.mark.parametrize("failure", [status(503), reset], ids=["503", "connection-reset"])
+async def test_failures_before_the_first_token_are_retried_up_to_retries(failure: Behaviour) -> None:
+    async with ScriptedServer(failure, failure, stream("Hel", "lo")) as server, client_for(server, retries=2) as client:
+        pieces, s = await read_all(client)
+    assert "".join(pieces) == "Hello"
+    assert server.requests == 3, "two failures, then the third attempt answers"
+    assert s.stats.attempts == 3 and s.stats.finish_reason == "stop"
+    assert (s.stats.prompt_tokens, s.stats.completion_tokens) == (3, 2)
+
+
+@pytest.mark.parametrize("end", ["break", "hang"])
+async def test_a_stream_that_fails_after_its_headers_but_before_any_text_is_retried(end: str) -> None:
+    async with ScriptedServer(stream(end=end), stream("Hi")) as server:
+        async with client_for(server, retries=1, read_timeout_s=0.3) as client:
+            pieces, s = await read_all(client)
+    assert pieces == ["Hi"] and server.requests == 2 and s.stats.attempts == 2
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"), [(status(503), "backend.status"), (reset, "backend.broken")], ids=["503", "connection-reset"]
+)
+async def test_retries_stop_after_retries_and_the_last_failure_is_reported(failure: Behaviour, code: str) -> None:
+    async with ScriptedServer(failure) as server, client_for(server, retries=1) as client:
+        with pytest.raises(BackendError) as caught:
+            await read_all(client)
+    assert caught.value.code == code
+    assert server.requests == 2, "one try and one retry, no more (the openai library's own retries are off)"
+
+
+async def test_a_refused_request_is_not_retried() -> None:
+    too_long = status(400, "This model's maximum context length is 1024 tokens")
+    async with ScriptedServer(too_long) as server, client_for(server, retries=2) as client:
+        with pytest.raises(PromptTooLongError) as caught:
+            await read_all(client)
+    assert caught.value.code == "context.window_exceeded"
+    assert server.requests == 1
+
+
+# ----- (b) after the first token nothing is retried --------------------------------------------------------
+@pytest.mark.parametrize("end", ["break", "no_finish"])
+async def test_a_stream_that_breaks_after_the_first_token_is_not_retried(end: str) -> None:
+    pieces: list[str] = []
+    async with ScriptedServer(stream("Hel", "lo", end=end), stream("never", "seen")) as server:
+        async with client_for(server, retries=2) as client:
+            with pytest.raises(BackendError) as caught:
+                await read_all(client, pieces)
+    assert caught.value.code == "backend.broken"
+    assert server.requests == 1, "part of the reply reached the user: a retry would repeat it"
+    assert "".join(pieces) == "Hello", "what arrived before the break was delivered"
+
+
+# ----- (c) the read timeout -------------------------------------------------------------------------------
+async def test_a_server_that_never_answers_times_out() -> None:
+    async with ScriptedServer(silent) as server, client_for(server, retries=0, read_timeout_s=0.3) as client:
+        with pytest.raises(BackendError) as caught:
+            await read_all(client)
+    assert caught.value.code == "backend.timeout"
+    assert server.requests == 1
+
+
+async def test_a_stream_that_stalls_after_the_first_token_times_out_without_a_retry() -> None:
+    pieces: list[str] = []
+    async with ScriptedServer(stream("Hel", end="hang")) as server:
+        async with client_for(server, retries=2, read_timeout_s=0.3) as client:
+            with pytest.raises(BackendError) as caught:
+                await read_all(client, pieces)
+    assert caught.value.code == "backend.timeout"
+    assert pieces == ["Hel"] and server.requests == 1
+
+
+# ----- (d) cancelling the reply closes the connection -----------------------------------------------------
+@pytest.mark.parametrize("where", ["reading", "elsewhere"])
+async def test_cancelling_the_reply_closes_the_connection(where: str) -> None:
+    """Cancelled while waiting for the next chunk, or while busy with the first (the stop button pressed while
+    the page is updated): either way the server sees the client go away while the client itself stays open."""
+    first = asyncio.Event()
+
+    async def consume(client: ChatClient) -> None:
+        s = client.stream(MESSAGES)
+        async with s:
+            async for _ in s:
+                first.set()
+                if where == "elsewhere":
+                    await asyncio.Event().wait()  # cancelled here, outside the stream
+
+    async with ScriptedServer(stream("Hel", end="hang")) as server, client_for(server) as client:
+        task = asyncio.create_task(consume(client))
+        await asyncio.wait_for(first.wait(), GENEROUS_S)
+        assert not server.disconnected.is_set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(server.disconnected.wait(), GENEROUS_S)
+    assert server.requests == 1

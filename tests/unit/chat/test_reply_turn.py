@@ -1,0 +1,337 @@
+"""One chat turn end to end through the real wiring: ChatService.from_config with engine.name external, talking to
+the stand-in engine process (tests/stub_engine.py) over HTTP: refused input, a streamed reply, a broken one, and
+a message that has to wait for the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from backend.chat import service as service_module
+from backend.chat.client import StreamStats
+from backend.chat.service import ChatService
+from backend.chat.turn import ChatSession, Done, EngineWait, Event, Refused, Text
+from backend.config import AppConfig
+from backend.errors import BackendError, EngineStartError
+from backend.serving.process import free_port
+from backend.serving.supervisor import State
+from tests.conftest import MakeConfig
+
+STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
+SERVED = "stub-model"
+REPLY = "Hello from the stub engine."
+CHAT_REQUEST = "request POST /v1/chat/completions"
+GENEROUS_S = 30.0
+
+
+@dataclass
+class Stub:
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def chat_requests(self) -> int:
+        """How many chat requests reached the engine (the stub prints one line for each)."""
+        return self.log.read_text().count(CHAT_REQUEST)
+
+
+StartStub = Callable[..., Stub]
+
+
+async def listening(stub: Stub) -> None:
+    """Wait until the stub accepts connections (its interpreter takes a moment to start)."""
+    deadline = time.monotonic() + GENEROUS_S
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", stub.port)
+        except OSError:
+            assert time.monotonic() < deadline, "the stub engine did not start"
+            assert stub.proc.poll() is None, stub.log.read_text()
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return
+
+
+@pytest.fixture
+def start_stub(tmp_path: Path) -> Iterator[StartStub]:
+    """Start the stub engine (a real process on its own port); every one started is stopped afterwards."""
+    started: list[Stub] = []
+
+    def start(*args: str, port: int | None = None) -> Stub:
+        port = port or free_port()
+        log = tmp_path / f"stub-{port}-{len(started)}.log"
+        with log.open("wb") as out:
+            argv = [sys.executable, str(STUB), str(port), SERVED, *args]
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        stub = Stub(port, log, proc)
+        started.append(stub)
+        return stub
+
+    yield start
+    for stub in started:
+        stub.proc.terminate()
+    for stub in started:
+        try:
+            stub.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            stub.proc.kill()
+            stub.proc.wait()
+
+
+class ListRecorder:
+    """Keeps what the service records."""
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException | str] = []
+        self.finished: list[tuple[StreamStats, BaseException | None]] = []
+
+    def record_error(self, error: BaseException | str) -> str:
+        self.errors.append(error)
+        return ""
+
+    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None:
+        self.finished.append((stats, error))
+
+
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "default.yaml").write_text('name: default\nuser: "{input}"\n')
+    return folder
+
+
+@pytest.fixture
+def config(make_config: MakeConfig, prompts: Path) -> Callable[..., AppConfig]:
+    def make(base_url: str, **overrides: object) -> AppConfig:
+        settings: dict[str, object] = {
+            "engine__name": "external",
+            "server__base_url": base_url,
+            "model__served_name": SERVED,
+            "paths__prompts_dir": prompts,
+            "timeouts__startup_s": 20,
+            "timeouts__health_interval_s": 0.5,
+            "timeouts__health_timeout_s": 1,
+            "restart__backoff_initial_s": 0.1,
+            "restart__backoff_max_s": 0.2,
+            **overrides,
+        }
+        return make_config(**settings)
+
+    return make
+
+
+@asynccontextmanager
+async def running(cfg: AppConfig, recorder: ListRecorder, wait: bool = True) -> AsyncIterator[ChatService]:
+    svc = ChatService.from_config(cfg, recorder=recorder)
+    svc.start()
+    try:
+        if wait:
+            assert await svc.supervisor.wait_ready(GENEROUS_S), svc.supervisor.status
+        yield svc
+    finally:
+        await svc.stop()
+
+
+async def turn(svc: ChatService, session: ChatSession, text: str) -> list[Event]:
+    return [event async for event in svc.reply(session, text)]
+
+
+def split(events: list[Event]) -> tuple[list[Text], Done]:
+    """The reply's Text events and its one Done, which comes last."""
+    assert events and isinstance(events[-1], Done), events
+    assert all(isinstance(e, Text) for e in events[:-1]), events
+    return [e for e in events[:-1] if isinstance(e, Text)], events[-1]
+
+
+# ----- refused before anything is sent ---------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["", "   \n\t ", "\x00\x07\x1b"], ids=["empty", "blank", "control-chars"])
+async def test_an_empty_message_is_refused_and_never_reaches_the_engine(
+    start_stub: StartStub, config: Callable[..., AppConfig], text: str
+) -> None:
+    stub = start_stub()
+    recorder = ListRecorder()
+    async with running(config(stub.base_url), recorder) as svc:
+        session = svc.new_session()
+        events = await turn(svc, session, text)
+    assert len(events) == 1 and isinstance(events[0], Refused), events
+    assert events[0].error.code == "input.empty"
+    assert stub.chat_requests() == 0
+    assert session.history == [] and recorder.finished == []
+
+
+async def test_a_message_over_the_size_limit_is_refused(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    stub = start_stub()
+    async with running(config(stub.base_url, chat__max_input_chars=100), ListRecorder()) as svc:
+        events = await turn(svc, svc.new_session(), "x" * 101)
+    assert [type(e) for e in events] == [Refused]
+    assert isinstance(events[0], Refused) and events[0].error.code == "input.too_large"
+    assert stub.chat_requests() == 0
+
+
+# ----- a reply -----------------------------------------------------------------------------------------------
+async def test_a_reply_streams_then_finishes_and_is_recorded(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    stub = start_stub()
+    recorder = ListRecorder()
+    async with running(config(stub.base_url), recorder) as svc:
+        session = svc.new_session()
+        texts, done = split(await turn(svc, session, "Hello there"))
+        assert texts, "the reply is streamed as Text events before Done"
+        assert done.ending == "finished" and done.error is None
+        assert done.text == "".join(t.text for t in texts) == REPLY
+        assert (done.template, done.user_text) == ("default", "Hello there")
+        assert session.history == [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": REPLY},
+        ]
+        assert len(recorder.finished) == 1 and recorder.errors == []
+        stats, error = recorder.finished[0]
+        assert error is None and stats.finish_reason == "stop" and stats.completion_tokens == len(REPLY.split())
+        assert stub.chat_requests() == 1
+
+        _, again = split(await turn(svc, session, "And again"))  # the next turn adds to the history
+    assert again.ending == "finished" and len(session.history) == 4
+    assert stub.chat_requests() == 2
+
+
+async def test_a_reply_broken_mid_stream_is_interrupted_and_keeps_what_arrived(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    stub = start_stub("--break-after", "2")  # "Hello from " arrives, then the engine goes away
+    recorder = ListRecorder()
+    async with running(config(stub.base_url), recorder) as svc:
+        session = svc.new_session()
+        texts, done = split(await turn(svc, session, "Hello there"))
+    assert done.ending == "interrupted"
+    assert isinstance(done.error, BackendError) and done.error.code == "backend.broken"
+    assert texts and done.text == "".join(t.text for t in texts)
+    assert "Hello from ".startswith(done.text), done.text
+    assert stub.chat_requests() == 1, "part of the reply was shown: it is not asked again"
+    assert len(recorder.finished) == 1 and recorder.finished[0][1] is done.error
+    # What the user saw stays in the conversation (as before the reorganisation: app.py kept partial replies).
+    assert session.history == [
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": done.text},
+    ]
+
+
+async def test_a_reply_that_breaks_before_any_text_fails_after_the_retries_and_adds_no_turn(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    stub = start_stub("--break-after", "0")
+    recorder = ListRecorder()
+    async with running(config(stub.base_url, restart__request_retries=1), recorder) as svc:
+        session = svc.new_session()
+        texts, done = split(await turn(svc, session, "Hello there"))
+    assert texts == [] and done.text == ""
+    assert done.ending == "failed"
+    assert isinstance(done.error, BackendError) and done.error.code == "backend.broken"
+    assert stub.chat_requests() == 2, "restart.request_retries=1: one retry before the first token"
+    assert session.history == []
+    assert len(recorder.finished) == 1 and recorder.finished[0][1] is done.error
+
+
+async def test_a_stop_while_the_page_renders_ends_the_reply_as_stopped_and_keeps_what_arrived(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    """The app throws the stop button's CancelledError into the turn (athrow); the turn answers with its Done."""
+    stub = start_stub()
+    recorder = ListRecorder()
+    async with running(config(stub.base_url), recorder) as svc:
+        session = svc.new_session()
+        reply = cast(AsyncGenerator[Event, None], svc.reply(session, "Hello there"))  # as app.py drives it
+        first = await anext(reply)
+        assert isinstance(first, Text)
+        done = await reply.athrow(asyncio.CancelledError())
+        with pytest.raises(StopAsyncIteration):
+            await anext(reply)
+    assert isinstance(done, Done) and done.ending == "stopped" and done.error is None
+    assert done.text == first.text
+    assert session.history == [
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": first.text},
+    ]
+    assert len(recorder.finished) == 1 and isinstance(recorder.finished[0][1], asyncio.CancelledError)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="backend.chat.pacing.paced() drops the text it is still holding back when the stream raises: a reply "
+    "broken (or stopped) within one stream_flush_ms of its last yield loses those pieces from Done.text and the "
+    "history, although the docstring promises 'keep what arrived'",
+)
+async def test_an_interrupted_reply_keeps_all_the_text_that_arrived(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    stub = start_stub("--break-after", "3")  # "Hello from the " arrives at once, then the connection drops
+    async with running(config(stub.base_url, chat__stream_flush_ms=1000), ListRecorder()) as svc:
+        _, done = split(await turn(svc, svc.new_session(), "Hello there"))
+    assert done.ending == "interrupted"
+    assert done.text == "Hello from the "
+
+
+# ----- waiting for the engine ----------------------------------------------------------------------------
+async def test_a_message_waits_for_a_starting_engine_then_gets_its_reply(
+    start_stub: StartStub, config: Callable[..., AppConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_module, "WAIT_STEP_S", 0.2)
+    stub = start_stub("--ready-after", "1.5")
+    recorder = ListRecorder()
+    async with running(config(stub.base_url), recorder, wait=False) as svc:
+        session = svc.new_session()
+        events = await turn(svc, session, "Hello there")
+    waits = [e for e in events if isinstance(e, EngineWait)]
+    assert [w.state for w in waits[:-1]] and {w.state for w in waits[:-1]} == {"starting"}, waits
+    assert waits[-1].state == "ready"
+    assert events[: len(waits)] == waits, "every wait comes before the reply"
+    _, done = split(events[len(waits) :])
+    assert done.ending == "finished" and done.text == REPLY
+    assert len(session.history) == 2 and recorder.errors == []
+
+
+async def test_a_message_for_an_engine_that_never_comes_is_told_it_failed_and_the_next_one_asks_again(
+    start_stub: StartStub, config: Callable[..., AppConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_module, "WAIT_STEP_S", 0.2)
+    port = free_port()  # nothing listens there yet
+    cfg = config(f"http://127.0.0.1:{port}/v1", timeouts__startup_s=1, restart__max_attempts=1)
+    recorder = ListRecorder()
+    async with running(cfg, recorder, wait=False) as svc:
+        session = svc.new_session()
+        events = await turn(svc, session, "Hello there")
+        assert events and all(isinstance(e, EngineWait) for e in events), events
+        waits = [e for e in events if isinstance(e, EngineWait)]
+        assert {w.state for w in waits[:-1]} <= {"starting", "restarting"}
+        failed = waits[-1]
+        assert failed.state == "failed"
+        assert isinstance(failed.problem, EngineStartError) and failed.problem.code == "engine.not_ready"
+        assert failed.problem.hint
+        assert recorder.errors == ["unavailable"] and recorder.finished == [] and session.history == []
+        assert svc.supervisor.status.state == State.FAILED
+
+        await listening(start_stub(port=port))  # the cause is fixed: the next message starts a new round
+        events = await turn(svc, session, "Hello again")
+    waits = [e for e in events if isinstance(e, EngineWait)]
+    assert waits and waits[-1].state == "ready"
+    _, done = split(events[len(waits) :])
+    assert done.ending == "finished" and done.text == REPLY
+    assert session.history[0] == {"role": "user", "content": "Hello again"}
