@@ -7,6 +7,7 @@ and, with several users, replies are lost. Sending the text gathered over ~20 ms
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
@@ -19,16 +20,22 @@ async def paced(
     """Yield the first piece at once, then the text gathered since the last yield at most every interval_s."""
     pending: list[str] = []
     last: float | None = None
-    async for piece in pieces:
-        if not piece:
-            continue
-        now = clock()
-        if last is None or now - last >= interval_s:
-            pending.append(piece)
+    try:
+        async for piece in pieces:
+            if not piece:
+                continue
+            now = clock()
+            if last is None or now - last >= interval_s:
+                pending.append(piece)
+                yield "".join(pending)
+                pending.clear()
+                last = now
+            else:
+                pending.append(piece)
+    except (Exception, asyncio.CancelledError):
+        # A broken stream or a stop: the text held back arrived all the same; hand it on, then the error.
+        if pending:
             yield "".join(pending)
-            pending.clear()
-            last = now
-        else:
-            pending.append(piece)
+        raise
     if pending:
         yield "".join(pending)

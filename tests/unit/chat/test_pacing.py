@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import pytest
+
 from backend.chat.pacing import paced
 
 
@@ -40,3 +42,18 @@ async def test_zero_interval_sends_every_piece() -> None:
     clock = Clock()
     items = [(0.0, "a"), (0.0, "b"), (0.0, "c")]
     assert [p async for p in paced(pieces(clock, items), 0.0, clock)] == ["a", "b", "c"]
+
+
+async def test_text_held_back_is_handed_on_before_a_broken_stream_raises() -> None:
+    clock = Clock()
+
+    async def breaking() -> AsyncIterator[str]:
+        async for piece in pieces(clock, [(0.000, "A"), (0.005, "b"), (0.010, "c")]):
+            yield piece
+        raise ConnectionError("the engine went away")
+
+    out: list[str] = []
+    with pytest.raises(ConnectionError):
+        async for piece in paced(breaking(), 0.02, clock):
+            out.append(piece)
+    assert out == ["A", "bc"], "the pieces gathered since the last update are not lost"

@@ -273,12 +273,6 @@ async def test_a_stop_while_the_page_renders_ends_the_reply_as_stopped_and_keeps
     assert len(recorder.finished) == 1 and isinstance(recorder.finished[0][1], asyncio.CancelledError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backend.chat.pacing.paced() drops the text it is still holding back when the stream raises: a reply "
-    "broken (or stopped) within one stream_flush_ms of its last yield loses those pieces from Done.text and the "
-    "history, although the docstring promises 'keep what arrived'",
-)
 async def test_an_interrupted_reply_keeps_all_the_text_that_arrived(
     start_stub: StartStub, config: Callable[..., AppConfig]
 ) -> None:
