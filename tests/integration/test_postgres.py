@@ -20,7 +20,7 @@ from sqlalchemy import text
 from backend.storage.database import HistoryStore
 from backend.storage.resume import history_from_thread, turn_metadata
 from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, missing_columns
-from tests.unit.test_storage import save_turn
+from tests.unit.storage.test_database import save_turn
 
 URL = os.environ.get("ERNIE_TEST_POSTGRES_URL", "")
 pytestmark = [
