@@ -12,7 +12,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ cm
 
 WORKDIR /app
 COPY requirements.txt requirements-dev.txt requirements-engine.txt Makefile ./
-COPY backend/__init__.py backend/child/llamacpp_build.py backend/
+COPY backend/__init__.py backend/
+COPY backend/child/ backend/child/
 # Every CPU kernel variant llama.cpp has: the image runs on other CPUs than the one that built it, and the
 # canary picks the best variant that runs correctly where the container starts.
 # (Built outside /root/.cache, which the run command mounts as a volume.)
