@@ -3,6 +3,7 @@ cancellation that closes the HTTP stream (vLLM then aborts the request)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +22,8 @@ from backend.errors import BackendError, PromptTooLongError, ServiceError
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
-RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
+# Before the first token: the connection failed, broke or timed out, or the server was busy or failing.
+RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError, httpx.TransportError)
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
 
 
@@ -66,13 +68,18 @@ def _translate(exc: BaseException) -> ServiceError:
 
 
 class ChatStream:
-    """One streamed reply: iterate for text pieces; leaving early (or cancelling) closes the HTTP stream."""
+    """One streamed reply: iterate for text pieces; leaving early (or cancelling) closes the HTTP stream.
+
+    The request goes through the one AsyncOpenAI client (its request building, key and HTTP errors), but the
+    server-sent events are read here, one `json.loads` per chunk: the SDK's typed chunk objects cost about 10x
+    more CPU per chunk, which caps what one app process can stream (scripts/client_ceiling.py)."""
 
     def __init__(self, client: ChatClient, messages: list[Message], sampling: dict[str, Any]) -> None:
         self._client = client
         self._messages = messages
         self._sampling = sampling
-        self._stream: openai.AsyncStream[Any] | None = None
+        self._response: Any = None  # the SDK's streamed response, open while the reply streams
+        self._lines: AsyncIterator[str] | None = None
         self.stats = StreamStats()
 
     async def __aenter__(self) -> ChatStream:
@@ -84,40 +91,62 @@ class ChatStream:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the HTTP response: vLLM sees the disconnect and aborts the request."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.close()
+        """Close the HTTP response: the engine sees the disconnect and aborts the request."""
+        response, self._response, self._lines = self._response, None, None
+        if response is not None:
+            await response.close()
         if self.stats.finished is None:
             self.stats.finished = time.monotonic()
 
-    def _absorb(self, chunk: Any) -> str:
-        if getattr(chunk, "usage", None):
-            self.stats.prompt_tokens = chunk.usage.prompt_tokens
-            self.stats.completion_tokens = chunk.usage.completion_tokens
-        if not chunk.choices:
+    def _absorb(self, data: str) -> str:
+        """Take one event's data (a JSON chunk) into the stats; return its text."""
+        chunk = json.loads(data)
+        if "error" in chunk:  # an error the server reports inside the stream
+            error = chunk["error"]
+            raise BackendError.of(
+                "backend.refused", detail=error.get("message", error) if isinstance(error, dict) else error
+            )
+        usage = chunk.get("usage")
+        if usage:
+            self.stats.prompt_tokens = usage.get("prompt_tokens")
+            self.stats.completion_tokens = usage.get("completion_tokens")
+        choices = chunk.get("choices")
+        if not choices:
             return ""
-        choice = chunk.choices[0]
-        if choice.finish_reason:
-            self.stats.finish_reason = choice.finish_reason
-        return choice.delta.content or "" if choice.delta else ""
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.stats.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta") or {}
+        return delta.get("content") or ""
+
+    async def _texts(self) -> AsyncIterator[str]:
+        """The text of each event until [DONE] or the end of the body."""
+        assert self._lines is not None
+        async for line in self._lines:
+            if not line.startswith("data:"):
+                continue  # blank separators, comments, event names
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            text = self._absorb(data)
+            if text:
+                yield text
 
     async def _open(self) -> str:
         """Start the request and read up to the first text; retried as a whole before any token."""
         self.stats.attempts += 1
-        stream = await self._client.openai.chat.completions.create(  # type: ignore[call-overload]
+        request = self._client.openai.chat.completions.with_streaming_response.create(  # type: ignore[call-overload]
             model=self._client.endpoint.model,
             messages=self._messages,
             stream=True,
             stream_options={"include_usage": True},
             **self._sampling,
         )
-        self._stream = stream
+        self._response = await request.__aenter__()
+        self._lines = self._response.iter_lines()
         try:
-            async for chunk in stream:
-                text = self._absorb(chunk)
-                if text:
-                    return text
+            async for text in self._texts():
+                return text
         except BaseException:
             await self.aclose()
             raise
@@ -134,22 +163,20 @@ class ChatStream:
             async for attempt in retrying:
                 with attempt:
                     first = await self._open()
-        except (openai.OpenAIError, httpx.HTTPError) as exc:
+        except (openai.OpenAIError, httpx.HTTPError, ValueError) as exc:
             raise _translate(exc) from exc
         if first:
             self.stats.first_token = time.monotonic()
             self.stats.chunks += 1
             yield first
-        assert self._stream is not None
         try:
-            async for chunk in self._stream:
-                text = self._absorb(chunk)
-                if text:
+            if self._lines is not None:
+                async for text in self._texts():
                     if self.stats.first_token is None:
                         self.stats.first_token = time.monotonic()
                     self.stats.chunks += 1
                     yield text
-        except (openai.OpenAIError, httpx.HTTPError) as exc:
+        except (openai.OpenAIError, httpx.HTTPError, ValueError) as exc:
             # No retry here: part of the reply already reached the user.
             raise _translate(exc) from exc
         finally:
