@@ -20,6 +20,7 @@ from backend.accounts.login import add_user_command
 from backend.benchmarks.loadtest import loadtest_command
 from backend.benchmarks.report import report_command
 from backend.benchmarks.run import bench_command
+from backend.benchmarks.snapshot import snapshot_command
 from backend.benchmarks.workload import DEFAULT_PROMPT_SET
 from backend.config import APP_PORT, AppConfig, load_config, print_config
 from backend.engines.base import Api, engine_python
@@ -71,6 +72,8 @@ def _build_trt_engine(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 
 def _bench(cfg: AppConfig, args: argparse.Namespace) -> int:
+    if args.snapshot:
+        return snapshot_command(cfg, args, args.argv, engine_python(cfg))
     return bench_command(cfg, args, args.argv, engine_python(cfg))
 
 
@@ -150,6 +153,12 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="longest wait per request in seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="the daily baseline: the running app's engine, a short fixed workload, one line added to "
+        "<data_dir>/bench-history.jsonl (the workload options above are ignored)",
+    )
 
 
 def _doctor_options(p: argparse.ArgumentParser) -> None:

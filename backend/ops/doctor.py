@@ -9,7 +9,6 @@ is wrong (with --strict, warnings count too).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,10 @@ from typing import Any
 import httpx
 
 from backend.config import AppConfig
+from backend.ops.baseline_history import read_history, regression
 from backend.ops.prometheus_text import sample_totals
 from backend.ops.signatures import Severity, latest_start, scan
+from backend.serving.state_file import read_state
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 LABELS = {OK: "[ OK ]", WARN: "[WARN]", FAIL: "[FAIL]", SKIP: "[SKIP]"}
@@ -49,15 +50,6 @@ class Target:
     log: Path
 
 
-def engine_state(cfg: AppConfig) -> dict[str, Any]:
-    """The supervisor's state file (<data_dir>/engine.json), or {} when there is none."""
-    try:
-        data = json.loads(cfg.paths.engine_state.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def locate(
     cfg: AppConfig,
     app_url: str | None = None,
@@ -66,7 +58,7 @@ def locate(
     no_app: bool = False,
 ) -> Target:
     """The given addresses first, then the state file, then the configuration (the app: app.port)."""
-    state = engine_state(cfg)
+    state = read_state(cfg)
     return Target(
         app_url=None if no_app else (app_url or cfg.app.url).rstrip("/"),
         engine_url=(
@@ -203,6 +195,27 @@ def check_log(path: Path, whole: bool, engine_up: bool) -> list[Check]:
     return checks
 
 
+def check_baseline(history: list[dict[str, Any]]) -> Check:
+    """The daily baseline: the newest `bench --snapshot` against the recent ones (backend.ops.baseline_history)."""
+    if not history:
+        return Check("baseline", SKIP, "no snapshots yet (python -m backend bench --snapshot adds one).")
+    found = regression(history)
+    if found:
+        return Check(
+            "baseline",
+            WARN,
+            f"slower than the recent snapshots: {found}.",
+            cause="a change of code, engine, flags or machine since the earlier snapshots",
+            fix="compare the snapshots' commits, engines and devices in bench-history.jsonl; rerun the snapshot "
+            "on a quiet machine to rule out a busy one",
+        )
+    newest = history[-1]
+    one = (newest.get("levels") or {}).get("1", {}).get("tok_s")
+    return Check(
+        "baseline", OK, f"{len(history)} snapshot(s); the newest: {one} tok/s at 1 user ({newest.get('time')})."
+    )
+
+
 async def diagnose(target: Target, whole_log: bool = False, timeout_s: float = 5.0) -> list[Check]:
     """Run every check and return them in order."""
     checks: list[Check] = []
@@ -253,5 +266,6 @@ def doctor_command(
     """`doctor`: run every check, print the diagnosis, return the exit code."""
     target = locate(cfg, app_url=app_url, engine_url=engine_url, log=log, no_app=no_app)
     checks = asyncio.run(diagnose(target, whole_log, timeout_s))
+    checks.append(check_baseline(read_history(cfg)))
     print(render(checks))
     return exit_code(checks, strict)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import signal
 import time
@@ -38,6 +37,7 @@ from backend.errors import (
 from backend.serving.canary import Guard, Rejected, crash_signal
 from backend.serving.process import EngineProcess, port_is_free
 from backend.serving.readiness import is_healthy, is_ready
+from backend.serving.state_file import write_state
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class Supervisor:
         self.process = process
         process.start()
         self.status.pid = process.pid
-        self._write_state(spec)
+        write_state(self.cfg, spec, process.pid)
         log.info("Engine %s started (pid %s), log: %s", spec.engine, process.pid, self.log_path)
         try:
             await self._wait_ready(process, spec)
@@ -374,23 +374,6 @@ class Supervisor:
             self._ready.clear()
         for listener in self._listeners:
             listener(self.status)
-
-    def _write_state(self, spec: LaunchSpec) -> None:
-        # For the doctor and the benchmark tool: where the engine is. The API key is left out.
-        state_file = self.cfg.paths.engine_state
-        with contextlib.suppress(OSError):
-            state_file.write_text(
-                json.dumps(
-                    {
-                        "engine": spec.engine,
-                        "base_url": spec.base_url,
-                        "pid": self.status.pid,
-                        "served_name": spec.served_name,
-                        "log": str(self.log_path),
-                    },
-                    indent=2,
-                )
-            )
 
 
 def _worth_retrying(exc: BaseException) -> bool:
