@@ -4,6 +4,7 @@
 # order given (alternate them: A B A B ...). Results go straight to $OUT (rounds.jsonl grows round by
 # round, so a call cut short keeps its whole rounds), the engine logs to $OUT/logs-CALL.tar.gz.
 # usage: BUDGET_S=500 bash scripts/gpu_run.sh CALL_LABEL CONFIG...
+#        bash scripts/gpu_run.sh app-path [ROUNDS]   (the app's client against the server: scripts/gpu_app_path.py)
 #   BUDGET_S: seconds from now by which the last round must have ended (keep it under the call's limit;
 #   a round is started only when the longest start, measurement and stop seen so far still fit).
 #   Configurations: see CONFIGS in scripts/gpu_tune.py (defaults, h200, ...).
@@ -30,7 +31,11 @@ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,nohead
 python3 -c "import yaml, httpx, tqdm, tenacity, pydantic, openai, httpx2, torch, transformers, vllm; \
 print('env ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 5
 echo "[run] setup took $SECONDS s; $(( TUNE_DEADLINE - $(date +%s) )) s left for rounds"
-python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
+if [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
+  python3 scripts/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
+else
+  python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
+fi
 echo "gpu_tune exit ${PIPESTATUS[0]}"
 tar czf "$OUT/logs-$LABEL.tar.gz" -C /tmp/tune --exclude=cache --exclude=unused --exclude=engine.key . 2>/dev/null
 ls -l "$OUT"
