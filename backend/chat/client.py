@@ -22,8 +22,20 @@ from backend.errors import BackendError, PromptTooLongError, ServiceError
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
+
+
+class EngineBusy(BackendError):
+    """The engine answered 429 or a 5xx before the reply began: worth another try."""
+
+
 # Before the first token: the connection failed, broke or timed out, or the server was busy or failing.
-RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError, httpx.TransportError)
+RETRYABLE = (
+    openai.APIConnectionError,
+    openai.InternalServerError,
+    openai.RateLimitError,
+    httpx.TransportError,
+    EngineBusy,
+)
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
 
 
@@ -49,6 +61,28 @@ def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE)
 
 
+async def _status_error(response: httpx.Response) -> ServiceError:
+    """The error for a reply the engine refused with an HTTP status (the same as the SDK's, one step less)."""
+    try:
+        body = json.loads(await response.aread())
+        error = body.get("error", body) if isinstance(body, dict) else body
+        detail = str(error.get("message", error) if isinstance(error, dict) else error)
+    except (ValueError, httpx.HTTPError):
+        detail = ""
+    finally:
+        await response.aclose()
+    status = response.status_code
+    if status == 400:
+        if any(word in detail.lower() for word in CONTEXT_WORDS):
+            return PromptTooLongError.of("context.window_exceeded")
+        return BackendError.of("backend.refused", detail=detail)
+    if status in (401, 403):
+        return BackendError.of("backend.auth")
+    if status == 429 or status >= 500:
+        return EngineBusy.of("backend.status", status=status, detail=detail)
+    return BackendError.of("backend.status", status=status, detail=detail)
+
+
 def _translate(exc: BaseException) -> ServiceError:
     """Turn an openai/httpx exception into one of our errors with a message a person can act on."""
     if isinstance(exc, openai.BadRequestError):
@@ -70,15 +104,16 @@ def _translate(exc: BaseException) -> ServiceError:
 class ChatStream:
     """One streamed reply: iterate for text pieces; leaving early (or cancelling) closes the HTTP stream.
 
-    The request goes through the one AsyncOpenAI client (its request building, key and HTTP errors), but the
-    server-sent events are read here, one `json.loads` per chunk: the SDK's typed chunk objects cost about 10x
-    more CPU per chunk, which caps what one app process can stream (scripts/client_ceiling.py)."""
+    The request goes out on the one HTTP client the AsyncOpenAI client uses (same pool, timeouts and key), built
+    here, and the server-sent events are read here, one `json.loads` per chunk: the SDK's request building costs
+    ~2 ms before the first byte and its typed chunk objects ~4x the CPU per chunk, which capped what one app
+    process could stream (scripts/client_ceiling.py, results/gpu-h200/app-path)."""
 
     def __init__(self, client: ChatClient, messages: list[Message], sampling: dict[str, Any]) -> None:
         self._client = client
         self._messages = messages
         self._sampling = sampling
-        self._response: Any = None  # the SDK's streamed response, open while the reply streams
+        self._response: httpx.Response | None = None  # open while the reply streams
         self._lines: AsyncIterator[str] | None = None
         self.stats = StreamStats()
 
@@ -94,7 +129,7 @@ class ChatStream:
         """Close the HTTP response: the engine sees the disconnect and aborts the request."""
         response, self._response, self._lines = self._response, None, None
         if response is not None:
-            await response.close()
+            await response.aclose()
         if self.stats.finished is None:
             self.stats.finished = time.monotonic()
 
@@ -135,15 +170,23 @@ class ChatStream:
     async def _open(self) -> str:
         """Start the request and read up to the first text; retried as a whole before any token."""
         self.stats.attempts += 1
-        request = self._client.openai.chat.completions.with_streaming_response.create(  # type: ignore[call-overload]
-            model=self._client.endpoint.model,
-            messages=self._messages,
-            stream=True,
-            stream_options={"include_usage": True},
+        endpoint = self._client.endpoint
+        body = {
+            "model": endpoint.model,
+            "messages": self._messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
             **self._sampling,
+        }
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+        request = self._client.http.build_request(
+            "POST", endpoint.base_url + "/v1/chat/completions", json=body, headers=headers
         )
-        self._response = await request.__aenter__()
-        self._lines = self._response.iter_lines()
+        response = await self._client.http.send(request, stream=True)
+        if response.status_code != 200:
+            raise await _status_error(response)
+        self._response = response
+        self._lines = response.aiter_lines()
         try:
             async for text in self._texts():
                 return text
