@@ -225,15 +225,17 @@ class Supervisor:
             policy.failed(uptime)
             self.status.restarts += 1
             tail = self.process.tail() if self.process else ""
-            await self._stop_process()
             log.error("Engine %s after %.0f s; restarting (restart #%d)", reason, uptime, self.status.restarts)
+            # The state first: stopping what is left of the process group can take a moment.
             if policy.exhausted:
                 streak = EngineStartError.of("engine.crash_streak", reason=reason, count=policy.failures)
                 self._set(State.FAILED, problem=streak, log_tail=tail)
+                await self._stop_process()
                 await self._wait_for_retry()
                 policy.reset()
                 continue
             self._set(State.RESTARTING, problem=EngineStartError.of("engine.restarting", reason=reason), log_tail=tail)
+            await self._stop_process()
             await asyncio.sleep(policy.delay_s())
 
     async def _wait_for_retry(self) -> None:
