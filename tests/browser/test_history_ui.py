@@ -1,9 +1,12 @@
 """Login and saved conversations in headless Chromium: log in, chat, restart the app, resume the thread from
-the sidebar and go on with the model seeing the earlier turn; another user does not see it."""
+the sidebar and go on with the model seeing the earlier turn; another user does not see it.
+
+Every test makes the threads it looks at, with titles of its own: the tests run alone and in any order."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,15 +14,15 @@ import pytest
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import CHROMIUM, REPLY, RunningApp, launch_app, login_env
-from tests.chat_api import ChatSocket, login
+from tests.app_process import READY, REPLY, USER, RunningApp, launch_app, login_env, wait_until
+from tests.browser.pages import send, wait_finished
+from tests.chat_api import ChatSocket, login, rendered_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
-USER = '.step[data-step-type="user_message"]'
-READY = "#chat-settings-open-modal"  # the settings panel is the last thing a chat's start (or resume) sends
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password"}
-FIRST = "What is the capital of France?"
+# Chainlit's own alert for a refused password login (its en-US translation, auth.login.errors.default)
+LOGIN_REFUSED = "Unable to sign in"
 
 
 class Site:
@@ -35,8 +38,6 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: apt-get install -y chromium (make test-deps does it)")
     root = tmp_path_factory.mktemp("history-ui")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
@@ -60,16 +61,26 @@ async def log_in(browser, site: Site, name: str):  # type: ignore[no-untyped-def
     return page
 
 
-async def send(page, text: str) -> None:  # type: ignore[no-untyped-def]
-    await page.click("#chat-input")
-    await page.keyboard.type(text)
-    await page.keyboard.press("Enter")
+async def prompt_tokens(site: Site) -> float:
+    return await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
 
 
-async def wait_reply(page, n: int) -> str:  # type: ignore[no-untyped-def]
-    """The text of the n-th assistant reply once it is finished (its footer names the template)."""
-    await page.wait_for_selector(f"{REPLY} >> nth={n} >> text=Template:", timeout=180_000)
-    return str(await page.locator(REPLY).nth(n).inner_text())
+async def prompt_tokens_above(site: Site, floor: float) -> float:
+    """The engine's prompt token counter once it has passed `floor` (it may trail the reply by a moment)."""
+    return await asyncio.to_thread(
+        wait_until, lambda: (v := site.app.engine_metric("prompt_tokens")) > floor and v, "the prompt token count"
+    )
+
+
+async def saved_thread(site: Site, name: str, text: str) -> None:
+    """A conversation of user `name` saved through the app's socket, as the page would (one finished turn)."""
+    http = await login(site.app.url, name, PASSWORDS[name])
+    chat = ChatSocket(site.app.url, http)
+    await chat.connect()
+    await chat.ask(text)
+    await chat.close()
+    await http.aclose()
+    assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
 
 
 async def test_wrong_password_shows_an_error(browser, site: Site) -> None:  # type: ignore[no-untyped-def]
@@ -79,51 +90,63 @@ async def test_wrong_password_shows_an_error(browser, site: Site) -> None:  # ty
     await page.fill("#email", "alice")
     await page.fill("#password", "not-her-password")
     await page.click('button[type="submit"]')
-    await page.wait_for_timeout(1000)
-    assert not await page.is_visible("#chat-input")
+    await page.get_by_role("alert").get_by_text(LOGIN_REFUSED).wait_for(timeout=60_000)
+    assert await page.locator("#chat-input").count() == 0
     assert "/login" in page.url
 
 
 async def test_login_chat_restart_and_resume(browser, site: Site) -> None:  # type: ignore[no-untyped-def]
+    first_question = f"What is the capital of France? ({uuid.uuid4().hex[:8]})"
+    follow_up = "And of Germany?"  # fewer tokens than the first question: alone, its prompt is the shorter one
     page = await log_in(browser, site, "alice")
-    await send(page, FIRST)
-    first = await wait_reply(page, 0)
-    thread = page.locator("#thread-history").get_by_text(FIRST)
-    await thread.wait_for(timeout=30_000)
+    start = await prompt_tokens(site)
+    await send(page, first_question)
+    first = await wait_finished(page, 0)
+    first_prompt = await prompt_tokens_above(site, start) - start
+    thread = page.locator("#thread-history").get_by_text(first_question)
+    await thread.wait_for(timeout=60_000)
 
     await asyncio.to_thread(site.restart)
 
     await page.goto(site.app.url)  # still logged in: the session secret is kept in the data folder
     await page.wait_for_selector(READY, timeout=60_000)
-    await page.locator("#thread-history").get_by_text(FIRST).click()
-    await page.wait_for_url("**/thread/*", timeout=30_000)
+    await page.locator("#thread-history").get_by_text(first_question).click()
+    await page.wait_for_url("**/thread/*", timeout=60_000)
     thread_id = page.url.rsplit("/", 1)[1]
-    await page.wait_for_selector(f"{USER} >> text={FIRST}", timeout=60_000)
+    await page.wait_for_selector(f"{USER} >> text={first_question}", timeout=60_000)
     await page.wait_for_selector(READY, timeout=60_000)
-    assert (await page.locator(REPLY).first.inner_text()).strip() == first.strip()
+    assert (await page.locator(REPLY).first.inner_text()).strip() == first.strip(), "the reply is shown as it was"
 
-    before = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
-    await send(page, "And of Germany?")
-    await wait_reply(page, 1)
-    with_history = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens") - before
+    before = await prompt_tokens(site)
+    await send(page, follow_up)
+    await wait_finished(page, 1)
+    with_history = await prompt_tokens_above(site, before) - before
     assert f"Resumed thread {thread_id}: 2 messages restored" in site.app.log_text()
     await page.screenshot(path=str(site.root / "resumed.png"), full_page=True)
 
-    # the same question in a new chat, for comparison: the resumed one carried the first turn too
+    # the same question in a new chat, for comparison
     http = await login(site.app.url, "alice", PASSWORDS["alice"])
     fresh = ChatSocket(site.app.url, http)
     await fresh.connect()
-    before = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
-    await fresh.ask("And of Germany?")
-    without = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens") - before
+    before = await prompt_tokens(site)
+    await fresh.ask(follow_up)
+    alone = await prompt_tokens_above(site, before) - before
     await fresh.close()
     await http.aclose()
-    assert with_history >= without + 20, (with_history, without)
+    # Alone, the follow-up makes a shorter prompt than the first question did; resumed, a longer one: the first
+    # question and its reply went to the model again. (No reply length is assumed.)
+    assert alone < first_prompt < with_history, (alone, first_prompt, with_history)
 
 
 async def test_another_user_sees_no_foreign_threads(browser, site: Site) -> None:  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:8]
+    alices, bobs = f"Alice's question {tag}", f"Bob's question {tag}"
+    await saved_thread(site, "alice", alices)
+    await saved_thread(site, "bob", bobs)
     page = await log_in(browser, site, "bob")
-    await page.wait_for_timeout(2000)  # let the sidebar load
-    assert await page.locator("#thread-history").get_by_text(FIRST).count() == 0
+    # the sidebar has loaded bob's threads (his own is there): alice's is not among them
+    await page.locator("#thread-history").get_by_text(bobs).wait_for(timeout=60_000)
+    assert await page.locator("#thread-history").get_by_text(alices).count() == 0
     alice = await log_in(browser, site, "alice")
-    await alice.locator("#thread-history").get_by_text(FIRST).first.wait_for(timeout=30_000)
+    await alice.locator("#thread-history").get_by_text(alices).wait_for(timeout=60_000)
+    assert await alice.locator("#thread-history").get_by_text(bobs).count() == 0

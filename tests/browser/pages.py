@@ -1,0 +1,79 @@
+"""What the browser tests do on the chat page: open it in a language, send a message, wait for a reply or a notice."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from backend.chat.i18n import MESSAGES, lang_of
+from tests.app_process import READY, REPLY
+
+LOCALES = ["en-US", "zh-CN"]
+FOOTER = {"en-US": "Template:", "zh-CN": "模板："}  # the footer every finished reply ends with (render.reply_text)
+WAIT_MS = 180_000  # generous: a reply may wait for a busy machine
+
+
+async def open_page(browser: Any, url: str, locale: str, ready: str = READY) -> Any:
+    """A new page in a browser whose language is `locale`, once the chat's start has sent `ready`."""
+    page = await (await browser.new_context(locale=locale)).new_page()
+    await page.goto(url)
+    await page.wait_for_selector("#chat-input", timeout=60_000)
+    await page.wait_for_selector(ready, timeout=60_000)
+    return page
+
+
+async def send(page: Any, text: str) -> None:
+    await page.click("#chat-input")
+    await page.keyboard.type(text)
+    await page.keyboard.press("Enter")
+
+
+async def wait_finished(page: Any, n: int, locale: str = "en-US") -> str:
+    """The text of the n-th assistant message once the template footer shows it finished."""
+    await page.wait_for_selector(f"{REPLY} >> nth={n} >> text={FOOTER[locale]}", timeout=WAIT_MS)
+    return str(await page.locator(REPLY).nth(n).inner_text())
+
+
+async def wait_turn_over(page: Any, n: int) -> str:
+    """The text of the n-th assistant message once the turn that sent it is over (the stop button has gone)."""
+    await page.wait_for_function(
+        "([sel, n]) => document.querySelectorAll(sel).length > n && !document.querySelector('#stop-button')",
+        arg=[REPLY, n],
+        timeout=WAIT_MS,
+    )
+    return str(await page.locator(REPLY).nth(n).inner_text())
+
+
+def message_pattern(key: str, locale: str) -> str:
+    """A regular expression (Python and JavaScript) for MESSAGES[key] in the language of `locale`, each number
+    parameter ({elapsed:.0f}) captured as a group."""
+    parts = re.split(r"\{\w+:\.0f\}", MESSAGES[key][lang_of(locale)])
+    return r"(\d+)".join(re.escape(part) for part in parts)
+
+
+# The number in the first assistant message matching a pattern (see message_pattern), once it is above `above`.
+_NUMBER_SHOWN = """([sel, src, above]) => {
+  const re = new RegExp(src);
+  for (const el of document.querySelectorAll(sel)) {
+    const m = (el.innerText || "").match(re);
+    if (m && Number(m[1]) > above) return Number(m[1]);
+  }
+  return null;
+}"""
+
+
+async def number_shown(page: Any, pattern: str, above: float = -1) -> int:
+    """Wait until an assistant message matches `pattern` with a number above `above`; return that number."""
+    handle = await page.wait_for_function(_NUMBER_SHOWN, arg=[REPLY, pattern, above], timeout=WAIT_MS)
+    return int(await handle.json_value())
+
+
+async def matching(page: Any, pattern: str) -> int:
+    """How many assistant messages match `pattern` now."""
+    return int(
+        await page.evaluate(
+            "([sel, src]) => [...document.querySelectorAll(sel)].filter(el => new RegExp(src).test(el.innerText))"
+            ".length",
+            [REPLY, pattern],
+        )
+    )
