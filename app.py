@@ -154,8 +154,11 @@ async def _answer(session: ChatSession, text: str) -> None:
     try:
         async for event in turn:
             await page.show(event)
-    except asyncio.CancelledError as stop:  # the stop button, while the page was being updated
-        await page.show(await turn.athrow(stop))  # the turn ends as stopped (the engine's request is aborted)
+    except asyncio.CancelledError as stop:
+        if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: nothing left to finish
+            raise
+        # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
+        await page.show(await turn.athrow(stop))
     await _show_storage_problem()
 
 

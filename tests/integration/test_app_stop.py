@@ -16,14 +16,6 @@ from tests.chat_api import ChatSocket, rendered_finished
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a stop that lands before the stream (in ChatService.reply's wait_for_engine or build_request, "
-    "outside its try around the stream) ends the reply generator with the CancelledError; app.py _answer then "
-    "calls turn.athrow(stop) on the finished generator, gets None and renders it: on_message dies with "
-    "\"AttributeError: 'NoneType' object has no attribute 'key'\" (logged by Chainlit as an ERROR with its "
-    "traceback), and the turn ends with no stopped ending on the page",
-)
 async def test_stop_while_the_request_is_prepared_ends_the_turn_without_an_error(tmp_path: Path) -> None:
     with FakeEngine() as engine:
         engine.ready.set()
