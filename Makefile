@@ -67,9 +67,10 @@ $(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed backend/child/llamacpp_build
 	$(ENGINE_VENV)/bin/python -m backend.child.llamacpp_build --prefix $(ENGINE_VENV)/llama.cpp --variants $(LLAMA_VARIANTS)
 	touch $@
 
-## test: the whole suite: lint, type check, template check, unit, integration and browser tests
+## test: the whole suite: lint, type check, template check, unit, integration and browser tests, in a shuffled
+## order (pytest-randomly prints the seed; `pytest -p randomly --randomly-seed=N` repeats an order)
 test: setup browser-deps lint
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -p randomly
 
 ## lint: ruff, mypy on backend/, and the prompt templates
 lint: $(VENV)/.installed
@@ -79,10 +80,10 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/python -m backend check-prompts
 
 unit: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest tests/unit
+	$(VENV)/bin/python -m pytest -p randomly tests/unit
 
 integration: setup
-	$(VENV)/bin/python -m pytest -m "integration and not browser"
+	$(VENV)/bin/python -m pytest -p randomly -m "integration and not browser"
 
 ## add-user: add a login user or change a password: make add-user NAME=alice (docs/accounts.md)
 add-user: $(VENV)/.installed

@@ -23,6 +23,8 @@ from backend.benchmarks.workload import BenchRequest
 from backend.errors import BenchmarkError
 from backend.serving.process import free_port
 
+GENEROUS_S = 60.0
+
 
 def options(argv: list[str]) -> argparse.Namespace:
     """The checked options of `python -m backend bench ARGV...`."""
@@ -56,11 +58,11 @@ def test_command_prints_friendly_errors(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_process_tree_memory_covers_children() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(600)"])
     try:
-        for _ in range(100):  # until the child holds its 64 MiB
-            if rss_bytes(child.pid) > 60 << 20:
-                break
+        deadline = time.monotonic() + GENEROUS_S
+        while rss_bytes(child.pid) <= 60 << 20:  # until the child holds its 64 MiB
+            assert time.monotonic() < deadline and child.poll() is None, "the child never held its 64 MiB"
             time.sleep(0.05)
         assert child.pid in process_tree(os.getpid())
         own = rss_bytes(os.getpid())
@@ -80,13 +82,20 @@ async def test_metrics_memory_and_peak_sampler() -> None:
     async with httpx.AsyncClient(transport=missing) as http:
         assert await metrics_rss_bytes(http, "http://engine") is None
 
-    readings = iter([10, 30, None, 20])
+    readings = [10, 30, None, 20]  # then 5 for ever
+    taken = 0
+    all_read = asyncio.Event()
 
     async def read() -> int | None:
-        return next(readings, 5)
+        nonlocal taken
+        value = readings[taken] if taken < len(readings) else 5
+        taken += 1
+        if taken == len(readings):
+            all_read.set()
+        return value
 
     async with PeakSampler(read, interval_s=0.01) as sampler:
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(all_read.wait(), GENEROUS_S)  # until every reading above was taken
     assert sampler.peak == 30
 
 

@@ -110,11 +110,19 @@ async def test_synthetic_prompts_hit_the_exact_length() -> None:
 
 
 async def test_synthetic_prompts_without_a_token_counter_are_estimates(caplog: pytest.LogCaptureFixture) -> None:
+    asked: list[int] = []
+
     async def cannot(messages: list[dict[str, str]]) -> None:
-        return None
+        asked.append(1)
+        return None  # like a server without /tokenize
 
     caplog.set_level(logging.WARNING, logger="backend.benchmarks.workload")
-    requests = await SyntheticWorkload(150, 8, Tagger(), cannot).take(2)
-    assert len(requests) == 2
-    assert len(requests[0].messages[-1]["content"].split()) == 1 + 100  # the tag and 150 / 1.5 words
-    assert "cannot count tokens" in caplog.text
+    short = await SyntheticWorkload(150, 8, Tagger(), cannot).take(2)
+    warnings = [r for r in caplog.records if "cannot count tokens" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING", "the estimate is announced once"
+    assert asked == [1], "a server that cannot count is asked once, not for every prompt"
+    assert [r.max_tokens for r in short] == [8, 8]
+    assert short[0].messages[-1]["content"] != short[1].messages[-1]["content"], "each prompt has its own tag"
+    # An estimate still follows the length asked for: four times the tokens, more words.
+    long = await SyntheticWorkload(600, 8, Tagger(), cannot).take(1)
+    assert len(long[0].messages[-1]["content"].split()) > len(short[0].messages[-1]["content"].split())

@@ -98,9 +98,12 @@ def test_command_line_names_the_model_and_never_the_key(tmp_path: Path) -> None:
     assert spec.flags.max_model_len == 2048, "the app's context window is llama.cpp's n_ctx"
 
 
-def test_threads_default_to_every_usable_core(tmp_path: Path) -> None:
+def test_threads_default_to_every_usable_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process allowed on CPUs 0, 2 and 3 of a larger machine (a container's cpuset): three usable cores.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 3})
     spec = build_llamacpp_launch(config(tmp_path), "/x.gguf", 1, KEY, SERVER)
-    assert spec.argv[spec.argv.index("--threads") + 1] == str(len(os.sched_getaffinity(0)))
+    assert spec.argv[spec.argv.index("--threads") + 1] == "3"
+    assert spec.argv[spec.argv.index("--threads-batch") + 1] == "3"
 
 
 def test_child_env_drops_inherited_llama_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -147,7 +147,8 @@ def test_locate_without_state_file_uses_the_configuration(make_config: MakeConfi
     found = locate(cfg)
     assert found.engine_url == "http://127.0.0.1:8123"
     assert found.log == cfg.paths.engine_log
-    assert found.app_url == f"http://127.0.0.1:{cfg.app.port}"
+    # The shipped app.port: the port `make run` serves the chat on (the Makefile's PORT, 8501).
+    assert found.app_url == "http://127.0.0.1:8501"
     assert locate(make_config(app__port=9123)).app_url == "http://127.0.0.1:9123"
 
 
@@ -160,6 +161,18 @@ def test_command_exit_code_and_output(fake: tuple[Fake, str], capsys: pytest.Cap
     assert cli.main([*command, str(LOGS / "port_in_use.txt")]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] engine log: Port already in use" in out and "Result: 1 problem(s)" in out
+
+
+def test_command_without_app_url_finds_the_app_on_app_port(
+    fake: tuple[Fake, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, url = fake
+    healthy(state)
+    port = url.rsplit(":", 1)[1]
+    monkeypatch.setenv("ERNIE_APP__PORT", port)  # as `make doctor PORT=...` sets it
+    assert cli.main(["doctor", "--engine-url", url, "--log", str(LOGS / "healthy_start.txt")]) == 0
+    out = capsys.readouterr().out
+    assert f"[ OK ] app: http://127.0.0.1:{port} is up" in out, out
 
 
 def test_command_reports_a_broken_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
