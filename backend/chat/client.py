@@ -83,6 +83,19 @@ async def _status_error(response: httpx.Response) -> ServiceError:
     return BackendError.of("backend.status", status=status, detail=detail)
 
 
+async def _event_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The body's lines split at "\n" only. (httpx's aiter_lines also splits at U+2028, U+0085 and other Unicode
+    line breaks, which a model's text may hold raw inside one JSON event: the event then arrives cut in two.)"""
+    pending = b""
+    async for data in response.aiter_bytes():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", "replace")
+
+
 def _translate(exc: BaseException) -> ServiceError:
     """Turn an openai/httpx exception into one of our errors with a message a person can act on."""
     if isinstance(exc, openai.BadRequestError):
@@ -186,7 +199,7 @@ class ChatStream:
         if response.status_code != 200:
             raise await _status_error(response)
         self._response = response
-        self._lines = response.aiter_lines()
+        self._lines = _event_lines(response)
         try:
             async for text in self._texts():
                 return text
