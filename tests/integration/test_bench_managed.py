@@ -21,13 +21,14 @@ def test_managed_bench_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
     env = {
         **os.environ,
         "ERNIE_MODEL__ID": str(tiny_model),
+        "ERNIE_SERVER__PORT": "0",  # a free port from the OS, not the configured 8100 another run may hold
         "ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": "2048",
         "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1",
         "ERNIE_TIMEOUTS__STARTUP_S": "300",
     }
     cmd = [sys.executable, "-m", "backend", "bench", "--out-dir", str(out), "--concurrency", "1,3"]
     cmd += ["--rounds", "1", "--datasets", "prompts", "--prompts-output-len", "5", "--app-concurrency", "3"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert str(out / "report.md") in proc.stdout
 
