@@ -189,7 +189,8 @@ class ChatStream:
             "messages": self._messages,
             "stream": True,
             "stream_options": {"include_usage": True},
-            **self._sampling,
+            **{k: v for k, v in self._sampling.items() if k != "extra_body"},
+            **self._sampling.get("extra_body", {}),  # as the SDK does: extra fields go into the body itself
         }
         headers = {"Authorization": f"Bearer {endpoint.api_key}"}
         request = self._client.http.build_request(

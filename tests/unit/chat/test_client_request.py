@@ -6,8 +6,6 @@ import asyncio
 import json
 from typing import Any
 
-import pytest
-
 from backend.chat.client import ChatClient
 from backend.engines.base import Endpoint
 
@@ -81,12 +79,6 @@ async def test_the_request_streams_with_usage_and_carries_the_sampling_settings(
     assert (body["max_tokens"], body["temperature"], body["top_p"], body["stop"]) == (7, 0.5, 0.8, ["\n\n"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backend/chat/client.py builds the JSON body itself since e2b7d2a and puts extra_body in it as a field "
-    "named 'extra_body' (the OpenAI SDK it replaced merged those keys into the body): engine parameters such as "
-    "vLLM's ignore_eos and min_tokens (backend/benchmarks/loadgen.py's app path passes them so) never take effect",
-)
 async def test_engine_parameters_given_as_extra_body_are_fields_of_the_request() -> None:
     body = await sent(max_tokens=7, extra_body={"ignore_eos": True, "min_tokens": 7})
     assert (body.get("ignore_eos"), body.get("min_tokens")) == (True, 7), body
