@@ -14,10 +14,10 @@ from backend.config import ROOT
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def torch_index_choice(venv: Path, env: dict[str, str]) -> str:
-    """Run the Makefile's own decision (target <venv>/.torch-index) and return what it wrote."""
+def make(flag: str, target: Path, venv: Path, env: dict[str, str]) -> str:
+    """Run `make FLAG TARGET` for an engine environment at `venv`; its standard output (the run must succeed)."""
     proc = subprocess.run(
-        ["make", "-s", f"{venv}/.torch-index", f"ENGINE_VENV={venv}", "PYTHON=python3"],
+        ["make", flag, str(target), f"ENGINE_VENV={venv}", "PYTHON=python3"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -25,7 +25,13 @@ def torch_index_choice(venv: Path, env: dict[str, str]) -> str:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    return (venv / ".torch-index").read_text().strip() + "\n" + proc.stdout
+    return proc.stdout
+
+
+def torch_index_choice(venv: Path, env: dict[str, str]) -> str:
+    """Run the Makefile's own decision (target <venv>/.torch-index) and return what it wrote."""
+    out = make("-s", venv / ".torch-index", venv, env)
+    return (venv / ".torch-index").read_text().strip() + "\n" + out
 
 
 @pytest.mark.slow

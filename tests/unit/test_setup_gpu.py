@@ -5,12 +5,12 @@ plays one (it prints what the real `nvidia-smi -L` prints), or a driver that see
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from backend.config import ROOT
+from tests.unit.test_setup import make
 
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5f1e2d3c-0000-1111-2222-333344445555)"
 NO_DEVICE = "No devices were found"
@@ -26,16 +26,7 @@ def setup_plan(tmp_path: Path, nvidia_smi_output: str | None, exit_code: int = 0
         tool.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
     venv = tmp_path / "engine"
-    proc = subprocess.run(
-        ["make", "-n", f"{venv}/.installed", f"ENGINE_VENV={venv}", "PYTHON=python3"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return make("-n", venv / ".installed", venv, env)
 
 
 def test_a_visible_nvidia_gpu_gets_vllms_cuda_build(tmp_path: Path) -> None:
