@@ -29,13 +29,7 @@ class EngineBusy(BackendError):
 
 
 # Before the first token: the connection failed, broke or timed out, or the server was busy or failing.
-RETRYABLE = (
-    openai.APIConnectionError,
-    openai.InternalServerError,
-    openai.RateLimitError,
-    httpx.TransportError,
-    EngineBusy,
-)
+RETRYABLE = (httpx.TransportError, EngineBusy)
 CONTEXT_WORDS = ("maximum context length", "context length", "max_model_len", "too long")
 
 
@@ -71,12 +65,16 @@ async def _status_error(response: httpx.Response) -> ServiceError:
         detail = ""
     finally:
         await response.aclose()
-    status = response.status_code
+    return _for_status(response.status_code, detail)
+
+
+def _for_status(status: int, detail: str) -> ServiceError:
+    """The error for an HTTP status the engine answered with, and its message (the streamed reply's and the SDK's)."""
     if status == 400:
         if any(word in detail.lower() for word in CONTEXT_WORDS):
             return PromptTooLongError.of("context.window_exceeded")
         return BackendError.of("backend.refused", detail=detail)
-    if status in (401, 403):
+    if status == 401:
         return BackendError.of("backend.auth")
     if status == 429 or status >= 500:
         return EngineBusy.of("backend.status", status=status, detail=detail)
@@ -98,19 +96,12 @@ async def _event_lines(response: httpx.Response) -> AsyncIterator[str]:
 
 def _translate(exc: BaseException) -> ServiceError:
     """Turn an openai/httpx exception into one of our errors with a message a person can act on."""
-    if isinstance(exc, openai.BadRequestError):
-        text = str(exc.message)
-        if any(word in text.lower() for word in CONTEXT_WORDS):
-            return PromptTooLongError.of("context.window_exceeded")
-        return BackendError.of("backend.refused", detail=text)
-    if isinstance(exc, openai.AuthenticationError):
-        return BackendError.of("backend.auth")
+    if isinstance(exc, openai.APIStatusError):
+        return _for_status(exc.status_code, str(exc.message))
     if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
         return BackendError.of("backend.timeout")
     if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
         return BackendError.of("backend.broken")
-    if isinstance(exc, openai.APIStatusError):
-        return BackendError.of("backend.status", status=exc.status_code, detail=exc.message)
     return BackendError.of("backend.unexpected", detail=str(exc))
 
 
@@ -220,7 +211,7 @@ class ChatStream:
             async for attempt in retrying:
                 with attempt:
                     first = await self._open()
-        except (openai.OpenAIError, httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:
             raise _translate(exc) from exc
         if first:
             self.stats.first_token = time.monotonic()
@@ -233,7 +224,7 @@ class ChatStream:
                         self.stats.first_token = time.monotonic()
                     self.stats.chunks += 1
                     yield text
-        except (openai.OpenAIError, httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:
             # No retry here: part of the reply already reached the user.
             raise _translate(exc) from exc
         finally:
