@@ -19,7 +19,18 @@ from backend.chat.client import ChatClient, Message, StreamStats
 from backend.chat.context import estimate_tokens, fit_history
 from backend.chat.pacing import paced
 from backend.chat.request import ChatRequest, UserSettings, clean_input
-from backend.chat.turn import ChatSession, Done, Ending, EngineState, EngineWait, Event, Notice, Refused, Text
+from backend.chat.turn import (
+    ChatSession,
+    Done,
+    Ending,
+    EngineState,
+    EngineWait,
+    Event,
+    Notice,
+    Refused,
+    Text,
+    turn_messages,
+)
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
 from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
@@ -158,7 +169,7 @@ class ChatService:
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
         # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
-        # in here (athrow) and ends the reply like one that lands while waiting for the engine.
+        # in here (athrow) and ends the reply like one that lands while the stream is awaited.
         parts: list[str] = []
         ending: Ending = "finished"
         error: ServiceError | None = None
@@ -178,7 +189,7 @@ class ChatService:
         self.recorder.reply_finished(stream.stats, failure)
         text = "".join(parts)
         if text:
-            session.history += [{"role": "user", "content": request.user_text}, {"role": "assistant", "content": text}]
+            session.history += turn_messages(request.user_text, text)
         yield Done(text, request.template, request.reason, request.user_text, ending, error)
 
     async def wait_for_engine(self) -> AsyncIterator[EngineWait]:

@@ -16,6 +16,11 @@ from backend.chat.request import UserSettings
 from backend.errors import ServiceError
 
 
+def turn_messages(user_text: str, reply_text: str) -> list[Message]:
+    """The messages one finished turn adds to the history, as the model saw them."""
+    return [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply_text}]
+
+
 @dataclass
 class ChatSession:
     """What one browser chat keeps between turns."""

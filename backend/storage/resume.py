@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backend.chat.context import Message
+from backend.chat.turn import turn_messages
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ SYSTEM_AUTHOR = "system"
 
 def turn_metadata(user_text: str, reply_text: str) -> dict[str, list[Message]]:
     """Metadata for a reply message: the user and assistant messages this turn adds to the history."""
-    return {TURN_KEY: [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply_text}]}
+    return {TURN_KEY: turn_messages(user_text, reply_text)}
 
 
 def _metadata(step: Mapping[str, Any]) -> dict[str, Any]:
