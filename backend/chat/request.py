@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,11 +66,16 @@ class ChatRequest:
     dropped: int
 
 
+def _invisible(ch: str) -> bool:
+    """White space, or a format character that shows nothing (zero-width space and joiners, word joiner, BOM)."""
+    return ch.isspace() or unicodedata.category(ch) == "Cf"
+
+
 def clean_input(text: str, max_chars: int) -> str:
-    """Return the message without control characters or invalid Unicode; refuse empty or oversized ones."""
+    """Return the message without control characters or invalid Unicode; refuse invisible (empty) or oversized ones."""
     text = text.encode("utf-8", "replace").decode("utf-8")
     text = CONTROL_CHARS.sub("", text)
-    if not text.strip():
+    if all(_invisible(ch) for ch in text):
         raise InvalidInputError.of("input.empty")
     if len(text) > max_chars:
         raise InvalidInputError.of("input.too_large", chars=len(text), limit=max_chars)

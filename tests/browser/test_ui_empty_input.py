@@ -17,14 +17,10 @@ from tests.browser.pages import LOCALES, open_page, wait_turn_over
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-INVISIBLE = "   \u200b\u200b   "  # the page sends it: JavaScript's trim() keeps U+200B, which is no white space
+# The page sends it: JavaScript's trim() keeps U+200B and the other zero-width characters, which are no white space.
+INVISIBLE = "   \u200b\u200b  \u200c\u200d\u2060\ufeff "
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known product gap, fixed by another issue: clean_input (backend/chat/request.py) refuses only what "
-    "str.strip() empties, and U+200B ZERO WIDTH SPACE is no white space to it, so the message goes to the model",
-)
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_invisible_message_is_refused_as_empty(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
     with FakeEngine() as engine:
