@@ -53,9 +53,14 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "defaults": ("defaults", []),
     "h200": ("h200", []),
     "defaults-si8": ("defaults", ["--stream-interval", "8"]),
+    # Issue 17's TTFT at 16 users: fewer chunks for the API server to send (32 tokens a chunk; the first token
+    # still goes out at once) and two API server processes to render and tokenize the requests.
+    "ttft": ("defaults", ["--stream-interval", "32", "--api-server-count", "2"]),
 }
 # (users, requests): at least 32 requests at one user, several waves at the others.
 LEVELS = [(1, 32), (16, 96), (64, 256)]
+if os.environ.get("TUNE_LEVELS"):  # a subset of the levels, e.g. "1,16", for a call that studies one of them
+    LEVELS = [lv for lv in LEVELS if str(lv[0]) in os.environ["TUNE_LEVELS"].split(",")]
 INPUT_LEN, OUTPUT_LEN = 512, 256
 BENCH = ["--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--datasets", "synthetic"]
 BENCH += ["--temperature", "0", "--app-concurrency", "none", "--no-baseline", "--no-progress"]
