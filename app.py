@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import chainlit as cl
+from chainlit.chat_context import chat_context
 from chainlit.data.base import BaseDataLayer
 from chainlit.input_widget import Select, Slider
 from chainlit.types import ThreadDict
@@ -25,6 +26,7 @@ from backend.storage.persistence import Persistence
 from backend.storage.resume import history_from_thread, turn_metadata
 
 log = logging.getLogger("app")
+CHAINLIT_STOP_NOTICE = "Task manually stopped."  # chainlit/socket.py's stop handler sends it
 SERVICE: ChatService | None = None
 STARTUP_ERROR: ConfigError | None = None
 # Decided at import: Chainlit asks whether a login page is needed right after importing this file.
@@ -103,6 +105,15 @@ async def chat_resume(thread: ThreadDict) -> None:
     await _open(SERVICE.resumed_session(history_from_thread(thread), saved) if SERVICE else None, greet=False)
 
 
+@cl.on_stop
+async def stopped() -> None:
+    """Chainlit says "Task manually stopped." in English: the stopped reply says it in the user's language."""
+    for message in reversed(chat_context.get()):
+        if message.content == CHAINLIT_STOP_NOTICE:
+            await message.remove()
+            return
+
+
 @cl.on_chat_end
 async def chat_end() -> None:
     metrics.chat_ended(cl.context.session.id)
@@ -155,8 +166,9 @@ async def _answer(session: ChatSession, text: str) -> None:
         async for event in turn:
             await page.show(event)
     except asyncio.CancelledError as stop:
-        if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: nothing left to finish
-            raise
+        if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: say so, nothing to finish
+            await _say(t("stopped", page.lang))
+            return
         # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
         await page.show(await turn.athrow(stop))
     await _show_storage_problem()

@@ -1,0 +1,48 @@
+"""The stop button shows one stop notice, in the page's language: the stopped reply's own line, never Chainlit's
+English "Task manually stopped." beside it.
+
+The engine is a FakeEngine (tests/app_process.py) that holds the reply's request until the test releases it, so the
+stop is certain to land while the reply is awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from backend.chat.i18n import t
+from tests.app_process import REPLY, FakeEngine, start_app
+from tests.browser.pages import LOCALES, open_page, send, wait_finished, wait_turn_over
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+CHAINLIT_STOP = "Task manually stopped."
+
+
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_a_stopped_reply_shows_one_stop_notice_in_the_page_language(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
+    stopped = t("stopped", locale).replace("*", "")  # the page renders the Markdown emphasis
+    with FakeEngine() as engine:
+        engine.ready.set()
+        app = start_app(tmp_path / "data", **engine.app_overrides())
+        try:
+            await asyncio.to_thread(app.wait_ready)
+            page = await open_page(browser, app.url, locale)
+            before = await page.locator(REPLY).count()
+            engine.hold_path = "/v1/chat/completions"
+            await send(page, "Hello")
+            assert await asyncio.to_thread(engine.held.wait, 180), "the reply's request reached the engine"
+            await page.click("#stop-button")
+            shown = await wait_turn_over(page, before)
+            await page.wait_for_selector(f"{REPLY} >> text={stopped}", timeout=60_000)
+            texts = await page.locator(REPLY).all_inner_texts()
+            assert sum(stopped in text for text in texts[before:]) == 1, texts
+            assert not [text for text in texts if CHAINLIT_STOP in text], texts
+            assert "⚠" not in "".join(texts[before:]), shown
+            engine.hold_path = None
+            engine.release.set()
+            await send(page, "Hello again")  # the chat goes on
+            await wait_finished(page, len(texts), locale)
+        finally:
+            app.kill()
