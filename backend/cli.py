@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from backend.accounts.login import add_user_command
+from backend.accounts.users import ROLES
 from backend.benchmarks.loadtest import loadtest_command
 from backend.benchmarks.report import report_command
 from backend.benchmarks.run import bench_command
@@ -106,7 +107,7 @@ def _convert_gguf(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 def _add_user(cfg: AppConfig, args: argparse.Namespace) -> int:
     return add_user_command(
-        cfg, args.name, file=args.file, password_stdin=args.password_stdin, print_only=args.print_only
+        cfg, args.name, file=args.file, password_stdin=args.password_stdin, print_only=args.print_only, role=args.role
     )
 
 
@@ -282,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password-stdin", action="store_true", help="read the password from stdin (no prompt)")
     p.add_argument(
         "--print", dest="print_only", action="store_true", help="print name:hash for ERNIE_AUTH__USERS, write nothing"
+    )
+    p.add_argument(
+        "--role",
+        choices=ROLES,
+        help="user: chat only (the default for a new user); editor or admin: may also edit the prompt templates "
+        "in the workshop (/workshop). Without it an existing user keeps their role",
     )
     return parser
 

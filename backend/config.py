@@ -220,6 +220,14 @@ class StorageSettings(_Strict):
     database_url: SecretStr | None = None
 
 
+class WorkshopSettings(_Strict):
+    """The template workshop (/workshop, prompts/README.md): who may change the templates in the browser."""
+
+    # Without login, only the machine the app runs on may edit; true lets anyone who reaches the app edit.
+    # With login on, the user's role decides (editor or admin) and this key is not used.
+    allow_remote: bool = False
+
+
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -236,6 +244,7 @@ class AppConfig(_Strict):
     canary: CanarySettings = Field(default_factory=CanarySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    workshop: WorkshopSettings = Field(default_factory=WorkshopSettings)
 
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:

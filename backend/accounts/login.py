@@ -14,7 +14,15 @@ import sys
 from pathlib import Path
 
 from backend.accounts.passwords import MIN_LENGTH, dummy_hash, hash_password, verify_password
-from backend.accounts.users import UsersFileError, check_name, parse_users_env, read_users_file, write_users_file
+from backend.accounts.users import (
+    DEFAULT_ROLE,
+    UsersFileError,
+    check_name,
+    check_role,
+    parse_users_env_roles,
+    read_users_document,
+    write_users_file,
+)
 from backend.config import AppConfig, load_config
 from backend.errors import ConfigError, ServiceError
 
@@ -37,6 +45,7 @@ class Accounts:
         self._stamp: tuple[int, int] | None = None
         self._loaded = False
         self._users: dict[str, str] = {}
+        self._roles: dict[str, str] = {}
         self.problem: UsersFileError | None = None
         self._reload()
 
@@ -58,17 +67,19 @@ class Accounts:
             return
         self._stamp, self._loaded = stamp, True
         try:
-            users = read_users_file(self.users_file)
+            users, roles = read_users_document(self.users_file)
             if self._env_users:
-                users.update(parse_users_env(self._env_users))
+                env_users, env_roles = parse_users_env_roles(self._env_users)
+                users.update(env_users)
+                roles.update(env_roles)
         except UsersFileError as exc:
             if str(exc) != str(self.problem):
                 log.error("%s Nobody can log in until this is fixed.", exc)
-            self.problem, self._users = exc, {}
+            self.problem, self._users, self._roles = exc, {}, {}
             return
         if self.problem is not None:
             log.info("Users file fixed: %d users can log in.", len(users))
-        self.problem, self._users = None, users
+        self.problem, self._users, self._roles = None, users, roles
         if not users:
             log.error(
                 "Login is enabled but no users are defined (%s, ERNIE_AUTH__USERS): "
@@ -79,6 +90,11 @@ class Accounts:
     def names(self) -> list[str]:
         self._reload()
         return sorted(self._users)
+
+    def role(self, name: str) -> str | None:
+        """The role of the user `name` (users.ROLES), or None when there is no such user (or the file is damaged)."""
+        self._reload()
+        return self._roles.get(name, DEFAULT_ROLE) if name in self._users else None
 
     def check(self, name: str, password: str) -> str | None:
         """The user's name when `password` is theirs, else None (a wrong name costs as long as a wrong password)."""
@@ -154,30 +170,43 @@ def _read_password(name: str, from_stdin: bool) -> str:
 
 
 def add_user_command(
-    cfg: AppConfig, name: str, file: Path | None = None, password_stdin: bool = False, print_only: bool = False
+    cfg: AppConfig,
+    name: str,
+    file: Path | None = None,
+    password_stdin: bool = False,
+    print_only: bool = False,
+    role: str | None = None,
 ) -> int:
-    """`add-user NAME`: add a user or change their password in the users file (`file`, default auth.users_file).
+    """`add-user NAME`: add a user or change their password (and role) in the users file (`file`, default
+    auth.users_file).
 
-    The password is asked twice, or read from stdin; `print_only` prints name:hash and writes nothing."""
+    The password is asked twice, or read from stdin; `print_only` prints name:hash[:role] and writes nothing.
+    Without `role` a new user gets the default one and an existing user keeps theirs."""
     try:
         check_name(name)
+        if role is not None:
+            check_role(role)
         password = _read_password(name, password_stdin)
     except ValueError as exc:
         print(f"add-user: {exc}", file=sys.stderr)
         return 2
     if print_only:
-        print(f"{name}:{hash_password(password)}")
+        print(f"{name}:{hash_password(password)}" + (f":{role}" if role and role != DEFAULT_ROLE else ""))
         return 0
     path = file if file is not None else users_file_path(cfg)
     try:
-        users = read_users_file(path)
+        users, roles = read_users_document(path)
         existed = name in users
         users[name] = hash_password(password)
-        write_users_file(path, users)
+        if role is not None:
+            roles[name] = role
+        write_users_file(path, users, roles)
     except (ServiceError, OSError) as exc:
         print(f"add-user: {exc}", file=sys.stderr)
         return 1
-    print(f"{'Changed the password of' if existed else 'Added'} {name} in {path}.")
+    print(
+        f"{'Changed the password of' if existed else 'Added'} {name} in {path} (role: {roles.get(name, DEFAULT_ROLE)})."
+    )
     if not cfg.auth.enabled:
         print("Login is off: set auth.enabled: true in config/backend.yaml (or ERNIE_AUTH__ENABLED=true).")
     return 0

@@ -1,5 +1,8 @@
-"""The users file (YAML, `users: {name: hash}`) and ERNIE_AUTH__USERS: parsing with the file and line of every
-problem, and writing it atomically, readable by its owner only."""
+"""The users file (YAML, `users: {name: hash}` and `roles: {name: role}`) and ERNIE_AUTH__USERS: parsing with the
+file and line of every problem, and writing it atomically, readable by its owner only.
+
+A role says what a user may do besides chatting: "user" (the default, chat only), "editor" (may also change the
+prompt templates in the workshop) or "admin" (everything an editor may)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ from backend.accounts.passwords import PasswordHashError, parse_hash
 from backend.errors import UsersFileError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+ROLES = ("user", "editor", "admin")
+DEFAULT_ROLE = "user"
+EDITOR_ROLES = frozenset({"editor", "admin"})  # who may change the prompt templates
 HEADER = (
     "# Users who may log in to the chat, with salted scrypt hashes of their passwords (never the passwords).\n"
     "# Written by `python -m backend add-user NAME`; the app re-reads this file when it changes.\n"
@@ -26,6 +32,13 @@ def check_name(name: str) -> str:
             f"user name {name!r} is not allowed: use 1-64 letters, digits and . _ @ - (starting with a letter or digit)"
         )
     return name
+
+
+def check_role(role: str) -> str:
+    """Return `role` if it is one of ROLES, else raise ValueError naming them."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is not known: use one of {', '.join(ROLES)}")
+    return role
 
 
 def _check_entry(name: object, stored: object) -> str | None:
@@ -46,7 +59,12 @@ def _check_entry(name: object, stored: object) -> str | None:
 
 
 def parse_users_file(text: str, path: Path) -> dict[str, str]:
-    """Parse the users file text; raise UsersFileError naming the file and line of the first problem."""
+    """Parse the users file text into {name: hash}; raise UsersFileError naming the file and line of a problem."""
+    return parse_users_document(text, path)[0]
+
+
+def parse_users_document(text: str, path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Parse the users file text into ({name: hash}, {name: role}); raise UsersFileError naming file and line."""
     fix = f"Fix {path} (or recreate it with `python -m backend add-user NAME`)."
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -55,63 +73,100 @@ def parse_users_file(text: str, path: Path) -> dict[str, str]:
         where = f", line {mark.line + 1}" if mark is not None else ""
         raise UsersFileError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)}).", fix) from exc
     if root is None:
-        return {}
+        return {}, {}
     if not isinstance(root, yaml.MappingNode):
         raise UsersFileError(f"{path}, line {root.start_mark.line + 1}: expected `users:` at the top.", fix)
     users: dict[str, str] = {}
+    roles: dict[str, str] = {}
     for key, value in root.value:
         line = key.start_mark.line + 1
-        if key.value != "users":
-            raise UsersFileError(f"{path}, line {line}: unknown key {key.value!r} (only `users:` is expected).", fix)
+        if key.value not in ("users", "roles"):
+            raise UsersFileError(
+                f"{path}, line {line}: unknown key {key.value!r} (only `users:` and `roles:` are expected).", fix
+            )
         if isinstance(value, yaml.ScalarNode) and value.value in ("", "~", "null"):
             continue
+        found, check, form = (
+            (users, _check_entry, "name: hash") if key.value == "users" else (roles, _check_role_entry, "name: role")
+        )
         if not isinstance(value, yaml.MappingNode):
-            raise UsersFileError(f"{path}, line {line}: `users:` must hold lines of the form `name: hash`.", fix)
-        for name_node, hash_node in value.value:
+            raise UsersFileError(f"{path}, line {line}: `{key.value}:` must hold lines of the form `{form}`.", fix)
+        for name_node, item_node in value.value:
             line = name_node.start_mark.line + 1
-            if not isinstance(name_node, yaml.ScalarNode) or not isinstance(hash_node, yaml.ScalarNode):
-                raise UsersFileError(f"{path}, line {line}: expected `name: hash`.", fix)
-            problem = _check_entry(name_node.value, hash_node.value)
+            if not isinstance(name_node, yaml.ScalarNode) or not isinstance(item_node, yaml.ScalarNode):
+                raise UsersFileError(f"{path}, line {line}: expected `{form}`.", fix)
+            problem = check(name_node.value, item_node.value)
             if problem:
                 raise UsersFileError(f"{path}, line {line}: {problem}.", fix)
-            if name_node.value in users:
+            if name_node.value in found:
                 raise UsersFileError(f"{path}, line {line}: user {name_node.value!r} appears twice.", fix)
-            users[name_node.value] = hash_node.value
-    return users
+            found[name_node.value] = item_node.value
+    return users, roles
+
+
+def _check_role_entry(name: object, role: object) -> str | None:
+    """Why a name/role pair is invalid, or None."""
+    try:
+        check_name(str(name))
+        check_role(str(role))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def parse_users_env(value: str) -> dict[str, str]:
-    """Parse ERNIE_AUTH__USERS ("name:hash,name:hash"); raise UsersFileError naming the entry."""
+    """Parse ERNIE_AUTH__USERS ("name:hash[:role],..."); raise UsersFileError naming the entry."""
+    return parse_users_env_roles(value)[0]
+
+
+def parse_users_env_roles(value: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Parse ERNIE_AUTH__USERS ("name:hash[:role],...") into ({name: hash}, {name: role})."""
     users: dict[str, str] = {}
+    roles: dict[str, str] = {}
     for number, entry in enumerate((e.strip() for e in value.split(",")), start=1):
         if not entry:
             continue
-        name, sep, stored = entry.partition(":")
+        name, sep, rest = entry.partition(":")
+        stored, _, role = rest.partition(":")  # a hash holds no ":"; what follows one is the role
         problem = _check_entry(name.strip(), stored.strip()) if sep else "expected name:hash"
+        if not problem and role:
+            problem = _check_role_entry(name.strip(), role.strip())
         if problem:
             raise UsersFileError(
                 f"ERNIE_AUTH__USERS, entry {number}: {problem}.",
-                "Give name:hash pairs separated by commas; `python -m backend add-user NAME --print` makes one.",
+                "Give name:hash (or name:hash:role) entries separated by commas; "
+                "`python -m backend add-user NAME --print` makes one.",
             )
         users[name.strip()] = stored.strip()
-    return users
+        if role:
+            roles[name.strip()] = role.strip()
+    return users, roles
 
 
 def read_users_file(path: Path) -> dict[str, str]:
     """The users in `path` ({} when it does not exist)."""
+    return read_users_document(path)[0]
+
+
+def read_users_document(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The users and roles in `path` (both {} when it does not exist)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except (OSError, UnicodeDecodeError) as exc:
         raise UsersFileError(f"{path}: cannot be read ({exc}).", "Check the file's permissions and encoding.") from exc
-    return parse_users_file(text, path)
+    return parse_users_document(text, path)
 
 
-def write_users_file(path: Path, users: dict[str, str]) -> None:
-    """Write the users file atomically, readable by its owner only."""
+def write_users_file(path: Path, users: dict[str, str], roles: dict[str, str] | None = None) -> None:
+    """Write the users file atomically, readable by its owner only; roles other than the default are kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = yaml.safe_dump({"users": dict(sorted(users.items()))}, sort_keys=False, width=1000)
+    document: dict[str, dict[str, str]] = {"users": dict(sorted(users.items()))}
+    kept = {name: role for name, role in sorted((roles or {}).items()) if role != DEFAULT_ROLE and name in users}
+    if kept:
+        document["roles"] = kept
+    body = yaml.safe_dump(document, sort_keys=False, width=1000)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:

@@ -267,10 +267,10 @@ def test_doctor(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_add_user(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    argv = ["add-user", "alice", "--file", "u.yaml", "--password-stdin", "--print"]
-    want = mock.call(cfg, "alice", file=Path("u.yaml"), password_stdin=True, print_only=True)
+    argv = ["add-user", "alice", "--file", "u.yaml", "--password-stdin", "--print", "--role", "editor"]
+    want = mock.call(cfg, "alice", file=Path("u.yaml"), password_stdin=True, print_only=True, role="editor")
     assert called(monkeypatch, "add_user_command", argv) == want
-    plain = mock.call(cfg, "bob", file=None, password_stdin=False, print_only=False)
+    plain = mock.call(cfg, "bob", file=None, password_stdin=False, print_only=False, role=None)
     assert called(monkeypatch, "add_user_command", ["add-user", "bob"]) == plain
 
 
