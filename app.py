@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import chainlit as cl
 from chainlit.chat_context import chat_context
@@ -14,7 +15,7 @@ from chainlit.utils import utc_now
 
 from backend.accounts.login import setup_login
 from backend.chat.i18n import describe, t
-from backend.chat.render import notice_text, reply_text, wait_text
+from backend.chat.render import details_element, notice_text, reply_text, wait_text
 from backend.chat.request import SETTING_RANGES
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession, Done, EngineWait, Event, Text
@@ -160,7 +161,7 @@ async def on_message(message: cl.Message) -> None:
 
 async def _answer(session: ChatSession, text: str) -> None:
     assert SERVICE is not None
-    page = _Page(_lang())
+    page = _Page(_lang(), SERVICE.describe)
     turn = SERVICE.reply(session, text)
     try:
         async for event in turn:
@@ -177,8 +178,8 @@ async def _answer(session: ChatSession, text: str) -> None:
 class _Page:
     """One turn on the page: the engine notice (sent once, then updated) and the streamed reply."""
 
-    def __init__(self, lang: str) -> None:
-        self.lang = lang
+    def __init__(self, lang: str, describe: Callable[[str], str]) -> None:
+        self.lang, self.describe = lang, describe
         self.note: cl.Message | None = None
         # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
         self.reply = cl.Message(content="", created_at=utc_now())
@@ -195,8 +196,13 @@ class _Page:
             await self.reply.stream_token(event.text)
         elif isinstance(event, Done):
             self.reply.content = reply_text(event, self.lang)
+            props, self.reply.metadata = details_element(event, self.lang, self.describe(event.template))
             if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
-                self.reply.metadata = turn_metadata(event.user_text, event.text)
+                self.reply.metadata |= turn_metadata(event.user_text, event.text)
             await (self.reply.update() if event.text else self.reply.send())
+            # last: the details under the reply tell the page (and the tests) that the reply is finished
+            await cl.CustomElement(name="ReplyDetails", props=props, display="inline").send(
+                self.reply.id, persist=False
+            )
         else:
             await _say(notice_text(event, self.lang))

@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from typing import Any
 
 import httpx
 import socketio
 
+from backend.chat.render import DETAILS_KEY
 from backend.storage.resume import TURN_KEY
 
 WAIT_S = 180  # a reply may wait for a (re)starting engine
-FOOTER = re.compile(r"\n\n\*(?:Template: |模板：)[^\n]+\*")  # backend.chat.render.reply_text's template line
 
 
 def rendered_finished(step: dict[str, Any]) -> bool:
-    """Whether a reply's step shows it finished: the model's text (its metadata keeps it, for the history), then at
-    once the template footer. A stopped, interrupted or failed reply has its ending line in between; a reply with
-    no text at all keeps no turn and is the footer alone. The model's words are not looked at."""
-    turn = (step.get("metadata") or {}).get(TURN_KEY) or []
+    """Whether a reply's step shows it finished: its details in the metadata (backend.chat.render.DETAILS_KEY), and
+    the model's text alone as the output (its metadata keeps the text, for the history). A stopped, interrupted or
+    failed reply has an ending line after its text; a reply with no text at all keeps no turn and shows nothing. The
+    model's words are not looked at."""
+    metadata = step.get("metadata") or {}
+    turn = metadata.get(TURN_KEY) or []
     text = str(turn[1]["content"]) if len(turn) == 2 else ""
-    output = str(step.get("output", ""))
-    return output.startswith(text) and FOOTER.fullmatch(output[len(text) :]) is not None
+    return DETAILS_KEY in metadata and str(step.get("output", "")) == text
 
 
 async def login(url: str, name: str, password: str) -> httpx.AsyncClient:

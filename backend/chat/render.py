@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from backend.chat.i18n import describe, describe_parts, t
 from backend.chat.turn import Done, EngineWait, Notice, Refused
+
+DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
+# The reasons backend.prompts and the service give for a template, as keys of backend.chat.i18n.MESSAGES.
+_RULE = re.compile(r'(keyword|pattern) "(.*)"', re.DOTALL)
+_REASONS = {
+    "no rule matched": "reason_default",
+    "chosen": "reason_chosen",
+    "command": "reason_command",
+    "demo model: automatic templates are off": "reason_demo",
+}
+_CJK = re.compile(r"[\u3400-\u9fff]")
 
 
 def notice_text(event: Notice | Refused, locale: str) -> str:
@@ -27,12 +41,76 @@ def wait_text(event: EngineWait, locale: str) -> str:
 
 
 def reply_text(event: Done, locale: str) -> str:
-    """The finished reply as shown: the text, how it ended when it did not finish, and the template footer."""
+    """The finished reply as shown: the text, and how it ended when it did not finish (details go apart)."""
     if event.ending == "finished":
-        ending = ""
-    elif event.ending == "stopped":
+        return event.text
+    if event.ending == "stopped":
         ending = t("stopped", locale)
     else:
         ending = t("interrupted" if event.text else "error", locale, error=describe(event.error, locale))
-    footer = f"\n\n*{t('template_used', locale, name=event.template)} · {event.reason}*"
-    return event.text + (f"\n\n{ending}" if ending else "") + footer
+    return f"{event.text}\n\n{ending}" if event.text else ending
+
+
+def reason_text(reason: str, locale: str) -> str:
+    """Why a template answered, in the user's language (a reason this module does not know is shown as it is)."""
+    if rule := _RULE.fullmatch(reason):
+        return t(f"reason_{rule.group(1)}", locale, value=rule.group(2))
+    return t(_REASONS[reason], locale) if reason in _REASONS else reason
+
+
+def localized(description: str, locale: str) -> str:
+    """A template's description in the user's language: "总结：… / Summary: …" gives the half in that language."""
+    halves = [half.strip() for half in description.split(" / ")]
+    if len(halves) != 2:
+        return description
+    chinese = [half for half in halves if _CJK.search(half)]
+    other = [half for half in halves if not _CJK.search(half)]
+    if len(chinese) != 1 or len(other) != 1:
+        return description
+    return chinese[0] if locale.lower().startswith("zh") else other[0]
+
+
+def reply_details(event: Done) -> dict[str, Any]:
+    """The reply's details as numbers (kept in its metadata): template, reason, time to first token, speed, tokens."""
+    stats = event.stats
+    ttft = stats.ttft_s if stats else None
+    output = stats.completion_tokens if stats else None
+    speed = None
+    if stats and output and stats.first_token is not None and stats.finished is not None:
+        decoding = stats.finished - stats.first_token
+        speed = round(output / decoding, 1) if decoding > 0 else None
+    prompt = stats.prompt_tokens if stats and stats.prompt_tokens is not None else event.prompt_tokens
+    return {
+        "template": event.template,
+        "reason": event.reason,
+        "ttft_s": None if ttft is None else round(ttft, 3),
+        "tokens_per_s": speed,
+        "prompt_tokens": prompt or None,
+        "completion_tokens": output,
+    }
+
+
+def details_line(details: dict[str, Any], locale: str) -> list[str]:
+    """The reply's details as the short items of one line, in the user's language (what is unknown is left out)."""
+    items = [details["template"], reason_text(details["reason"], locale)]
+    if details["ttft_s"] is not None:
+        items.append(t("detail_ttft", locale, seconds=details["ttft_s"]))
+    if details["tokens_per_s"] is not None:
+        items.append(t("detail_speed", locale, speed=details["tokens_per_s"]))
+    prompt, output = details["prompt_tokens"], details["completion_tokens"]
+    if prompt is not None and output is not None:
+        items.append(t("detail_tokens", locale, prompt=prompt, output=output))
+    elif prompt is not None:
+        items.append(t("detail_prompt_tokens", locale, prompt=prompt))
+    return items
+
+
+def details_element(event: Done, locale: str, description: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(props of the ReplyDetails element, metadata of the reply message) for a finished reply."""
+    details = reply_details(event)
+    props = {
+        "items": details_line(details, locale),
+        "title": localized(description, locale),
+        "label": t("details_title", locale),
+    }
+    return props, {DETAILS_KEY: details}

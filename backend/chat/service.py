@@ -136,6 +136,10 @@ class ChatService:
     def update_settings(self, session: ChatSession, values: dict[str, Any]) -> None:
         session.settings.update(values, self.cfg, self.serving_demo)
 
+    def describe(self, template: str) -> str:
+        """A template's description ("" for one that is gone)."""
+        return dict(self.templates.describe()).get(template, "")
+
     def template_news(self, session: ChatSession) -> Notice | None:
         """The templates' problems, when they changed since this chat was last told (once per change)."""
         problems = [str(p) for p in self.templates.problems()]
@@ -190,7 +194,16 @@ class ChatService:
         text = "".join(parts)
         if text:
             session.history += turn_messages(request.user_text, text)
-        yield Done(text, request.template, request.reason, request.user_text, ending, error)
+        yield Done(
+            text,
+            request.template,
+            request.reason,
+            request.user_text,
+            ending,
+            error,
+            stream.stats,
+            request.prompt_tokens,
+        )
 
     async def wait_for_engine(self) -> AsyncIterator[EngineWait]:
         """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow."""

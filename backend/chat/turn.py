@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from backend.chat.client import StreamStats
 from backend.chat.context import Message
 from backend.chat.request import UserSettings
 from backend.errors import ServiceError
@@ -79,6 +80,8 @@ class Done:
     user_text: str  # the user message as the model saw it (after the template)
     ending: Ending = "finished"
     error: ServiceError | None = None
+    stats: StreamStats | None = None  # what the stream measured (timings, the engine's token counts)
+    prompt_tokens: int = 0  # the prompt's size as the request counted it (when the engine reports no usage)
 
 
 Event = Notice | Refused | EngineWait | Text | Done

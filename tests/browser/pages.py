@@ -9,7 +9,7 @@ from backend.chat.i18n import MESSAGES, lang_of
 from tests.app_process import READY, REPLY
 
 LOCALES = ["en-US", "zh-CN"]
-FOOTER = {"en-US": "Template:", "zh-CN": "模板："}  # the footer every finished reply ends with (render.reply_text)
+DETAILS = ".reply-details"  # the details element under every finished reply (public/elements/ReplyDetails.jsx)
 WAIT_MS = 180_000  # generous: a reply may wait for a busy machine
 
 
@@ -28,10 +28,29 @@ async def send(page: Any, text: str) -> None:
     await page.keyboard.press("Enter")
 
 
-async def wait_finished(page: Any, n: int, locale: str = "en-US") -> str:
-    """The text of the n-th assistant message once the template footer shows it finished."""
-    await page.wait_for_selector(f"{REPLY} >> nth={n} >> text={FOOTER[locale]}", timeout=WAIT_MS)
-    return str(await page.locator(REPLY).nth(n).inner_text())
+async def wait_finished(page: Any, n: int) -> str:
+    """The text of the n-th assistant message once its details show it finished (the details left out)."""
+    reply = page.locator(REPLY).nth(n)
+    await page.wait_for_selector(f"{REPLY} >> nth={n} >> {DETAILS}", timeout=WAIT_MS)
+    return str(await reply.evaluate(_WITHOUT_DETAILS, DETAILS)).strip()
+
+
+# An element's text without its details element (a copy is changed, never the page).
+_WITHOUT_DETAILS = """(el, details) => {
+  const copy = el.cloneNode(true);
+  copy.querySelectorAll(details).forEach(d => d.remove());
+  document.body.appendChild(copy);
+  const text = copy.innerText;
+  copy.remove();
+  return text;
+}"""
+
+
+async def details_of(page: Any, n: int) -> list[str]:
+    """The items of the n-th assistant message's details, once it has them."""
+    await page.wait_for_selector(f"{REPLY} >> nth={n} >> {DETAILS}", timeout=WAIT_MS)
+    items = await page.locator(REPLY).nth(n).locator(f"{DETAILS} .reply-detail").all_inner_texts()
+    return [item.strip().removeprefix("· ") for item in items]
 
 
 async def wait_turn_over(page: Any, n: int) -> str:

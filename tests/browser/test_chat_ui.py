@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from backend.chat.i18n import t
 from backend.errors import CATALOG, lang_of
 from tests.app_process import CHROMIUM, REPLY, USER, RunningApp, start_app, wait_until
-from tests.browser.pages import FOOTER, LOCALES, send, wait_finished
+from tests.browser.pages import DETAILS, LOCALES, details_of, send, wait_finished
 from tests.chat_api import ChatSocket
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -67,14 +68,14 @@ async def assert_engine_idle(app: RunningApp) -> None:
     await asyncio.to_thread(wait_until, lambda: app.engine_metric("requests_running") == 0, "an idle engine")
 
 
-# Records every length the n-th reply's text takes before its footer arrives, from inside the page (no polling
-# gap to miss a fast reply). The footer comes with the final update, so these are the streamed states.
-WATCH_LENGTHS = """([sel, n, footer]) => {
+# Records every length the n-th reply's text takes before its details arrive, from inside the page (no polling
+# gap to miss a fast reply). The details come after the final update, so these are the streamed states.
+WATCH_LENGTHS = """([sel, n, details]) => {
   window.__lengths = [];
   new MutationObserver(() => {
     const el = document.querySelectorAll(sel)[n];
     const text = el ? (el.innerText || "") : "";
-    if (text && !text.includes(footer) && window.__lengths[window.__lengths.length - 1] !== text.length)
+    if (text && !el.querySelector(details) && window.__lengths[window.__lengths.length - 1] !== text.length)
       window.__lengths.push(text.length);
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
@@ -83,7 +84,7 @@ WATCH_LENGTHS = """([sel, n, footer]) => {
 async def test_reply_streams_token_by_token(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
-    await page.evaluate(WATCH_LENGTHS, [REPLY, before, FOOTER["en-US"]])
+    await page.evaluate(WATCH_LENGTHS, [REPLY, before, DETAILS])
     await send(page, "Describe the city of Paris in a few sentences.")
     final = await wait_finished(page, before)
     streamed = await page.evaluate("() => window.__lengths")
@@ -91,7 +92,7 @@ async def test_reply_streams_token_by_token(app: RunningApp, browser) -> None:  
     # each longer than the one before (its words are the model's and are not checked).
     assert len(streamed) >= 2, f"the reply should grow while streaming, saw lengths {streamed}"
     assert streamed == sorted(set(streamed)), streamed
-    assert final.split(FOOTER["en-US"])[0].strip(), f"an answer before the footer: {final!r}"
+    assert final.strip(), f"an answer above the details: {final!r}"
 
 
 async def test_follow_up_question_reaches_the_model_with_the_earlier_turn(app: RunningApp, browser) -> None:  # type: ignore[no-untyped-def]
@@ -136,8 +137,9 @@ async def test_chinese_browser_gets_chinese_messages(app: RunningApp, browser) -
     page = await open_chat(browser, app, "zh-CN")  # the Chinese demo notice
     before = await page.locator(REPLY).count()
     await send(page, "你好")
-    final = await wait_finished(page, before, "zh-CN")
-    assert "Template:" not in final
+    await wait_finished(page, before)
+    template, reason, *_ = await details_of(page, before)
+    assert (template, reason) == ("default", t("reason_demo", "zh-CN")), "the details in Chinese"
 
 
 @pytest.mark.parametrize("locale", LOCALES)

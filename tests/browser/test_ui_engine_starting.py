@@ -43,7 +43,7 @@ async def test_message_sent_while_the_engine_starts_shows_the_seconds_then_ready
             engine.ready.set()
             assert await number_shown(page, ready) >= later
             assert await matching(page, starting) == 0, "the starting notice became the ready notice"
-            final = await wait_finished(page, before + 1, locale)  # the notice first, then the reply
+            final = await wait_finished(page, before + 1)  # the notice first, then the reply
             assert final.startswith(REPLY_TEXT), final
             assert engine.conversations() == [[("user", "Hello")]], "the waiting message, asked once"
         finally:

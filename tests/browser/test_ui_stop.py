@@ -43,6 +43,6 @@ async def test_a_stopped_reply_shows_one_stop_notice_in_the_page_language(browse
             engine.hold_path = None
             engine.release.set()
             await send(page, "Hello again")  # the chat goes on
-            await wait_finished(page, len(texts), locale)
+            await wait_finished(page, len(texts))
         finally:
             app.kill()

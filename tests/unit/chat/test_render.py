@@ -1,0 +1,77 @@
+"""What the user reads of a finished reply: its text and ending, and its details apart, in English and Chinese."""
+
+from __future__ import annotations
+
+from backend.chat.client import StreamStats
+from backend.chat.render import DETAILS_KEY, details_element, localized, reason_text, reply_details, reply_text
+from backend.chat.service import DEMO_REASON
+from backend.chat.turn import Done
+from backend.errors import InvalidInputError
+
+
+def stats(prompt: int | None = 12, output: int | None = 30) -> StreamStats:
+    # started at 10 s, first text at 10.25 s, last at 12.25 s: 30 tokens in 2 s of decoding
+    return StreamStats(started=10.0, first_token=10.25, finished=12.25, prompt_tokens=prompt, completion_tokens=output)
+
+
+def test_a_finished_reply_is_the_model_text_alone() -> None:
+    assert reply_text(Done("Paris.", "default", "no rule matched", "q"), "zh-CN") == "Paris."
+
+
+def test_a_stopped_reply_ends_with_one_stop_line_in_the_language() -> None:
+    assert reply_text(Done("Par", "default", "chosen", "q", "stopped"), "zh-CN") == "Par\n\n⏹ *已停止。*"
+    assert reply_text(Done("", "default", "chosen", "q", "stopped"), "en-US") == "⏹ *Stopped.*"
+
+
+def test_a_failed_reply_without_text_is_the_error() -> None:
+    error = InvalidInputError.of("input.empty")
+    assert reply_text(Done("", "default", "chosen", "q", "failed", error), "en-US") == f"⚠️ {error.text('en')}"
+
+
+def test_reasons_read_in_chinese() -> None:
+    assert reason_text('keyword "总结"', "zh-CN") == "关键词“总结”"
+    assert reason_text('keyword "总结"', "en-US") == 'keyword "总结"'
+    assert reason_text('pattern "^def "', "zh-CN") == "匹配规则“^def ”"
+    assert reason_text("no rule matched", "zh-CN") == "未匹配任何规则（默认模板）"
+    assert reason_text(DEMO_REASON, "zh-CN") == "演示模型：不自动选择模板"
+    assert reason_text("something new", "zh-CN") == "something new"
+
+
+def test_a_bilingual_description_gives_the_half_in_the_language() -> None:
+    both = "总结：三句话 / Summary: three sentences"
+    assert localized(both, "zh-CN") == "总结：三句话" and localized(both, "en-US") == "Summary: three sentences"
+    assert localized("Summary: three sentences", "zh-CN") == "Summary: three sentences"
+    assert localized("a / b / c", "en-US") == "a / b / c"
+
+
+def test_details_from_the_stream_numbers() -> None:
+    details = reply_details(Done("x", "summary", 'keyword "总结"', "q", stats=stats(), prompt_tokens=99))
+    assert details == {
+        "template": "summary",
+        "reason": 'keyword "总结"',
+        "ttft_s": 0.25,
+        "tokens_per_s": 15.0,
+        "prompt_tokens": 12,  # the engine's count wins over the request's estimate
+        "completion_tokens": 30,
+    }
+
+
+def test_details_line_in_chinese_and_the_metadata() -> None:
+    done = Done("x", "summary", 'keyword "总结"', "q", stats=stats(), prompt_tokens=99)
+    props, metadata = details_element(done, "zh-CN", "总结：三句话 / Summary: three sentences")
+    assert props["items"] == [
+        "summary",
+        "关键词“总结”",
+        "首个 token 0.25 秒",
+        "15.0 token/秒",
+        "输入 12 + 输出 30 token",
+    ]
+    assert props["title"] == "总结：三句话" and props["label"] == "回复详情"
+    assert metadata == {DETAILS_KEY: reply_details(done)}
+
+
+def test_details_leave_out_what_the_stream_did_not_measure() -> None:
+    # stopped before any text and before the engine reported usage: the request's own prompt count
+    done = Done("", "default", "chosen", "q", "stopped", stats=StreamStats(started=1.0), prompt_tokens=7)
+    props, _ = details_element(done, "en-US", "")
+    assert props["items"] == ["default", "chosen in ⚙️ settings", "7 prompt tokens"]
