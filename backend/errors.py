@@ -238,6 +238,12 @@ class UsersFileError(ServiceError):
     key = "error.users"
 
 
+class WorkshopError(ServiceError):
+    """A change in the template workshop was refused: not allowed, a conflict, a draft with problems, a bad name."""
+
+    key = "error.workshop"
+
+
 class BenchmarkError(ServiceError):
     """The benchmark cannot run as asked (bad option, server not reachable, engine or baseline failed)."""
 
@@ -779,6 +785,95 @@ CATALOG: dict[str, Entry] = {
             "无法使用 storage.database_url（{url}）：{detail}。",
             "请使用 sqlite+aiosqlite:///PATH 或 postgresql+asyncpg://USER:PASSWORD@HOST/DB（参见 docs/accounts.md）。",
         ),
+    ),
+    # ----- the template workshop (backend.workshop.*)
+    "workshop.login_needed": _e(
+        "",
+        ("Only editors may change templates, and you are not logged in.", "Log in with an editor or admin account."),
+        ("只有编辑者可以修改模板，而您尚未登录。", "请用具有 editor 或 admin 角色的账号登录。"),
+    ),
+    "workshop.not_editor": _e(
+        "name role",
+        (
+            'The user "{name}" has the role {role}; only editors and admins may change templates.',
+            "Ask an administrator to run `python -m backend add-user {name} --role editor`.",
+        ),
+        (
+            "用户“{name}”的角色是 {role}；只有编辑者（editor）和管理员（admin）可以修改模板。",
+            "请管理员运行 `python -m backend add-user {name} --role editor`。",
+        ),
+    ),
+    "workshop.remote": _e(
+        "host",
+        (
+            "Templates can only be changed from the machine the app runs on (this request came from {host}).",
+            "Open the workshop on that machine, switch login on and use an editor account, "
+            "or set workshop.allow_remote: true.",
+        ),
+        (
+            "只能在运行本应用的机器上修改模板（此请求来自 {host}）。",
+            "请在那台机器上打开模板工坊，或开启登录并使用编辑者账号，或设置 workshop.allow_remote: true。",
+        ),
+    ),
+    "workshop.not_found": _e(
+        "name",
+        ('There is no template file "{name}".', "Reload the list: it may have been deleted or renamed meanwhile."),
+        ("没有名为“{name}”的模板文件。", "请刷新列表：它可能已被删除或改名。"),
+    ),
+    "workshop.exists": _e(
+        "name",
+        ('A template file "{name}" already exists.', "Choose another name, or open the existing template."),
+        ("模板文件“{name}”已经存在。", "请换一个名字，或打开已有的模板。"),
+    ),
+    "workshop.bad_name": _e(
+        "name",
+        (
+            '"{name}" cannot be the name of a template file.',
+            'Use lowercase letters, digits, "-" or "_" (at most 40, starting with a letter or digit).',
+        ),
+        ("“{name}”不能用作模板文件名。", "请使用小写字母、数字、“-”或“_”（最多 40 个，以字母或数字开头）。"),
+    ),
+    "workshop.problems": _e(
+        "count",
+        (
+            "The template has {count} problem(s) and was not saved; the last good version keeps serving.",
+            "Fix the problems listed under the editor, then save again.",
+        ),
+        ("模板有 {count} 个问题，未保存；聊天继续使用上一个正确的版本。", "请修正编辑框下列出的问题后再保存。"),
+    ),
+    "workshop.conflict": _e(
+        "name who when",
+        (
+            'Someone else changed "{name}" after you opened it ({who}, {when}); your text was not saved.',
+            "Your draft is still here: look at the newer version and its diff, merge your changes and save again.",
+        ),
+        (
+            "在您打开“{name}”之后，别人修改了它（{who}，{when}）；您的文本没有保存。",
+            "您的草稿仍在这里：请查看较新的版本及其差异，合并您的修改后再保存。",
+        ),
+    ),
+    "workshop.keep_default": _e(
+        "",
+        (
+            'The "default" template cannot be deleted: every message no rule catches goes to it.',
+            "Edit it instead.",
+        ),
+        ("不能删除 “default” 模板：所有未被规则匹配的消息都交给它处理。", "请改为编辑它。"),
+    ),
+    "workshop.no_version": _e(
+        "name version",
+        ('"{name}" has no version {version}.', "Reload the list of versions."),
+        ("“{name}”没有第 {version} 版。", "请刷新版本列表。"),
+    ),
+    "workshop.engine_not_ready": _e(
+        "state",
+        ("The engine cannot answer yet (it is {state}).", "Wait until the chat answers, then try again."),
+        ("推理引擎还不能回答（当前状态：{state}）。", "请等聊天可以回答后再试。"),
+    ),
+    "workshop.write_failed": _e(
+        "path reason",
+        ("The template could not be written to {path}: {reason}.", "Check that the app may write to that folder."),
+        ("无法把模板写入 {path}：{reason}。", "请确认应用有权限写入该文件夹。"),
     ),
 }
 

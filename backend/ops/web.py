@@ -1,5 +1,6 @@
 """HTTP endpoints the app adds beside Chainlit's: /healthz (JSON state of the app and its engine),
-/metrics (the app's Prometheus metrics) and /metrics/engine (the engine's own, passed through)."""
+/metrics (the app's Prometheus metrics), /metrics/engine (the engine's own, passed through) and the template
+workshop (/workshop, backend.workshop.api)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 
 from backend.chat.service import ChatService
 from backend.ops.metrics import CONTENT_TYPE, METRICS, AppMetrics
+from backend.workshop.api import workshop_routes
 
 
 def health_payload(service: ChatService) -> dict[str, Any]:
@@ -74,12 +77,13 @@ def install_routes(service: ChatService, app: FastAPI | None = None, metrics: Ap
     async def proxied_engine_metrics() -> Response:
         return await engine_metrics(service)
 
-    routes = [
+    routes: list[BaseRoute] = [
         APIRoute("/healthz", healthz, methods=["GET"]),
         APIRoute("/metrics", app_metrics, methods=["GET"]),
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
+        *workshop_routes(service),
     ]
     existing = {getattr(r, "path", None) for r in app.router.routes}
     for route in reversed(routes):
-        if route.path not in existing:
+        if getattr(route, "path", None) not in existing:
             app.router.routes.insert(0, route)

@@ -1,8 +1,8 @@
 """The house rules of backend/, checked on its source: arrows run one way, no cycles, nothing hidden in functions.
 
 Layers, lowest first (a module imports its own package and lower layers only):
-errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → ops, benchmarks,
-cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it imports nothing of backend
+errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop → ops,
+benchmarks → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it imports nothing of backend
 outside child/. Engine names are compared only in backend/engines/registry.py.
 """
 
@@ -28,10 +28,11 @@ RANKS = {
     "chat": 5,
     "accounts": 6,
     "storage": 6,
-    "ops": 7,
-    "benchmarks": 7,
-    "cli": 8,
-    "__main__": 9,
+    "workshop": 7,
+    "ops": 8,
+    "benchmarks": 8,
+    "cli": 9,
+    "__main__": 10,
 }
 # Top-layer packages that may use each other's parts: the benchmarks read engine metrics with ops' parser.
 SIDEWAYS = {("benchmarks", "ops")}

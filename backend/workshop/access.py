@@ -1,0 +1,78 @@
+"""Who may use the workshop: with login on, users whose role is editor or admin; without login, the machine the app
+runs on (unless workshop.allow_remote). Everyone else is refused by the API itself (403), not only by the page."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from backend.accounts.login import Accounts
+from backend.accounts.users import EDITOR_ROLES
+from backend.config import AppConfig
+from backend.errors import WorkshopError
+
+Identify = Callable[[Request], str | None]
+
+
+@dataclass(frozen=True)
+class Editor:
+    """Who makes a change, as the history records it: a user name, or where the request came from."""
+
+    name: str
+    role: str | None = None
+
+
+def login_user(request: Request) -> str | None:
+    """The user name in the request's Chainlit login token (its cookie, or a Bearer header), if it holds a valid one."""
+    from chainlit.auth import decode_jwt, get_token_from_cookies  # chainlit reads its config when imported
+
+    token = get_token_from_cookies(request.cookies)
+    header = request.headers.get("authorization", "")
+    if not token and header.lower().startswith("bearer "):
+        token = header[7:].strip()
+    if not token:
+        return None
+    try:
+        return str(decode_jwt(token).identifier)
+    except Exception:  # expired, tampered with, or signed with another secret: not logged in
+        return None
+
+
+def is_local(host: str | None) -> bool:
+    """Whether a client address is this machine (127.0.0.0/8, ::1, or IPv4 loopback written as IPv6)."""
+    try:
+        address = ipaddress.ip_address(host or "")
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+class Access:
+    """Decides, for each request, whether it may use the workshop, and who it is."""
+
+    def __init__(self, cfg: AppConfig, accounts: Accounts | None = None, identify: Identify = login_user) -> None:
+        self.login = cfg.auth.enabled
+        self.allow_remote = cfg.workshop.allow_remote
+        self.accounts = accounts if accounts is not None or not self.login else Accounts.from_config(cfg)
+        self.identify = identify
+
+    def check(self, request: Request) -> Editor:
+        """The editor making this request, or WorkshopError (the API answers it with 403)."""
+        host = request.client.host if request.client else None
+        if self.login:
+            assert self.accounts is not None
+            name = self.identify(request)
+            if name is None:
+                raise WorkshopError.of("workshop.login_needed")
+            role = self.accounts.role(name)
+            if role not in EDITOR_ROLES:
+                raise WorkshopError.of("workshop.not_editor", name=name, role=role or "-")
+            return Editor(name, role)
+        if not self.allow_remote and not is_local(host):
+            raise WorkshopError.of("workshop.remote", host=host or "?")
+        return Editor("local" if is_local(host) else f"from {host}")

@@ -1,0 +1,49 @@
+"""Try a template against the running engine: one reply to a sample message, streamed, as the chat would ask for it
+with that template chosen (ChatService.build_request, the chat's one client). Nothing is kept or counted as a chat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from backend.chat.request import UserSettings
+from backend.chat.service import ChatService
+from backend.errors import ServiceError, WorkshopError
+from backend.prompts.store import TemplateStore
+from backend.workshop.drafts import chat_view
+
+
+def _error(exc: ServiceError, locale: str | None) -> dict[str, Any]:
+    message, hint = exc.localized(locale)
+    return {"error": {"code": exc.code, "message": message, "hint": hint}}
+
+
+async def try_reply(
+    service: ChatService, store: TemplateStore, template: str, message: str, locale: str | None
+) -> AsyncIterator[dict[str, Any]]:
+    """Events of one reply with `template` (of `store`) chosen: {"request"}, then {"text"}s, then {"done"};
+    {"error"} instead when the engine is not ready or the reply fails. Closing the iterator closes the stream
+    (the engine then stops generating)."""
+    if not service.supervisor.ready:
+        state = service.supervisor.status.state.value
+        yield _error(WorkshopError.of("workshop.engine_not_ready", state=state), locale)
+        return
+    settings = UserSettings.defaults(service.cfg, service.serving_demo)
+    settings.template = template
+    try:
+        request = await chat_view(service, store).build_request([], message, settings)
+    except ServiceError as exc:
+        yield _error(exc, locale)
+        return
+    yield {"request": {"template": request.template, "sampling": request.sampling, "messages": request.messages}}
+    stream = service.client.stream(request.messages, **request.sampling)
+    try:
+        async with stream:
+            async for piece in stream:
+                yield {"text": piece}
+    except ServiceError as exc:
+        yield _error(exc, locale)
+        return
+    stats = stream.stats
+    yield {"done": {"finish_reason": stats.finish_reason, "completion_tokens": stats.completion_tokens}}

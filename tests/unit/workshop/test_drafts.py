@@ -1,0 +1,108 @@
+"""Drafts: checked in the company of the folder's other templates with exactly check-prompts' messages, switched
+between form fields and YAML, and routed by the chat's own code (who wins, and why)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from backend.chat.service import ChatService
+from backend.config import ROOT
+from backend.prompts.store import check_folder
+from backend.workshop.drafts import draft_folder, form_yaml, routing, template_files, yaml_fields
+from tests.conftest import MakeConfig
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A copy of the shipped templates (default, explain, summary, translation, writing)."""
+    return Path(shutil.copytree(ROOT / "prompts", tmp_path / "prompts"))
+
+
+@pytest.fixture
+def service(make_config: MakeConfig, folder: Path) -> ChatService:
+    """A chat service on the copied folder; nothing is started (routing needs no engine)."""
+    cfg = make_config(paths__prompts_dir=str(folder), engine__name="external", server__base_url="http://127.0.0.1:9/v1")
+    return ChatService.from_config(cfg)
+
+
+DRAFTS = {
+    "unknown field": "name: poem\ntemprature: 3\nuser: '{input}'\n",
+    "no input": "name: poem\nuser: Write a poem\n",
+    "bad yaml": "name: poem\nuser: a: b\n",
+    "a name clash": "name: writing\nuser: '{input}'\n",
+    "several": "name: poem\ntemperature: 9\nkeywords: ['']\npatterns: ['(']\nuser: '{topic}'\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(DRAFTS))
+def test_problems_are_exactly_what_check_prompts_prints(
+    case: str, folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "zz-poem" sorts after writing.yaml: check-prompts (a fresh read) gives a name clash to the later file, as the
+    # running chat gives it to the newcomer.
+    with draft_folder(folder, "zz-poem", DRAFTS[case]) as check:
+        shown = [str(p) for p in check.problems]
+        assert check.template is None
+    assert not (folder / "zz-poem.yaml").exists(), "a check writes nothing to the prompts folder"
+    (folder / "zz-poem.yaml").write_text(DRAFTS[case], encoding="utf-8")
+    assert check_folder(folder) == 1
+    printed = [line for line in capsys.readouterr().out.splitlines() if "zz-poem.yaml" in line.split(":")[0]]
+    assert shown and shown == printed
+
+
+def test_a_good_draft_is_the_template_the_chat_would_load(folder: Path) -> None:
+    text = "name: poem\npriority: 5\nkeywords: [poem]\nuser: |\n  A poem about:\n  {input}\n"
+    with draft_folder(folder, "poem", text) as check:
+        assert check.problems == []
+        assert check.template is not None and check.template.name == "poem" and check.template.priority == 5
+        assert "poem" in check.store.names() and "writing" in check.store.names()
+    with draft_folder(folder, "writing", None) as without:
+        assert "writing" not in without.store.names()
+
+
+def test_editing_an_existing_file_replaces_it_in_the_check(folder: Path) -> None:
+    text = (folder / "writing.yaml").read_text(encoding="utf-8").replace("priority: 10", "priority: 11")
+    with draft_folder(folder, "writing", text) as check:
+        assert check.problems == [], "its own old version is no name clash"
+        assert check.template is not None and check.template.priority == 11
+
+
+def test_form_fields_and_yaml_round_trip() -> None:
+    fields = {"name": "poem", "user": "A poem about:\n{input}", "keywords": ["poem", "诗"], "temperature": 1.1,
+              "description": "", "patterns": [], "variables": {}, "system": None}  # fmt: skip
+    text = form_yaml(fields)
+    assert text.splitlines()[:4] == ["name: poem", "keywords:", "- poem", "- 诗"]
+    assert "user: |-\n  A poem about:\n  {input}\n" in text  # multi-line text as a block, as people write it
+    assert yaml_fields(text) == {"name": "poem", "keywords": ["poem", "诗"], "user": "A poem about:\n{input}",
+                                 "temperature": 1.1}  # fmt: skip
+    assert yaml_fields("name: [") is None and yaml_fields("- a list") is None
+    assert form_yaml({"zzz": 1, "user": "{input}"}) == "user: '{input}'\nzzz: 1\n", "unknown keys last, kept"
+
+
+def test_template_files(folder: Path) -> None:
+    (folder / ".hidden.yaml").write_text("user: '{input}'\n")
+    (folder / "notes.txt").write_text("x")
+    assert sorted(template_files(folder)) == ["default", "explain", "summary", "translation", "writing"]
+
+
+def test_routing_says_when_the_draft_wins_and_when_another_template_comes_first(service: ChatService) -> None:
+    folder = service.templates.folder
+    low = "name: poem\npriority: 5\nkeywords: [poem, 写]\nuser: '{input}'\n"
+    with draft_folder(folder, "poem", low) as check:
+        plain = routing(service, check.store, check.template, "a poem about the sea")
+        assert (plain["picked"], plain["reason"], plain["outcome"]) == ("poem", 'keyword "poem"', "draft")
+        lost = routing(service, check.store, check.template, "写一首诗")
+        assert (lost["picked"], lost["reason"], lost["outcome"]) == ("writing", 'keyword "写"', "other_first")
+        order = [(c["name"], c["priority"], c["draft"]) for c in lost["candidates"]]
+        assert order.index(("writing", 10, False)) < order.index(("poem", 5, True))
+        assert next(c for c in lost["candidates"] if c["draft"])["reason"] == 'keyword "写"'
+        missed = routing(service, check.store, check.template, "hello there")
+        assert (missed["picked"], missed["outcome"]) == ("default", "no_match")
+        command = routing(service, check.store, check.template, "/poem 写一首诗")
+        assert (command["picked"], command["reason"]) == ("poem", "chosen")  # a /name command, as in the chat
+    with draft_folder(folder, "poem", low.replace("priority: 5", "priority: 15")) as check:
+        won = routing(service, check.store, check.template, "写一首诗")
+        assert (won["picked"], won["outcome"]) == ("poem", "draft")
