@@ -56,12 +56,16 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     # Issue 17's TTFT at 16 users: fewer chunks for the API server to send (32 tokens a chunk; the first token
     # still goes out at once) and two API server processes to render and tokenize the requests.
     "ttft": ("defaults", ["--stream-interval", "32", "--api-server-count", "2"]),
+    # Piecewise CUDA graphs also for steps of up to 2048 tokens (vLLM's default stops at 512), which a
+    # 512-token prefill batched with other requests' decodes exceeds: such steps otherwise run without graphs.
+    "cg2k": ("defaults", ["--compilation-config", '{"max_cudagraph_capture_size": 2048}']),
 }
 # (users, requests): at least 32 requests at one user, several waves at the others.
 LEVELS = [(1, 32), (16, 96), (64, 256)]
 if os.environ.get("TUNE_LEVELS"):  # a subset of the levels, e.g. "1,16", for a call that studies one of them
     LEVELS = [lv for lv in LEVELS if str(lv[0]) in os.environ["TUNE_LEVELS"].split(",")]
 INPUT_LEN, OUTPUT_LEN = 512, 256
+PROBE_INPUT_LENS = (64, 512, 2048)  # TUNE_PROBE=1: prompt lengths measured at one user after the levels
 BENCH = ["--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--datasets", "synthetic"]
 BENCH += ["--temperature", "0", "--app-concurrency", "none", "--no-baseline", "--no-progress"]
 # Unmeasured: a few short replies, then a burst of full-length prompts at 16 and 64 users (prefill shapes).
@@ -214,14 +218,16 @@ def service(model: str, name: str, label: str, index: int) -> ChatService:
     return ChatService.from_config(load_config(environ=env))
 
 
-async def bench_level(svc: ChatService, users: int, requests: int, output_len: int, seed: int) -> dict[str, Any]:
+async def bench_level(
+    svc: ChatService, users: int, requests: int, output_len: int, seed: int, input_len: int = INPUT_LEN
+) -> dict[str, Any]:
     """One level through the project's benchmark tool; its level record, plus the client's CPU use."""
     ep = svc.endpoint
     argv = [
         "--base-url", ep.base_url + "/v1", "--api-key", ep.api_key, "--model", ep.model,
         "--concurrency", str(users), "--requests", str(requests), "--seed", str(seed),
         "--warmup", "0", "--name", f"c{users}", "--out-dir", "/tmp/tune/unused", *BENCH,
-        "--output-len", str(output_len),
+        "--output-len", str(output_len), "--input-len", str(input_len),
     ]  # fmt: skip
     cfg = load_config()
     t0, c0 = time.monotonic(), os.times()
@@ -291,6 +297,16 @@ async def one_round(model: str, name: str, label: str, index: int) -> dict[str, 
                     f"{level['client_cpu_share']:.2f}",
                     flush=True,
                 )
+            if os.environ.get("TUNE_PROBE"):  # does the prefill's time grow with the prompt? one user, short replies
+                rec["prefill_probe"] = {}
+                for inlen in PROBE_INPUT_LENS:
+                    before = await scrape(http, root)
+                    level = await bench_level(svc, 1, 16, 16, seed=7000 + inlen, input_len=inlen)
+                    level["phases"] = metrics_delta(before, await scrape(http, root))
+                    rec["prefill_probe"][str(inlen)] = level
+                    prefill = level["phases"].get("request_prefill_time_seconds", {}).get("mean_ms")
+                    print(f"[tune] {label} #{index} {name} probe {inlen} tokens: prefill mean {prefill} ms, TTFT P50 "
+                          f"{level['ttft_ms']['p50']:.1f} ms", flush=True)  # fmt: skip
             rec["bench_s"] = round(time.monotonic() - t1, 1)
     finally:
         t2 = time.monotonic()
