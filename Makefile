@@ -95,11 +95,11 @@ browser-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "Chromium is missing: sudo apt-get install chromium"; exit 1; fi; }
 
-## bench-cpu: the committed CPU benchmark (ERNIE-4.5-0.3B architecture, random weights): ~15 min, quiet machine
+## bench-cpu: the committed CPU benchmark (ERNIE-4.5-0.3B architecture, random weights), 3 alternated rounds of 32+ requests per level: long (not timed yet), quiet machine
 bench-cpu: setup
 	$(ENGINE_VENV)/bin/python scripts/make_tiny_ernie.py .cache/test-models/ernie-0.3b-arch --arch 0.3b
 	ERNIE_MODEL__ID=$(CURDIR)/.cache/test-models/ernie-0.3b-arch ERNIE_MODEL__LOAD_FORMAT=dummy \
-	  $(VENV)/bin/python -m backend bench --name cpu-ernie-0.3b --concurrency 1,2,4,8 --rounds 2 \
+	  $(VENV)/bin/python -m backend bench --name cpu-ernie-0.3b --concurrency 1,2,4,8 \
 	  --input-len 256 --output-len 128 --app-concurrency 1,8 --hf-threads 1
 
 ## doctor: explain what is wrong with a running app (at PORT, as `make run` serves it) and its engine

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -19,6 +18,8 @@ from pathlib import Path
 from backend.accounts.login import add_user_command
 from backend.accounts.users import ROLES
 from backend.benchmarks.loadtest import loadtest_command
+from backend.benchmarks.plan import MIN_REQUESTS
+from backend.benchmarks.redact import KEY_ENV
 from backend.benchmarks.report import report_command
 from backend.benchmarks.run import bench_command
 from backend.benchmarks.snapshot import snapshot_command
@@ -126,11 +127,24 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", type=Path, help="results folder (default: results/<name>)")
     p.add_argument("--port", type=int, default=0, help="port of the managed engine (default 0: a free one)")
     p.add_argument("--base-url", help="measure this running OpenAI-compatible server instead (http://host:port[/v1])")
-    p.add_argument("--api-key", default=os.environ.get("BENCH_API_KEY", "EMPTY"), help="its API key")
+    p.add_argument(
+        "--api-key",
+        help=f"its API key (default: ${KEY_ENV}, else EMPTY); the environment keeps it out of ps, "
+        "and the recorded command shows it as ***",
+    )
     p.add_argument("--model", help="its model name (default: the first of /v1/models)")
     p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels (default 1,2,4,8)")
-    p.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (default 2)")
-    p.add_argument("--requests", type=int, help="fixed number of requests per level instead of --rounds")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="rounds: each level and target measured N times, alternated (default 3)"
+    )
+    p.add_argument(
+        "--per-user",
+        type=int,
+        default=4,
+        help=f"requests per level and round = N x concurrency, at least {MIN_REQUESTS} (default 4)",
+    )
+    p.add_argument("--requests", type=int, help="fixed number of requests per level and round instead of --per-user")
+    p.add_argument("--rounds", type=int, help=argparse.SUPPRESS)  # renamed: a clear error in check_options
     p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
     p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
     p.add_argument("--output-len", type=int, default=128, help="synthetic output tokens")

@@ -10,11 +10,11 @@ SPM=.cache/test-models/ernie-0.3b-spm2   # the same shape with weights and a Sen
 [ -f $SPM/model.safetensors ] || .venv-engine/bin/python scripts/make_tiny_ernie_spm.py $SPM --arch 0.3b
 echo "load before: $(cat /proc/loadavg)"
 ERNIE_MODEL__ID=$PWD/$ARCH ERNIE_MODEL__LOAD_FORMAT=dummy \
-  .venv/bin/python -m backend bench --name cpu-vllm-vs-hf --concurrency 1,2,4,8 --rounds 2 \
+  .venv/bin/python -m backend bench --name cpu-vllm-vs-hf --concurrency 1,2,4,8 \
   --input-len 256 --output-len 128 --app-concurrency 1,8 --hf-threads 1 --no-progress
 for q in q8_0 q4_k_m; do
   ERNIE_ENGINE__NAME=llama.cpp ERNIE_MODEL__ID=$PWD/$SPM ERNIE_LLAMACPP__QUANTIZATION=$q \
-    .venv/bin/python -m backend bench --name cpu-llamacpp-$q --concurrency 1,4,8 --rounds 2 \
+    .venv/bin/python -m backend bench --name cpu-llamacpp-$q --concurrency 1,4,8 \
     --input-len 256 --output-len 128 --datasets synthetic --app-concurrency none --no-baseline --no-progress
 done
 echo "load after: $(cat /proc/loadavg)"

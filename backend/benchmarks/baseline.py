@@ -1,7 +1,7 @@
 """Running the HF transformers baseline (backend.child.hf_baseline) in the engine's interpreter for a benchmark.
 
 The baseline gets the very requests the server got, each with the number of tokens the server produced
-for it, so both sides generate the same tokens.
+for it, so both sides generate the same tokens, in as many rounds as the server had (round by round).
 """
 
 from __future__ import annotations
@@ -18,27 +18,33 @@ from typing import Any
 from tqdm import tqdm
 
 from backend.benchmarks.loadgen import LevelRun, Sampling
-from backend.benchmarks.stats import RequestResult, level_metrics
+from backend.benchmarks.stats import RequestResult, combine_rounds, level_metrics
 from backend.config import ROOT
 from backend.errors import BenchmarkError
 
 
 def baseline_job(
-    args: argparse.Namespace, model: str, sampling: Sampling, done: dict[str, dict[int, LevelRun]]
+    args: argparse.Namespace, model: str, sampling: Sampling, done: dict[str, dict[int, list[LevelRun]]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The job for backend.child.hf_baseline: the server's requests, each with the token count the server produced."""
+    """The job for backend.child.hf_baseline: the server's requests of every round (round by round), each with
+    the token count the server produced; and the dataset of each of the job's levels."""
     levels, names = [], []
-    for dataset, runs in done.items():
-        for level, run in runs.items():
-            reqs = [
-                {
-                    "messages": r.messages,
-                    "max_tokens": res.output_tokens if res.success and res.output_tokens else r.max_tokens,
-                }
-                for r, res in zip(run.requests, run.results, strict=True)
-            ]
-            levels.append({"concurrency": level, "requests": reqs})
-            names.append(dataset)
+    repeat = max((len(runs) for by_level in done.values() for runs in by_level.values()), default=0)
+    for number in range(repeat):
+        for dataset, by_level in done.items():
+            for level, runs in by_level.items():
+                if number >= len(runs):
+                    continue
+                run = runs[number]
+                reqs = [
+                    {
+                        "messages": r.messages,
+                        "max_tokens": res.output_tokens if res.success and res.output_tokens else r.max_tokens,
+                    }
+                    for r, res in zip(run.requests, run.results, strict=True)
+                ]
+                levels.append({"concurrency": level, "requests": reqs})
+                names.append(dataset)
     job = {
         "model": str(Path(model).resolve()) if Path(model).exists() else model,
         "dtype": args.hf_dtype,
@@ -101,12 +107,15 @@ async def run_baseline(python: str, job: dict[str, Any], progress: bool = True) 
 
 
 def add_baseline(doc: dict[str, Any], names: list[str], result: dict[str, Any]) -> None:
-    """Put the baseline's levels into the run document as target 'hf'."""
-    runs: dict[str, dict[str, Any]] = {}
-    for dataset, level in zip(names, result["levels"], strict=True):
+    """Put the baseline's levels into the run document as target 'hf', each level's rounds combined."""
+    rounds: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for order, (dataset, level) in enumerate(zip(names, result["levels"], strict=True), start=1):
         results = [RequestResult(**r) for r in level["results"]]
         metrics = level_metrics(level["concurrency"], results, level["duration_s"])
-        record = metrics.to_dict() | {"peak_memory_bytes": level["peak_rss_bytes"], "memory_source": "peak RSS"}
-        runs.setdefault(dataset, {"dataset": dataset, "target": "hf", "levels": []})["levels"].append(record)
-    doc["runs"] += list(runs.values())
+        by_level = rounds.setdefault(dataset, {}).setdefault(level["concurrency"], [])
+        where = {"round": len(by_level) + 1, "order": order}
+        by_level.append(where | metrics.to_dict() | {"peak_memory_bytes": level["peak_rss_bytes"]})
+    for dataset, of_dataset in rounds.items():
+        levels = [combine_rounds(records) | {"memory_source": "peak RSS"} for records in of_dataset.values()]
+        doc["runs"].append({"dataset": dataset, "target": "hf", "levels": levels})
     doc["baseline"] = {k: v for k, v in result.items() if k != "levels"}

@@ -2,7 +2,9 @@
 
 The input is the run document benchmark.py builds (plain JSON data): "runs" hold per-level metrics for
 each dataset and target ("server": plain HTTP to the engine, "app": the app's client path, "hf": HF
-transformers), "comparison" the server/HF ratios and "overhead" the app's added latency.
+transformers), each figure the median over the rounds with its range in "spread" and the rounds themselves
+in "per_round"; "comparison" the server/HF ratios and "overhead" the app's added latency, each claimed only
+beyond the spread. The tables show "median (min-max)"; the plots draw the range as error bars.
 """
 
 from __future__ import annotations
@@ -13,19 +15,48 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from backend.benchmarks.comparison import compare
+from backend.benchmarks.stats import Spread, level_spread
+
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL"))
 TARGET_NAMES = {"server": "server (HTTP)", "app": "app client", "hf": "HF transformers"}
+# The main table's figures: (column, key, percentile or None, digits)
+FIGURES = (
+    ("out tok/s", "output_tokens_per_s", None, 1),
+    ("req/s", "requests_per_s", None, 2),
+    ("TTFT P50", "ttft_ms", "p50", 0),
+    ("TTFT P99", "ttft_ms", "p99", 0),
+    ("TPOT P50", "tpot_ms", "p50", 1),
+    ("ITL P50", "itl_ms", "p50", 1),
+    ("E2EL P50", "e2el_ms", "p50", 0),
+)
+
+
+TPOT = ("TPOT P50 server / HF", "TPOT")
 
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
-def _mib(value: float | None) -> str:
-    return "–" if value is None else f"{value / 2**20:,.0f} MiB"
+def _ranged(spread: Spread | None, digits: int = 1, unit: str = "", scale: float = 1.0) -> str:
+    """'median (min-max)', or the median alone for one round; values divided by `scale`."""
+    if spread is None:
+        return "–"
+    text = _num(spread.median / scale, digits)
+    if spread.rounds > 1:
+        text += f" ({_num(spread.low / scale, digits)}-{_num(spread.high / scale, digits)})"
+    return text + unit
 
 
-def _spread(summary: dict[str, float] | None) -> str:
+def _stored(figure: dict[str, float] | None, digits: int = 1) -> str:
+    """_ranged for a figure stored as {median, min, max, rounds} (doc["comparison"], doc["overhead"])."""
+    if not figure:
+        return "–"
+    return _ranged(Spread(figure["median"], figure["min"], figure["max"], int(figure["rounds"])), digits)
+
+
+def _percentiles(summary: dict[str, float] | None) -> str:
     if not summary:
         return "–"
     return " / ".join(_num(summary[key], 0 if summary[key] >= 100 else 1) for key in ("mean", "p50", "p90", "p99"))
@@ -42,9 +73,25 @@ def datasets(doc: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(run["dataset"] for run in doc["runs"]))
 
 
+def _level_row(target: str, lv: dict[str, Any]) -> list[str]:
+    memory = _ranged(level_spread(lv, "peak_memory_bytes"), 0, " MiB", scale=2**20)
+    if lv.get("memory_source") and memory != "–":
+        memory += f" ({lv['memory_source']})"
+    return [
+        TARGET_NAMES.get(target, target),
+        str(lv["concurrency"]),
+        f"{_num(lv['requests'], 0)} × {lv.get('rounds', 1)}",
+        str(lv["errors"]),
+        _num(lv["mean_prompt_tokens"], 0),
+        *(_ranged(level_spread(lv, key, part), digits) for _, key, part, digits in FIGURES),
+        memory,
+    ]
+
+
 def markdown(doc: dict[str, Any]) -> str:
-    """The report as Markdown: settings, one table per dataset, the HF comparison, the app overhead."""
+    """The report as Markdown: settings, tables per dataset, the HF comparison, the app overhead."""
     server, machine, settings = doc["server"], doc["machine"], doc["settings"]
+    repeat = settings.get("repeat", 1)
     lines = [
         f"# Benchmark {doc['name']}",
         "",
@@ -55,8 +102,10 @@ def markdown(doc: dict[str, Any]) -> str:
         f"- Machine: {machine['cpus']} CPUs; load average {machine['load_start']} at start, "
         f"{machine['load_end']} at end (other work on the machine distorts the figures)",
         f"- Sampling: temperature {settings['temperature']}, top_p {settings['top_p']}, "
-        f"ignore_eos {settings['ignore_eos']}; requests per level: {settings['requests_rule']}",
-        "- Latencies in ms as mean / P50 / P90 / P99; definitions of `vllm bench serve` "
+        f"ignore_eos {settings['ignore_eos']}; requests per level and round: {settings['requests_rule']}",
+        f"- Rounds: {repeat}, alternated (each round measures every dataset, level and target once); every "
+        "figure is the median over the rounds with its range as (min-max); errors are counted over all rounds.",
+        "- Latencies in ms; definitions of `vllm bench serve` "
         "(TPOT = (E2EL − TTFT) / (output tokens − 1); ITL = gap between streamed chunks).",
     ]
     if doc.get("baseline"):
@@ -68,55 +117,43 @@ def markdown(doc: dict[str, Any]) -> str:
         )
     for note in doc.get("notes", []):
         lines.append(f"- Note: {note}")
-    header = ["target", "conc.", "req.", "errors", "prompt tok", "out tok", "TTFT", "TPOT", "ITL", "E2EL"]
-    header += ["out tok/s", "req/s", "peak memory"]
+    header = ["target", "conc.", "req. × rounds", "errors", "prompt tok", *(f[0] for f in FIGURES), "peak memory"]
     for dataset in datasets(doc):
         lines += ["", f"## Dataset: {dataset}", ""]
         if doc.get("datasets", {}).get(dataset):
             lines += [doc["datasets"][dataset], ""]
-        rows = []
-        for run in (r for r in doc["runs"] if r["dataset"] == dataset):
-            for lv in run["levels"]:
-                rows.append(
-                    [
-                        TARGET_NAMES.get(run["target"], run["target"]),
-                        str(lv["concurrency"]),
-                        str(lv["requests"]),
-                        str(lv["errors"]),
-                        _num(lv["mean_prompt_tokens"], 0),
-                        str(lv["total_output_tokens"]),
-                        _spread(lv["ttft_ms"]),
-                        _spread(lv["tpot_ms"]),
-                        _spread(lv["itl_ms"]),
-                        _spread(lv["e2el_ms"]),
-                        _num(lv["output_tokens_per_s"]),
-                        _num(lv["requests_per_s"], 2),
-                        _mib(lv.get("peak_memory_bytes"))
-                        + (f" ({lv['memory_source']})" if lv.get("memory_source") else ""),
-                    ]
-                )
-        lines += _table(header, rows)
-    if doc.get("comparison"):
-        lines += ["", "## Server against HF transformers", ""]
+        measured = [(r["target"], lv) for r in doc["runs"] if r["dataset"] == dataset for lv in r["levels"]]
+        lines += _table(header, (_level_row(target, lv) for target, lv in measured))
+        lines += ["", "Latency percentiles (ms, median over the rounds): mean / P50 / P90 / P99", ""]
         lines += _table(
-            [
-                "dataset",
-                "conc.",
-                "server tok/s",
-                "HF tok/s",
-                "throughput ×",
-                "TTFT P50 server / HF",
-                "TPOT P50 server / HF",
-            ],
+            ["target", "conc.", "TTFT", "TPOT", "ITL", "E2EL"],
+            (
+                [TARGET_NAMES.get(target, target), str(lv["concurrency"])]
+                + [_percentiles(lv.get(key)) for key, _ in LATENCIES]
+                for target, lv in measured
+            ),
+        )
+    if doc.get("comparison"):
+        lines += [
+            "",
+            "## Server against HF transformers",
+            "",
+            "Ratios of the medians, claimed only where the two ranges do not overlap.",
+            "",
+        ]
+        lines += _table(
+            ["dataset", "conc.", "server tok/s", "HF tok/s", "throughput", "TTFT P50 server / HF", "TTFT", *TPOT],
             (
                 [
                     c["dataset"],
                     str(c["concurrency"]),
-                    _num(c["server_tok_s"]),
-                    _num(c["hf_tok_s"]),
-                    _num(c["throughput_ratio"], 2),
-                    f"{_num(c['server_ttft_p50_ms'], 0)} / {_num(c['hf_ttft_p50_ms'], 0)} ms",
-                    f"{_num(c['server_tpot_p50_ms'])} / {_num(c['hf_tpot_p50_ms'])} ms",
+                    _stored(c["server_tok_s"]),
+                    _stored(c["hf_tok_s"]),
+                    c["tok_s_claim"],
+                    f"{_stored(c['server_ttft'], 0)} / {_stored(c['hf_ttft'], 0)} ms",
+                    c["ttft_claim"],
+                    f"{_stored(c['server_tpot'])} / {_stored(c['hf_tpot'])} ms",
+                    c["tpot_claim"],
                 ]
                 for c in doc["comparison"]
             ),
@@ -126,28 +163,20 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             "## App overhead (the app's client path against plain HTTP, same prompts)",
             "",
-            "Time to the first visible text (first chunk with text), P50 and mean; output tokens/s of the level.",
+            "Time to the first visible text (first chunk with text), P50; output tokens/s of the level. "
+            "A difference is claimed only where the two ranges do not overlap.",
             "",
         ]
         lines += _table(
-            [
-                "dataset",
-                "conc.",
-                "first text P50 raw / app",
-                "added P50",
-                "added mean",
-                "tok/s raw / app",
-                "tok/s loss",
-            ],
+            ["dataset", "conc.", "first text P50 raw / app", "added", "tok/s raw / app", "tok/s loss"],
             (
                 [
                     o["dataset"],
                     str(o["concurrency"]),
-                    f"{_num(o['raw_first_text_p50_ms'])} / {_num(o['app_first_text_p50_ms'])} ms",
-                    f"{_num(o['added_ttft_p50_ms'])} ms",
-                    f"{_num(o['added_ttft_mean_ms'])} ms",
-                    f"{_num(o['raw_tok_s'])} / {_num(o['app_tok_s'])}",
-                    f"{_num(o['tok_s_loss_pct'])} %",
+                    f"{_stored(o['raw_first_text_p50_ms'])} / {_stored(o['app_first_text_p50_ms'])} ms",
+                    o["added_ttft_claim"],
+                    f"{_stored(o['raw_tok_s'])} / {_stored(o['app_tok_s'])}",
+                    o["tok_s_loss_claim"],
                 ]
                 for o in doc["overhead"]
             ),
@@ -168,44 +197,54 @@ def _concurrency_axis(ax: Any, doc: dict[str, Any]) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _errorbar(ax: Any, levels: list[dict[str, Any]], key: str, part: str | None, **style: Any) -> None:
+    """The medians over the rounds against concurrency, each with its min-max range as an error bar."""
+    points = [(lv["concurrency"], s) for lv in levels if (s := level_spread(lv, key, part)) is not None]
+    if not points:
+        return
+    xs = [x for x, _ in points]
+    ys = [s.median for _, s in points]
+    bars = [[s.median - s.low for _, s in points], [s.high - s.median for _, s in points]]
+    ax.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, **style)
+
+
 def plot_latency(doc: dict[str, Any], dataset: str, path: Path) -> None:
-    """TTFT, TPOT, ITL and E2EL percentiles (P50 solid, P90 dashed, P99 dotted) against concurrency."""
+    """TTFT, TPOT, ITL and E2EL percentiles (P50 solid, P90 dashed, P99 dotted) against concurrency:
+    medians over the rounds, the range as error bars."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(2, 2)
     for ax, (key, title) in zip(axes.flat, LATENCIES, strict=True):
         for index, (target, levels) in enumerate(_series(doc, dataset)):
-            color = f"C{index}"
             for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
-                points = [(lv["concurrency"], lv[key][pct]) for lv in levels if lv.get(key)]
-                if points:
-                    xs, ys = zip(*points, strict=True)
-                    label = TARGET_NAMES.get(target, target) if pct == "p50" else None
-                    ax.plot(xs, ys, style, marker="o", color=color, label=label)
+                label = TARGET_NAMES.get(target, target) if pct == "p50" else None
+                _errorbar(ax, levels, key, pct, linestyle=style, color=f"C{index}", label=label)
         ax.set_title(f"{title} (ms)")
         _concurrency_axis(ax, doc)
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"{doc['name']}: latency, dataset {dataset} (P50 solid, P90 dashed, P99 dotted)")
+    fig.suptitle(
+        f"{doc['name']}: latency, dataset {dataset} (P50 solid, P90 dashed, P99 dotted; "
+        "median over rounds, bars min-max)"
+    )
     fig.savefig(path, dpi=100)
 
 
 def plot_throughput(doc: dict[str, Any], dataset: str, path: Path) -> None:
-    """Output tokens/s and requests/s against concurrency, one line per target."""
+    """Output tokens/s and requests/s against concurrency, one line per target, the range as error bars."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     tokens_ax, requests_ax = fig.subplots(1, 2)
     for index, (target, levels) in enumerate(_series(doc, dataset)):
-        xs = [lv["concurrency"] for lv in levels]
         name = TARGET_NAMES.get(target, target)
-        tokens_ax.plot(xs, [lv["output_tokens_per_s"] for lv in levels], marker="o", color=f"C{index}", label=name)
-        requests_ax.plot(xs, [lv["requests_per_s"] for lv in levels], marker="o", color=f"C{index}", label=name)
+        _errorbar(tokens_ax, levels, "output_tokens_per_s", None, color=f"C{index}", label=name)
+        _errorbar(requests_ax, levels, "requests_per_s", None, color=f"C{index}", label=name)
     for ax, title in ((tokens_ax, "output tokens/s"), (requests_ax, "requests/s")):
         ax.set_title(title)
         _concurrency_axis(ax, doc)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{doc['name']}: throughput, dataset {dataset}")
+    fig.suptitle(f"{doc['name']}: throughput, dataset {dataset} (median over rounds, bars min-max)")
     fig.savefig(path, dpi=100)
 
 
@@ -228,6 +267,8 @@ def write_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def report_command(results_file: Path) -> int:
     """`report`: rewrite report.md and the plots beside a results.json; print what was written."""
-    for written in write_report(json.loads(results_file.read_text(encoding="utf-8")), results_file.parent):
+    doc = json.loads(results_file.read_text(encoding="utf-8"))
+    compare(doc)  # again: results written before rounds hold comparisons of another shape
+    for written in write_report(doc, results_file.parent):
         print(written)
     return 0

@@ -4,7 +4,9 @@ By default the engine is started as the app starts it (ChatService from the conf
 at the end; --base-url measures a server that already runs. Each level sends synthetic prompts of a
 fixed token length and/or the shipped Chinese prompt set over plain streaming HTTP; chosen levels are
 sent again through the app's own client path (overhead), and the same prompts go through HF
-transformers `generate` in the engine's interpreter (baseline). Results: results/<name>/.
+transformers `generate` in the engine's interpreter (baseline). Every level and target is measured in
+--repeat rounds, alternated (backend.benchmarks.plan); each figure is reported as the median of the
+rounds with its min-max range, each round's own figures kept. Results: results/<name>/.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import asyncio
 import logging
 import os
 import platform
-import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -27,8 +28,10 @@ from backend.benchmarks.baseline import add_baseline, baseline_job, run_baseline
 from backend.benchmarks.comparison import compare
 from backend.benchmarks.loadgen import AppSender, LevelRun, RawSender, Sampling, Sender, run_level
 from backend.benchmarks.memory import PeakSampler
+from backend.benchmarks.plan import TARGETS, requests_per_level, requests_rule, schedule
+from backend.benchmarks.redact import KEY_ENV, masked_command, scrub
 from backend.benchmarks.report import write_report
-from backend.benchmarks.stats import level_metrics
+from backend.benchmarks.stats import combine_rounds, level_metrics
 from backend.benchmarks.targets import MemoryReader, Server, external_server, managed_server, server_version
 from backend.benchmarks.workload import (
     BenchRequest,
@@ -57,7 +60,7 @@ def _levels(text: str) -> list[int]:
 def check_options(args: argparse.Namespace) -> argparse.Namespace:
     """Check the options of `bench` (backend.cli) and add what follows from them; raise BenchmarkError.
 
-    Adds levels, dataset_names and app_levels, and fills in name and out_dir."""
+    Adds levels, dataset_names and app_levels, and fills in name, out_dir and api_key (else $ERNIE_BENCH_API_KEY)."""
     args.levels = _levels(args.concurrency)
     args.dataset_names = [d.strip() for d in args.datasets.split(",") if d.strip()]
     unknown = set(args.dataset_names) - {"synthetic", "prompts"}
@@ -74,9 +77,18 @@ def check_options(args: argparse.Namespace) -> argparse.Namespace:
                 "--app-concurrency must be among the --concurrency levels.",
                 "Use ends, none, or levels listed in --concurrency.",
             )
-    for name in ("rounds", "input_len", "output_len"):
-        if getattr(args, name) < 1:
+    if args.rounds is not None:
+        raise BenchmarkError(
+            "--rounds is gone: it set the requests per level (rounds x concurrency), and a round now means "
+            "one repetition of the whole sweep.",
+            "Use --per-user N for N x concurrency requests per level (at least 32), --requests N for a fixed "
+            "number, and --repeat N for the number of alternated rounds.",
+        )
+    for name in ("repeat", "per_user", "requests", "input_len", "output_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
             raise BenchmarkError(f"--{name.replace('_', '-')} must be at least 1.", "Give a positive whole number.")
+    args.api_key = args.api_key or os.environ.get(KEY_ENV) or "EMPTY"
     args.name = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     args.out_dir = (args.out_dir or ROOT / "results" / args.name).resolve()
     return args
@@ -124,8 +136,9 @@ def _count_tokens(client: ChatClient) -> Callable[[list[dict[str, str]]], Awaita
 
 async def sweep(
     args: argparse.Namespace, server: Server, sampling: Sampling, flush_s: float, doc: dict[str, Any]
-) -> dict[str, dict[int, LevelRun]]:
-    """Run every dataset at every level over HTTP, and the chosen levels through the app's client."""
+) -> dict[str, dict[int, list[LevelRun]]]:
+    """Run every dataset at every level over HTTP, and the chosen levels through the app's client, round by
+    round (plan.schedule); fill doc['runs'] and return the server's runs, per dataset and level, one per round."""
     tagger = Tagger()
     workloads: dict[str, SyntheticWorkload | PromptSetWorkload] = {}
     for name in args.dataset_names:
@@ -146,33 +159,33 @@ async def sweep(
             doc["datasets"][args.prompts.stem] = f"{len(items)} prompts from {args.prompts.name} ({kinds}), {lengths}"
     ep = server.endpoint
     raw = RawSender(ep.base_url, ep.api_key, ep.model, sampling, args.timeout, connections=max(args.levels) + 4)
-    app = AppSender(server.client, sampling, flush_s)
-    done: dict[str, dict[int, LevelRun]] = {}
+    senders: dict[str, Sender] = {"server": raw, "app": AppSender(server.client, sampling, flush_s)}
+    rounds: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    done: dict[str, dict[int, list[LevelRun]]] = {dataset: {} for dataset in workloads}
     try:
-        for send in (raw, app) if args.warmup else ():
+        for send in senders.values() if args.warmup else ():
             # Unmeasured: the server's first requests, and the app client's first connection, are slower.
             warm = [BenchRequest([{"role": "user", "content": tagger.tag() + "你好"}], 16, "warmup")] * args.warmup
             await run_level(send, warm, 1)
-        for dataset, workload in workloads.items():
-            done[dataset] = {}
-            server_run: dict[str, Any] = {"dataset": dataset, "target": "server", "levels": []}
-            app_run: dict[str, Any] = {"dataset": dataset, "target": "app", "levels": []}
-            doc["runs"] += [server_run, app_run]
-            for level in args.levels:
-                n = args.requests or args.rounds * level
-                requests = await workload.take(n)
-                run, record = await measure_level(
-                    args, raw, requests, level, server.memory, f"{dataset} server c={level}"
-                )
-                server_run["levels"].append(record | {"memory_source": server.memory_source})
-                done[dataset][level] = run
-                if level in args.app_levels:
-                    again = await workload.take(n)  # same prompts (new tags) or same lengths
-                    _, record = await measure_level(args, app, again, level, server.memory, f"{dataset} app c={level}")
-                    app_run["levels"].append(record | {"memory_source": server.memory_source})
-        doc["runs"] = [r for r in doc["runs"] if r["levels"]]
+        for order, m in enumerate(schedule(args.repeat, list(workloads), args.levels, args.app_levels), start=1):
+            # The same prompts at a level in every round and for both targets (new tags), or the same lengths.
+            requests = await workloads[m.dataset].take(requests_per_level(m.level, args.per_user, args.requests))
+            desc = f"{m.dataset} {m.target} c={m.level} round {m.round}/{args.repeat}"
+            run, record = await measure_level(args, senders[m.target], requests, m.level, server.memory, desc)
+            where = {"round": m.round, "order": order}
+            rounds.setdefault((m.dataset, m.target, m.level), []).append(
+                where | record | {"memory_source": server.memory_source}
+            )
+            if m.target == "server":
+                done[m.dataset].setdefault(m.level, []).append(run)
     finally:
         await raw.aclose()
+    doc["runs"] = [
+        {"dataset": dataset, "target": target, "levels": levels}
+        for dataset in workloads
+        for target in TARGETS
+        if (levels := [combine_rounds(rounds[key]) for lv in args.levels if (key := (dataset, target, lv)) in rounds])
+    ]
     return done
 
 
@@ -190,7 +203,7 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
     doc: dict[str, Any] = {
         "name": args.name,
         "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "command": "python -m backend bench " + shlex.join(argv),
+        "command": "python -m backend bench " + masked_command(argv),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -200,7 +213,8 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
         "settings": {
             "concurrency": args.levels,
             "app_concurrency": args.app_levels,
-            "requests_rule": f"{args.requests} fixed" if args.requests else f"{args.rounds} x concurrency",
+            "requests_rule": requests_rule(args.per_user, args.requests),
+            "repeat": args.repeat,
             "datasets": args.dataset_names,
             "input_len": args.input_len,
             "output_len": args.output_len,
@@ -223,22 +237,31 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
         cfg.server.port = args.port
         cfg.paths.data_dir = str(args.out_dir / "engine")
         server_cm = managed_server(cfg)
-    async with server_cm as server:
-        doc["server"] = {
-            "kind": server.kind,
-            "engine": server.engine,
-            "version": await server_version(server.endpoint),
-            "base_url": server.endpoint.base_url,
-            "model": server.endpoint.model,
-            "model_path": server.model_path,
-            "flags": server.flags,
-        }
-        done = await sweep(args, server, sampling, cfg.chat.stream_flush_ms / 1000, doc)
+    try:
+        async with server_cm as server:
+            doc["server"] = {
+                "kind": server.kind,
+                "engine": server.engine,
+                "version": await server_version(server.endpoint),
+                "base_url": server.endpoint.base_url,
+                "model": server.endpoint.model,
+                "model_path": server.model_path,
+                "flags": server.flags,
+            }
+            done = await sweep(args, server, sampling, cfg.chat.stream_flush_ms / 1000, doc)
+    finally:
+        if not args.base_url:  # the managed engine is stopped and its key dead: no key file in the results folder
+            cfg.paths.engine_state.with_suffix(".key").unlink(missing_ok=True)
     if args.app_levels:
         doc["notes"].append(
             f"App client ITL is the gap between the chat's paced updates (chat.stream_flush_ms = "
             f"{cfg.chat.stream_flush_ms:g} ms), not between tokens; its TTFT is the time to the first text."
         )
+    doc["notes"].append(
+        f"Every figure is the median of {args.repeat} round(s) with its range (min-max); the rounds are "
+        "alternated (each round measures every dataset, level and target once), and a difference is claimed "
+        "only where the ranges do not overlap."
+    )
     doc["notes"].append(
         "TTFT, TPOT and E2EL have one value per request, so P99 over a few requests is close to the maximum; "
         "ITL pools every gap of the level."
@@ -253,9 +276,13 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
         job, names = baseline_job(args, hf_model, sampling, done)
         result = await run_baseline(args.hf_python or python, job, progress=not args.no_progress)
         add_baseline(doc, names, result)
+        doc["notes"].append(
+            "The HF baseline runs after the server has stopped (so that it has the machine to itself): "
+            "its rounds follow each other, alternated across levels but not with the server's."
+        )
     compare(doc)
     doc["machine"]["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    return doc
+    return dict(scrub(doc, [args.api_key, server.endpoint.api_key]))
 
 
 def bench_command(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python: str) -> int:

@@ -1,9 +1,10 @@
 """The daily baseline: `python -m backend bench --snapshot` measures the running app's engine with a short fixed
 workload and appends one line to <data_dir>/bench-history.jsonl, then redraws the trend next to it.
 
-One line: time, commit, engine, device, and per level (1 and 4 users) output tok/s, TTFT P50 and TPOT P50, and
-the engine's peak memory. The doctor compares the newest line with the median of the ones before it
-(`regression`), so a slower build or machine shows up without anyone reading plots.
+One line: time, commit, engine, device, and per level (1 and 4 users) output tok/s, TTFT P50 and TPOT P50 (each
+the median of three alternated rounds), and the engine's peak memory. The doctor compares the newest line with
+the median of the ones before it (`regression`), so a slower build or machine shows up without anyone reading
+plots.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from backend.ops.baseline_history import history_file, read_history, regression
 from backend.serving.hardware import detect_gpus
 from backend.serving.state_file import read_key, read_state
 
-# The fixed workload: small enough for a CPU (about a minute on 2 cores), the same every day.
+# The fixed workload: small enough for a CPU (a few minutes on 2 cores), the same every day; three rounds,
+# so that one slow moment moves the range, not the day's median.
 WORKLOAD: dict[str, Any] = {
     "concurrency": "1,4",
     "requests": 32,
+    "repeat": 3,
     "datasets": "synthetic",
     "input_len": 256,
     "output_len": 64,

@@ -3,14 +3,17 @@
 Per request: TTFT is the time to the first streamed chunk, ITL the gaps between successive chunks,
 E2EL the time to the last chunk, TPOT = (E2EL - TTFT) / (output tokens - 1) for replies of more than
 one token. Per level: throughput is total output tokens (the server's usage counts) / wall time.
-Percentiles interpolate linearly between ranks, as numpy's default does. Only stdlib: the HF
-baseline's interpreter can import this module too.
+Percentiles interpolate linearly between ranks, as numpy's default does. Across rounds (a level measured
+several times, alternated with the other levels and targets), every figure is the median of the rounds with
+its min-max range, and a difference is claimed only where the two ranges do not overlap. Only stdlib: the
+HF baseline's interpreter can import this module too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -121,3 +124,97 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return numerator / denominator
+
+
+# ----- across rounds: every level is measured in several alternated rounds ---------------------------
+WITHIN_SPREAD = "within spread"
+ONE_ROUND = "one round: no spread"
+SUMMED = ("errors",)  # an error in any round counts; every other figure is the median of the rounds
+PER_ROUND = ("round", "order")  # where a round stood in the run: kept in per_round only
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One figure over the rounds of a level: the median and the range (min-max) it took."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    def overlaps(self, other: Spread) -> bool:
+        """Whether the two ranges share a value (up to rounding): a difference of medians is then no evidence."""
+
+        def at_most(a: float, b: float) -> bool:
+            return a <= b or math.isclose(a, b, rel_tol=1e-9)
+
+        return at_most(self.low, other.high) and at_most(other.low, self.high)
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, min and max of a figure's values, one per round."""
+    if not values:
+        raise ValueError("spread of no values")
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def claim(a: Spread | None, b: Spread | None, text: Callable[[float, float], str]) -> str:
+    """text(median of a, median of b) where the ranges are apart; 'within spread' where they overlap."""
+    if a is None or b is None:
+        return "–"
+    if a.rounds < 2 or b.rounds < 2:
+        return ONE_ROUND
+    return WITHIN_SPREAD if a.overlaps(b) else text(a.median, b.median)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _combine(values: list[Any]) -> tuple[Any, Any]:
+    """(median, [min, max]) of numbers, recursively through dicts of numbers (a latency Summary); Nones left out."""
+    present = [v for v in values if v is not None]
+    if present and all(_is_number(v) for v in present):
+        s = spread(present)
+        same = all(v == present[0] for v in present)  # a constant (concurrency, requests) keeps its type
+        return present[0] if same else s.median, [s.low, s.high]
+    if present and all(isinstance(v, dict) for v in present):
+        pairs = {key: _combine([v.get(key) for v in present]) for key in present[0]}
+        return {k: m for k, (m, _) in pairs.items()}, {k: r for k, (_, r) in pairs.items() if r is not None}
+    return (present[0] if present else None), None
+
+
+def combine_rounds(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One level's record from its rounds' records: each figure the median over the rounds, `spread` its
+    [min, max], `errors` the sum and `error_samples` those of every round, `per_round` the rounds as measured."""
+    if not records:
+        raise ValueError("no rounds to combine")
+    level: dict[str, Any] = {"rounds": len(records)}
+    ranges: dict[str, Any] = {}
+    for key in records[0]:
+        values: list[Any] = [r.get(key) for r in records]
+        if key in SUMMED:
+            level[key] = sum(values)
+        elif key == "error_samples":
+            level[key] = sorted({s for v in values for s in v or ()})[:5]
+        elif key in PER_ROUND or all(isinstance(v, list) for v in values):
+            continue  # per-round readings (load averages) stay in per_round
+        else:
+            level[key], found = _combine(values)
+            if found is not None:
+                ranges[key] = found
+    return level | {"spread": ranges, "per_round": list(records)}
+
+
+def level_spread(level: dict[str, Any], key: str, part: str | None = None) -> Spread | None:
+    """A figure of a level record (`ttft_ms`, `p50`: a percentile) with its range; a record of one
+    measurement (no `spread`, as results written before rounds) has a range of its own value."""
+    value = level.get(key)
+    low_high = (level.get("spread") or {}).get(key)
+    if part is not None:
+        value = value.get(part) if isinstance(value, dict) else None
+        low_high = low_high.get(part) if isinstance(low_high, dict) else None
+    if not isinstance(value, int | float):
+        return None
+    low, high = low_high if low_high else (value, value)
+    return Spread(float(value), float(low), float(high), int(level.get("rounds", 1)))

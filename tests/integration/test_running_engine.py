@@ -229,7 +229,7 @@ async def test_bench_against_an_existing_server(tiny_service: ChatService, tiny_
     ep = tiny_service.endpoint
     out = tmp_path / "bench"
     argv = ["--base-url", ep.base_url + "/v1", "--api-key", ep.api_key, "--model", ep.model]
-    argv += ["--concurrency", "1,2", "--rounds", "1", "--input-len", "40", "--output-len", "6"]
+    argv += ["--concurrency", "1,2", "--requests", "2", "--repeat", "1", "--input-len", "40", "--output-len", "6"]
     argv += ["--prompts-output-len", "6", "--hf-model", str(tiny_model), "--out-dir", str(out), "--no-progress"]
     assert await asyncio.to_thread(cli.main, ["bench", *argv]) == 0
 

@@ -243,7 +243,7 @@ def test_bench(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     got_cfg, args, given, python = call.args
     assert got_cfg is cfg and given == argv and python == engine_python(cfg)
     assert (args.concurrency, args.base_url, args.hf_threads, args.no_progress) == ("1,4", "http://h:1/v1", 1, True)
-    assert (args.rounds, args.input_len, args.datasets, args.port) == (2, 256, "synthetic,prompts", 0)
+    assert (args.repeat, args.per_user, args.input_len, args.datasets, args.port) == (3, 4, 256, "synthetic,prompts", 0)
 
 
 def test_doctor(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:

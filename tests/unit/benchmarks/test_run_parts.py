@@ -42,10 +42,32 @@ def test_options_and_their_mistakes(tmp_path: Path) -> None:
         (["--concurrency", "a"], "positive integers"),
         (["--datasets", "synthetic,sharegpt"], "Unknown dataset"),
         (["--concurrency", "1,2", "--app-concurrency", "4"], "among the --concurrency levels"),
-        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--repeat", "0"], "--repeat must be at least 1"),
+        (["--per-user", "0"], "--per-user must be at least 1"),
+        (["--requests", "0"], "--requests must be at least 1"),
     ):
         with pytest.raises(BenchmarkError, match=message):
             options(bad)
+
+
+def test_rounds_and_requests_per_level_by_default_and_as_asked() -> None:
+    args = options([])
+    assert (args.repeat, args.per_user, args.requests) == (3, 4, None)
+    assert options(["--repeat", "5", "--per-user", "2", "--requests", "7"]).repeat == 5
+
+
+def test_the_old_rounds_option_says_what_replaced_it() -> None:
+    with pytest.raises(BenchmarkError, match="--rounds is gone") as caught:
+        options(["--rounds", "2"])
+    assert "--per-user" in caught.value.hint and "--repeat" in caught.value.hint
+
+
+def test_the_key_comes_from_the_command_line_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ERNIE_BENCH_API_KEY", raising=False)
+    assert options([]).api_key == "EMPTY"
+    monkeypatch.setenv("ERNIE_BENCH_API_KEY", "sk-from-the-environment")
+    assert options([]).api_key == "sk-from-the-environment"
+    assert options(["--api-key", "sk-given"]).api_key == "sk-given"
 
 
 def test_command_prints_friendly_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,41 +121,48 @@ async def test_metrics_memory_and_peak_sampler() -> None:
     assert sampler.peak == 30
 
 
-def test_baseline_job_uses_the_servers_token_counts() -> None:
-    requests = [BenchRequest([{"role": "user", "content": f"q{i}"}], 16, "x") for i in range(3)]
+def _run(tokens: list[int | None], tag: str = "q") -> LevelRun:
+    requests = [BenchRequest([{"role": "user", "content": f"{tag}{i}"}], 16, "x") for i in range(len(tokens))]
     results = [
-        RequestResult(True, ttft=0.1, latency=1.0, output_tokens=16),
-        RequestResult(True, ttft=0.1, latency=1.0, output_tokens=9),  # ended early (EOS)
-        RequestResult(False, error="boom"),
+        RequestResult(True, ttft=0.1, latency=1.0, output_tokens=n) if n else RequestResult(False, error="boom")
+        for n in tokens
     ]
-    run = LevelRun(requests, results, level_metrics(2, results, 2.0))
-    args = options(["--hf-threads", "1"])
-    job, names = baseline_job(args, "/no/such/folder", Sampling(0.7, 0.9), {"prompts_zh": {2: run}})
-    assert names == ["prompts_zh"]
-    assert job["model"] == "/no/such/folder" and job["threads"] == 1 and job["cache"] == "static"
-    [level] = job["levels"]
-    assert level["concurrency"] == 2
-    assert [r["max_tokens"] for r in level["requests"]] == [16, 9, 16]
-    assert level["requests"][1]["messages"] == [{"role": "user", "content": "q1"}]
+    return LevelRun(requests, results, level_metrics(2, results, 2.0))
 
+
+def test_baseline_job_uses_the_servers_token_counts_round_by_round() -> None:
+    first, second = _run([16, 9, None]), _run([16, 16, 5], tag="r")  # 9 ended early (EOS); None failed
+    args = options(["--hf-threads", "1"])
+    one = _run([16], tag="s")
+    job, names = baseline_job(
+        args, "/no/such/folder", Sampling(0.7, 0.9), {"prompts_zh": {2: [first, second], 1: [one]}}
+    )
+    assert names == ["prompts_zh"] * 3
+    assert job["model"] == "/no/such/folder" and job["threads"] == 1 and job["cache"] == "static"
+    assert [lv["concurrency"] for lv in job["levels"]] == [2, 1, 2], "round 1 of every level, then round 2"
+    assert [r["max_tokens"] for r in job["levels"][0]["requests"]] == [16, 9, 16]
+    assert [r["max_tokens"] for r in job["levels"][2]["requests"]] == [16, 16, 5]
+    assert job["levels"][2]["requests"][1]["messages"] == [{"role": "user", "content": "r1"}]
+
+
+def _hf_level(duration: float, peak: int, failed: bool = False) -> dict:
+    done = {"success": True, "ttft": 0.5, "latency": 2.0, "itl": [0.1] * 15, "output_tokens": 16}
+    results = [done, {"success": False, "error": "RuntimeError: no"} if failed else done]
+    return {"concurrency": 2, "duration_s": duration, "peak_rss_bytes": peak, "results": results}
+
+
+def test_baseline_rounds_become_one_level_with_medians_and_ranges() -> None:
     result = {
         "weights": "random",
-        "levels": [
-            {
-                "concurrency": 2,
-                "duration_s": 4.0,
-                "peak_rss_bytes": 123,
-                "results": [
-                    {"success": True, "ttft": 0.5, "latency": 2.0, "itl": [0.1] * 15, "output_tokens": 16},
-                    {"success": False, "error": "RuntimeError: no"},
-                ],
-            }
-        ],
+        "levels": [_hf_level(4.0, 100, failed=True), _hf_level(8.0, 123), _hf_level(2.0, 90)],
     }
     doc: dict = {"runs": []}
-    add_baseline(doc, names, result)
+    add_baseline(doc, ["prompts_zh"] * 3, result)
     [hf] = doc["runs"]
     assert (hf["dataset"], hf["target"]) == ("prompts_zh", "hf")
     [lv] = hf["levels"]
-    assert (lv["completed"], lv["errors"], lv["output_tokens_per_s"], lv["peak_memory_bytes"]) == (1, 1, 4.0, 123)
+    assert lv["rounds"] == 3 and [r["round"] for r in lv["per_round"]] == [1, 2, 3]
+    assert [r["output_tokens_per_s"] for r in lv["per_round"]] == [4.0, 4.0, 16.0]
+    assert lv["output_tokens_per_s"] == 4.0 and lv["spread"]["output_tokens_per_s"] == [4.0, 16.0]
+    assert (lv["errors"], lv["peak_memory_bytes"], lv["memory_source"]) == (1, 100, "peak RSS")
     assert doc["baseline"] == {"weights": "random"}

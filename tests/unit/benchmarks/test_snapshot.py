@@ -4,23 +4,16 @@ workload and adds one line to the history; the doctor calls a clear drop against
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from backend import cli
 from backend.benchmarks.snapshot import WORKLOAD, history_line
-from backend.config import ROOT, AppConfig
+from backend.config import AppConfig
 from backend.ops.baseline_history import read_history, regression
 from backend.ops.doctor import OK, SKIP, WARN, check_baseline
-
-STUB = ROOT / "tests" / "stub_engine.py"
 
 
 def line(tok_s: float, when: str = "2026-12-01T10:00:00+0000") -> dict:
@@ -95,27 +88,6 @@ def test_without_a_running_engine_the_snapshot_says_what_to_do(
     assert "No running engine is recorded" in err and "make run" in err
 
 
-@pytest.fixture
-def stub_engine() -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(STUB), str(port), "ernie"], stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def test_the_snapshot_measures_the_running_engine_and_adds_one_line(
     stub_engine: str, make_config: Callable[..., AppConfig], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -137,3 +109,4 @@ def test_the_snapshot_measures_the_running_engine_and_adds_one_line(
     assert doc["server"]["base_url"] == stub_engine, "it measured the engine the state file names"
     levels = [lv for run in doc["runs"] if run["target"] == "server" for lv in run["levels"]]
     assert [lv["requests"] for lv in levels] == [WORKLOAD["requests"]] * 2
+    assert [lv["rounds"] for lv in levels] == [WORKLOAD["repeat"]] * 2, "the daily figure: a median of rounds"

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from backend.benchmarks.stats import RequestResult, level_metrics, percentile, ratio, summarize
+from backend.benchmarks.stats import (
+    ONE_ROUND,
+    WITHIN_SPREAD,
+    RequestResult,
+    Spread,
+    claim,
+    combine_rounds,
+    level_metrics,
+    level_spread,
+    percentile,
+    ratio,
+    spread,
+    summarize,
+)
 
 
 def test_percentile_interpolates_between_ranks_like_numpy() -> None:
@@ -69,3 +82,80 @@ def test_level_with_only_failures_has_no_latencies() -> None:
 def test_ratio_handles_missing_values() -> None:
     assert ratio(10.0, 4.0) == 2.5
     assert ratio(None, 4.0) is None and ratio(1.0, 0.0) is None and ratio(1.0, None) is None
+
+
+def test_spread_is_the_median_and_the_range_of_the_rounds() -> None:
+    assert spread([12.0, 10.0, 30.0]) == Spread(median=12.0, low=10.0, high=30.0, rounds=3)
+    assert spread([4.0, 1.0, 3.0, 2.0]) == Spread(median=2.5, low=1.0, high=4.0, rounds=4)
+    assert spread([7.0]) == Spread(7.0, 7.0, 7.0, 1)
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def _round(tok_s: float, ttft_p50: float | None, errors: int = 0, samples: tuple[str, ...] = ()) -> dict:
+    ttft = None if ttft_p50 is None else {"mean": ttft_p50 + 1, "p50": ttft_p50, "p90": 2 * ttft_p50, "p99": 0.0}
+    return {
+        "round": 0,
+        "order": 0,
+        "concurrency": 4,
+        "requests": 32,
+        "errors": errors,
+        "output_tokens_per_s": tok_s,
+        "ttft_ms": ttft,
+        "peak_memory_bytes": None,
+        "load_before": [0.5, 0.5, 0.5],
+        "memory_source": "RSS",
+        "error_samples": list(samples),
+    }
+
+
+def test_rounds_combine_into_medians_with_ranges_and_keep_each_round() -> None:
+    rounds = [_round(100.0, 20.0), _round(80.0, 30.0, errors=2, samples=("HTTP 500",)), _round(90.0, 10.0)]
+    level = combine_rounds(rounds)
+    assert level["rounds"] == 3 and level["per_round"] == rounds
+    assert (level["concurrency"], level["requests"], level["memory_source"]) == (4, 32, "RSS")
+    assert level["output_tokens_per_s"] == 90.0 and level["spread"]["output_tokens_per_s"] == [80.0, 100.0]
+    assert level["ttft_ms"] == {"mean": 21.0, "p50": 20.0, "p90": 40.0, "p99": 0.0}
+    assert level["spread"]["ttft_ms"]["p50"] == [10.0, 30.0] and level["spread"]["ttft_ms"]["p90"] == [20.0, 60.0]
+    assert level["errors"] == 2 and level["error_samples"] == ["HTTP 500"], "errors of every round count"
+    assert level["peak_memory_bytes"] is None and "peak_memory_bytes" not in level["spread"]
+    assert "load_before" not in level and "round" not in level and "order" not in level, "kept per round only"
+    assert level_spread(level, "ttft_ms", "p50") == Spread(20.0, 10.0, 30.0, 3)
+
+
+def test_a_round_without_latencies_leaves_the_others_to_the_median() -> None:
+    level = combine_rounds([_round(0.0, None, errors=32), _round(50.0, 40.0), _round(60.0, 60.0)])
+    assert level["ttft_ms"]["p50"] == 50.0 and level["spread"]["ttft_ms"]["p50"] == [40.0, 60.0]
+    assert level["errors"] == 32
+
+
+def test_a_record_of_one_measurement_has_a_range_of_its_own_value() -> None:
+    old = {"concurrency": 1, "output_tokens_per_s": 11.0, "ttft_ms": {"p50": 200.0}}  # written before rounds
+    assert level_spread(old, "output_tokens_per_s") == Spread(11.0, 11.0, 11.0, 1)
+    assert level_spread(old, "ttft_ms", "p50") == Spread(200.0, 200.0, 200.0, 1)
+    assert level_spread(old, "tpot_ms", "p50") is None and level_spread(old, "ttft_ms", "p99") is None
+
+
+def _times(a: float, b: float) -> str:
+    return f"{a / b:.2f}×"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        (Spread(20.0, 18.0, 22.0, 3), Spread(10.0, 9.0, 11.0, 3), "2.00×"),  # apart: the gain is claimed
+        (Spread(10.0, 9.0, 11.0, 3), Spread(20.0, 18.0, 22.0, 3), "0.50×"),  # apart the other way
+        (Spread(12.0, 10.0, 13.0, 3), Spread(10.0, 8.0, 10.0, 3), WITHIN_SPREAD),  # ranges touch
+        (Spread(15.0, 5.0, 16.0, 3), Spread(10.0, 9.0, 11.0, 3), WITHIN_SPREAD),  # one range holds the other
+        (
+            Spread(10.000000000000004, 10.000000000000004, 10.000000000000004, 3),
+            Spread(10.0, 10.0, 10.0, 3),
+            WITHIN_SPREAD,
+        ),
+        (Spread(20.0, 20.0, 20.0, 1), Spread(10.0, 9.0, 11.0, 3), ONE_ROUND),  # a single round shows no spread
+    ],
+    ids=["apart, higher", "apart, lower", "touching", "nested", "equal up to rounding", "one round"],
+)
+def test_a_difference_is_claimed_only_beyond_the_spread(a: Spread, b: Spread, expected: str) -> None:
+    assert claim(a, b, _times) == expected
+    assert claim(None, b, _times) == "–"
