@@ -33,6 +33,7 @@ FIGURES = (
 
 
 TPOT = ("TPOT P50 server / HF", "TPOT")
+DODGE = 0.06  # of an octave: how far apart the targets' points stand at one level
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -197,12 +198,14 @@ def _concurrency_axis(ax: Any, doc: dict[str, Any]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _errorbar(ax: Any, levels: list[dict[str, Any]], key: str, part: str | None, **style: Any) -> None:
-    """The medians over the rounds against concurrency, each with its min-max range as an error bar."""
+def _errorbar(ax: Any, levels: list[dict[str, Any]], key: str, part: str | None, index: int = 0, **style: Any) -> None:
+    """The medians over the rounds against concurrency, each with its min-max range as an error bar; the
+    `index`-th target's points a little to the right (on the log axis), so that the bars of targets do not hide
+    each other."""
     points = [(lv["concurrency"], s) for lv in levels if (s := level_spread(lv, key, part)) is not None]
     if not points:
         return
-    xs = [x for x, _ in points]
+    xs = [x * 2 ** (DODGE * index) for x, _ in points]
     ys = [s.median for _, s in points]
     bars = [[s.median - s.low for _, s in points], [s.high - s.median for _, s in points]]
     ax.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, **style)
@@ -219,7 +222,7 @@ def plot_latency(doc: dict[str, Any], dataset: str, path: Path) -> None:
         for index, (target, levels) in enumerate(_series(doc, dataset)):
             for pct, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
                 label = TARGET_NAMES.get(target, target) if pct == "p50" else None
-                _errorbar(ax, levels, key, pct, linestyle=style, color=f"C{index}", label=label)
+                _errorbar(ax, levels, key, pct, index, linestyle=style, color=f"C{index}", label=label)
         ax.set_title(f"{title} (ms)")
         _concurrency_axis(ax, doc)
     axes.flat[0].legend(fontsize=8)
@@ -238,8 +241,8 @@ def plot_throughput(doc: dict[str, Any], dataset: str, path: Path) -> None:
     tokens_ax, requests_ax = fig.subplots(1, 2)
     for index, (target, levels) in enumerate(_series(doc, dataset)):
         name = TARGET_NAMES.get(target, target)
-        _errorbar(tokens_ax, levels, "output_tokens_per_s", None, color=f"C{index}", label=name)
-        _errorbar(requests_ax, levels, "requests_per_s", None, color=f"C{index}", label=name)
+        _errorbar(tokens_ax, levels, "output_tokens_per_s", None, index, color=f"C{index}", label=name)
+        _errorbar(requests_ax, levels, "requests_per_s", None, index, color=f"C{index}", label=name)
     for ax, title in ((tokens_ax, "output tokens/s"), (requests_ax, "requests/s")):
         ax.set_title(title)
         _concurrency_axis(ax, doc)
