@@ -4,9 +4,11 @@ with that template chosen (ChatService.build_request, the chat's one client). No
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from backend.chat.client import Message
 from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
 from backend.errors import ServiceError, WorkshopError
@@ -37,13 +39,34 @@ async def try_reply(
         yield _error(exc, locale)
         return
     yield {"request": {"template": request.template, "sampling": request.sampling, "messages": request.messages}}
-    stream = service.client.stream(request.messages, **request.sampling)
+    # The reply streams in a task of its own, as a chat turn does in Chainlit's task: the HTTP stream's cancel
+    # scopes then never mix with those of the task the web server streams our answer from.
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    pump = asyncio.create_task(_stream(service, request.messages, request.sampling, events, locale))
+    try:
+        while (event := await events.get()) is not None:
+            yield event
+    finally:
+        pump.cancel()  # the page went away: the stream is closed and the engine stops generating
+
+
+async def _stream(
+    service: ChatService,
+    messages: list[Message],
+    sampling: dict[str, Any],
+    events: asyncio.Queue[dict[str, Any] | None],
+    locale: str | None,
+) -> None:
+    stream = service.client.stream(messages, **sampling)
     try:
         async with stream:
             async for piece in stream:
-                yield {"text": piece}
+                events.put_nowait({"text": piece})
+        stats = stream.stats
+        events.put_nowait(
+            {"done": {"finish_reason": stats.finish_reason, "completion_tokens": stats.completion_tokens}}
+        )
     except ServiceError as exc:
-        yield _error(exc, locale)
-        return
-    stats = stream.stats
-    yield {"done": {"finish_reason": stats.finish_reason, "completion_tokens": stats.completion_tokens}}
+        events.put_nowait(_error(exc, locale))
+    finally:
+        events.put_nowait(None)

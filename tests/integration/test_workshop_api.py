@@ -208,3 +208,4 @@ async def test_preview_and_try_a_draft_through_the_app(site: Site, users: dict[s
     sent = site.engine.requests[-1]
     assert sent["messages"][-1]["content"] == "Tried:\n写一首诗" and sent["temperature"] == 1.25
     assert not (site.prompts / f"{stem}.yaml").exists(), "trying saves nothing"
+    assert "Exception in ASGI application" not in site.app.log_text()
