@@ -168,7 +168,8 @@ async def sweep(
             warm = [BenchRequest([{"role": "user", "content": tagger.tag() + "你好"}], 16, "warmup")] * args.warmup
             await run_level(send, warm, 1)
         for order, m in enumerate(schedule(args.repeat, list(workloads), args.levels, args.app_levels), start=1):
-            # The same prompts at a level in every round and for both targets (new tags), or the same lengths.
+            # The prompt set: the same prompts in every round and for both targets (new tags); synthetic: new
+            # prompts of the same lengths.
             requests = await workloads[m.dataset].take(requests_per_level(m.level, args.per_user, args.requests))
             desc = f"{m.dataset} {m.target} c={m.level} round {m.round}/{args.repeat}"
             run, record = await measure_level(args, senders[m.target], requests, m.level, server.memory, desc)
@@ -180,12 +181,11 @@ async def sweep(
                 done[m.dataset].setdefault(m.level, []).append(run)
     finally:
         await raw.aclose()
-    doc["runs"] = [
-        {"dataset": dataset, "target": target, "levels": levels}
-        for dataset in workloads
-        for target in TARGETS
-        if (levels := [combine_rounds(rounds[key]) for lv in args.levels if (key := (dataset, target, lv)) in rounds])
-    ]
+    for dataset in workloads:
+        for target in TARGETS:
+            keys = [(dataset, target, level) for level in args.levels]
+            if levels := [combine_rounds(rounds[key]) for key in keys if key in rounds]:
+                doc["runs"].append({"dataset": dataset, "target": target, "levels": levels})
     return done
 
 
