@@ -129,21 +129,29 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="measure this running OpenAI-compatible server instead (http://host:port[/v1])")
     p.add_argument(
         "--api-key",
+        metavar="KEY",
         help=f"its API key (default: ${KEY_ENV}, else EMPTY); the environment keeps it out of ps, "
         "and the recorded command shows it as ***",
     )
     p.add_argument("--model", help="its model name (default: the first of /v1/models)")
     p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels (default 1,2,4,8)")
     p.add_argument(
-        "--repeat", type=int, default=3, help="rounds: each level and target measured N times, alternated (default 3)"
+        "--repeat",
+        type=int,
+        default=3,
+        metavar="N",
+        help="rounds: each level and target measured N times, alternated (default 3)",
     )
     p.add_argument(
         "--per-user",
         type=int,
         default=4,
+        metavar="N",
         help=f"requests per level and round = N x concurrency, at least {MIN_REQUESTS} (default 4)",
     )
-    p.add_argument("--requests", type=int, help="fixed number of requests per level and round instead of --per-user")
+    p.add_argument(
+        "--requests", type=int, metavar="N", help="fixed number of requests per level and round instead of --per-user"
+    )
     p.add_argument("--rounds", type=int, help=argparse.SUPPRESS)  # renamed: a clear error in check_options
     p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
     p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
