@@ -135,8 +135,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str, Any]) -> str:
     done = [r for r in rounds if "levels" in r]
     m = next(iter(machines.values()), {})
+    others = [f"`{c}`" for c in s["configs"] if c != REFERENCE]
     out = [
-        "# ERNIE-4.5-0.3B on one NVIDIA H200: vLLM defaults against the `h200` profile, one engine at a time",
+        f"# ERNIE-4.5-0.3B on one NVIDIA H200: vLLM defaults against {', '.join(others)}, one engine at a time",
         "",
         f"GPU {m.get('gpu', '?')} (name, driver, memory, max SM clock); vLLM {m.get('vllm', '?')}, torch "
         f"{m.get('torch', '?')} (CUDA {m.get('torch_cuda', '?')}), Python {m.get('python', '?')}, "
@@ -150,7 +151,7 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
         + ". Each round is one engine start through the project's supervisor, alone on the GPU (nothing on "
         "it before the start; one `VLLM::EngineCore` process while measured), a warm-up (16 and 64 "
         "full-length prompts with 32-token replies, which also takes vLLM's one Triton JIT compile of "
-        "`kernel_unified_attention`), the three levels through the project's benchmark tool, and a stop. "
+        "`kernel_unified_attention`), the levels through the project's benchmark tool, and a stop. "
         "Rounds alternate the configurations. Every figure below is the median over rounds with the "
         "min-max in brackets.",
         "",
