@@ -15,14 +15,14 @@ from chainlit.utils import utc_now
 
 from backend.accounts.login import setup_login
 from backend.chat.i18n import describe, t
-from backend.chat.render import details_element, notice_text, reply_text, wait_text
+from backend.chat.render import details_element, notice_text, reply_text, starters, wait_text
 from backend.chat.request import SETTING_RANGES
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession, Done, EngineWait, Event, Text
 from backend.config import load_config
 from backend.errors import ConfigError
 from backend.logs import setup_logging
-from backend.ops import metrics, web
+from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
 from backend.storage.resume import history_from_thread, turn_metadata
 
@@ -68,6 +68,7 @@ async def startup() -> None:
         return
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
     web.install_routes(SERVICE)
+    page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
     SERVICE.start()
 
@@ -86,12 +87,15 @@ async def _open(session: ChatSession | None, greet: bool) -> None:
         await _say(t("error", _lang(), error=describe(STARTUP_ERROR, _lang())))
         return
     await _send_settings(session)
-    if greet:
-        if SERVICE.demo_note:
-            await _say(t("demo", _lang(), note=SERVICE.demo_note))
+    if greet:  # the demo model's notice comes with the first reply: a message here would hide the starters
         if news := SERVICE.template_news(session):
             await _say(notice_text(news, _lang()))
         await _show_storage_problem()
+
+
+@cl.set_starters
+async def first_page_starters(user: cl.User | None, language: str | None = None) -> list[cl.Starter]:
+    return [cl.Starter(label=label, message=text) for label, text in starters(language or "en-US")]
 
 
 @cl.on_chat_start
@@ -156,13 +160,13 @@ async def on_message(message: cl.Message) -> None:
         await _say(t("error", _lang(), error=describe(STARTUP_ERROR, _lang())))
         return
     async with session.lock:  # one reply at a time per chat: rapid sends queue up
-        await _answer(session, message.content or "")
+        await _answer(session, message.content or "", message.command)
 
 
-async def _answer(session: ChatSession, text: str) -> None:
+async def _answer(session: ChatSession, text: str, command: str | None = None) -> None:
     assert SERVICE is not None
     page = _Page(_lang(), SERVICE.describe)
-    turn = SERVICE.reply(session, text)
+    turn = SERVICE.reply(session, text, command)
     try:
         async for event in turn:
             await page.show(event)

@@ -77,6 +77,38 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "⚠️ Conversation history is unavailable: {error} The chat still works, but is not being saved.",
         "zh": "⚠️ 对话历史暂不可用：{error} 仍可正常聊天，但本次对话不会被保存。",
     },
+    "tagline": {
+        "en": "A self-hosted chat: the model runs on this machine, nothing leaves it.",
+        "zh": "自托管聊天：模型在本机运行，数据不会离开这台机器。",
+    },
+    "serving_demo": {"en": "{model} (offline demo, not ERNIE)", "zh": "{model}（离线演示模型，不是 ERNIE）"},
+    "engine_choosing": {"en": "engine being chosen", "zh": "正在选择引擎"},
+    "state_starting": {"en": "starting… {elapsed:.0f} s", "zh": "正在启动… {elapsed:.0f} 秒"},
+    "state_restarting": {"en": "restarting… {elapsed:.0f} s", "zh": "正在重启… {elapsed:.0f} 秒"},
+    "state_ready": {"en": "ready", "zh": "已就绪"},
+    "state_failed": {
+        "en": "could not start: send a message to see why and retry",
+        "zh": "无法启动：发送一条消息即可查看原因并重试",
+    },
+    "state_stopped": {"en": "stopped", "zh": "已停止"},
+    "starter_write": {"en": "Write a poem", "zh": "写一首诗"},
+    "starter_write_message": {"en": "Write a short poem about the sea.", "zh": "写一首关于大海的短诗。"},
+    "starter_summary": {"en": "Summarise a text", "zh": "总结一段文字"},
+    "starter_summary_message": {
+        "en": "Summarise: The meeting moved to Friday because two speakers were ill. Lunch will be served at "
+        "noon, and the slides will be shared with everyone afterwards.",
+        "zh": "总结：因为两位发言人生病，会议改到周五举行。中午提供午餐，会后会把幻灯片发给所有人。",
+    },
+    "starter_translation": {"en": "Translate into Chinese", "zh": "翻译成英文"},
+    "starter_translation_message": {
+        "en": "Translate into Chinese: The weather is lovely today, let's go for a walk.",
+        "zh": "翻译成英文：今天天气很好，我们去散步吧。",
+    },
+    "starter_explain": {"en": "Explain code", "zh": "解释代码"},
+    "starter_explain_message": {
+        "en": "Explain this code: sorted(words, key=len, reverse=True)[:3]",
+        "zh": "解释代码：sorted(words, key=len, reverse=True)[:3]",
+    },
     "setting_temperature": {"en": "Temperature", "zh": "温度（temperature）"},
     "setting_top_p": {"en": "Top P", "zh": "Top P（核采样）"},
     "setting_max_tokens": {"en": "Max tokens", "zh": "最大生成长度（max tokens）"},

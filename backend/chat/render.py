@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from backend.chat.i18n import describe, describe_parts, t
-from backend.chat.turn import Done, EngineWait, Notice, Refused
+from backend.chat.turn import Done, EngineWait, Notice, Refused, Serving
 
 DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
 # The reasons backend.prompts and the service give for a template, as keys of backend.chat.i18n.MESSAGES.
@@ -17,6 +17,7 @@ _REASONS = {
     "command": "reason_command",
     "demo model: automatic templates are off": "reason_demo",
 }
+STARTERS = ("write", "summary", "translation", "explain")  # backend.chat.i18n: starter_<name>, starter_<name>_message
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
 
@@ -114,3 +115,18 @@ def details_element(event: Done, locale: str, description: str) -> tuple[dict[st
         "label": t("details_title", locale),
     }
     return props, {DETAILS_KEY: details}
+
+
+def serving_status(serving: Serving, locale: str) -> dict[str, str]:
+    """The first page's status, in the user's language: what answers ("SmolLM2-135M-Instruct (offline demo, not
+    ERNIE) · llama.cpp · CPU") and the engine's state ("starting… 12 s", "ready")."""
+    model = t("serving_demo", locale, model=serving.model) if serving.demo else serving.model
+    parts = [model, serving.engine or t("engine_choosing", locale), serving.device]
+    state = t(f"state_{serving.state}", locale, elapsed=serving.elapsed_s)
+    return {"serving": " · ".join(p for p in parts if p), "state": state, "code": serving.state,
+            "tagline": t("tagline", locale)}  # fmt: skip
+
+
+def starters(locale: str) -> list[tuple[str, str]]:
+    """(label, message) of the first page's starters, one for each kind of template, in the user's language."""
+    return [(t(f"starter_{name}", locale), t(f"starter_{name}_message", locale)) for name in STARTERS]

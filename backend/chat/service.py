@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
@@ -28,14 +29,18 @@ from backend.chat.turn import (
     Event,
     Notice,
     Refused,
+    Serving,
     Text,
     turn_messages,
 )
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
+from backend.engines.registry import configured_engine, engine
 from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
+from backend.models.resolve import DEMO_NAME
+from backend.prompts.routing import command as slash_command
 from backend.prompts.schema import RenderedPrompt
-from backend.prompts.store import TemplateStore
+from backend.prompts.store import TemplateStore, UnknownTemplate
 from backend.serving.launch import make_supervisor
 from backend.serving.supervisor import State, Supervisor
 
@@ -45,6 +50,7 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
 DEMO_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")
 MIN_REPLY_TOKENS = 64
 DEMO_REASON = "demo model: automatic templates are off"
+COMMAND_REASON = "command"  # the template was asked for by name: /name, or the / menu
 WAIT_STEP_S = 1.0  # how often the "starting" notice is updated
 
 
@@ -114,6 +120,15 @@ class ChatService:
         """Why the demo model answers, while it does (for the chat's first notice)."""
         return self.supervisor.status.note
 
+    def serving(self) -> Serving:
+        """Which model, engine and device answer (or will: the configured ones until the engine is resolved)."""
+        spec, st = self.supervisor.spec, self.supervisor.status
+        chosen = engine(spec.engine) if spec is not None else configured_engine(self.cfg)  # None: auto, not yet known
+        model = DEMO_NAME if self.serving_demo else Path(self.cfg.model.id.rstrip("/")).name
+        device = ("GPU" if chosen.on_gpu else "CPU") if chosen is not None and chosen.spawns else ""
+        name = chosen.name if chosen is not None else ""
+        return Serving(model, name, device, st.state.value, st.elapsed_s, self.serving_demo)
+
     def start(self) -> None:
         """Start the engine in the background (the chat says 'starting' until it is ready)."""
         self.supervisor.start_background()
@@ -148,8 +163,10 @@ class ChatService:
         return Notice("template_problems", items=tuple(problems)) if news else None
 
     # ----- one turn ---------------------------------------------------------------------------
-    async def reply(self, session: ChatSession, text: str) -> AsyncIterator[Event]:
-        """One chat turn: clean → wait for the engine → build the request → stream → record. Yields its events."""
+    async def reply(self, session: ChatSession, text: str, command: str | None = None) -> AsyncIterator[Event]:
+        """One chat turn: clean → wait for the engine → build the request → stream → record. Yields its events.
+
+        `command` is a template picked in the chat's / menu for this message."""
         try:
             text = clean_input(text, self.cfg.chat.max_input_chars)
         except InvalidInputError as exc:
@@ -164,8 +181,11 @@ class ChatService:
         if waited is not None and waited.state != "ready":
             self.recorder.record_error("unavailable")
             return
+        if self.serving_demo and not session.demo_told:  # known once the engine is resolved: told at the first turn
+            session.demo_told = True
+            yield Notice("demo", {"note": self.demo_note or ""})
         try:
-            request = await self.build_request(session.history, text, session.settings)
+            request = await self.build_request(session.history, text, session.settings, command)
         except ServiceError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
@@ -206,12 +226,16 @@ class ChatService:
         )
 
     async def wait_for_engine(self) -> AsyncIterator[EngineWait]:
-        """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow."""
+        """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow.
+
+        One clock: the seconds shown are the engine's, from when it began to start (or restart) as this message
+        first saw it, up to the moment it became ready; the wait's limit counts from the message."""
         sup = self.supervisor
         if sup.ready:
             return
         sup.request_retry()
         started = time.monotonic()
+        origin: float | None = None  # when the engine began the start this message waits for
         while not await sup.wait_ready(WAIT_STEP_S):
             st = sup.status
             waited = time.monotonic() - started
@@ -221,9 +245,11 @@ class ChatService:
             if waited > self.cfg.timeouts.wait_for_ready_s:
                 yield EngineWait("not_ready", waited)
                 return
+            origin = st.since if origin is None else min(origin, st.since)
             state: EngineState = "restarting" if st.state == State.RESTARTING else "starting"
-            yield EngineWait(state, waited, st.problem if state == "restarting" else None)
-        yield EngineWait("ready", time.monotonic() - started)
+            yield EngineWait(state, time.monotonic() - origin, st.problem if state == "restarting" else None)
+        took = sup.status.since - (origin if origin is not None else started)
+        yield EngineWait("ready", max(took, 0.0))
 
     # ----- building the request ---------------------------------------------------------------
     async def context_window(self) -> int:
@@ -237,21 +263,29 @@ class ChatService:
         counted = await self.client.count_tokens(messages)
         return counted if counted is not None else estimate_tokens(messages)
 
-    def route(self, text: str, settings: UserSettings, demo: bool = False) -> RenderedPrompt:
-        """Pick the template (a /name command, the session's choice, or routing) and render the message.
+    def route(
+        self, text: str, settings: UserSettings, demo: bool = False, command: str | None = None
+    ) -> RenderedPrompt:
+        """Pick the template (a command: picked in the / menu or typed as /name; the session's choice; or routing)
+        and render the message.
 
         With the demo model, messages no template was asked for go as they are (the default template).
-        An unknown template name raises UnknownTemplate (an InvalidInputError)."""
-        name, rest = self.templates.split_command(text)
+        An unknown template name, picked or typed, raises UnknownTemplate (an InvalidInputError) naming the others."""
+        name, rest = (command, text) if command else self.templates.split_command(text)
+        if name is None and (typed := slash_command(text)) is not None:
+            raise UnknownTemplate(typed[0], self.templates.names())
         explicit = name or settings.template
         if demo and not explicit:
             return dataclasses.replace(self.templates.route(text, explicit="default"), reason=DEMO_REASON)
-        return self.templates.route(rest if name else text, explicit=explicit)
+        prompt = self.templates.route(rest if name else text, explicit=explicit)
+        return dataclasses.replace(prompt, reason=COMMAND_REASON) if name else prompt
 
-    async def build_request(self, history: list[Message], text: str, settings: UserSettings) -> ChatRequest:
+    async def build_request(
+        self, history: list[Message], text: str, settings: UserSettings, command: str | None = None
+    ) -> ChatRequest:
         """Route the message, merge sampling settings and fit the conversation into the context window."""
         demo = self.serving_demo
-        prompt = self.route(text, settings, demo)
+        prompt = self.route(text, settings, demo, command)
         sampling: dict[str, Any]
         if demo:
             # The templates' prompts and sampling are written for ERNIE; the demo model does better without.

@@ -29,6 +29,7 @@ class ChatSession:
     settings: UserSettings
     history: list[Message] = field(default_factory=list)  # the turns as the model saw them, oldest first
     template_problems: list[str] = field(default_factory=list)  # the problems this chat was already told about
+    demo_told: bool = False  # whether this chat was told that the demo model answers
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reply at a time: sends queue up
 
 
@@ -82,6 +83,18 @@ class Done:
     error: ServiceError | None = None
     stats: StreamStats | None = None  # what the stream measured (timings, the engine's token counts)
     prompt_tokens: int = 0  # the prompt's size as the request counted it (when the engine reports no usage)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What answers, for the first page: model, engine, device, and the engine's state on one clock."""
+
+    model: str
+    engine: str  # "" while engine.name auto has not chosen one yet
+    device: str  # "CPU", "GPU", or "" where the app cannot know (an external server)
+    state: str  # backend.serving.supervisor.State's value
+    elapsed_s: float  # in that state (starting: since the engine began to start)
+    demo: bool = False  # the offline demo model answers
 
 
 Event = Notice | Refused | EngineWait | Text | Done

@@ -12,7 +12,7 @@ import pytest
 
 from backend.chat.client import Message, StreamStats
 from backend.chat.request import UserSettings
-from backend.chat.service import MIN_REPLY_TOKENS, ChatService
+from backend.chat.service import COMMAND_REASON, MIN_REPLY_TOKENS, ChatService
 from backend.chat.turn import Done, Notice, Refused, Text
 from backend.config import AppConfig, EngineFlags
 from backend.errors import InvalidInputError, PromptTooLongError
@@ -204,16 +204,35 @@ async def test_settings_the_user_changed_win_over_the_template_and_unchanged_one
 async def test_a_slash_command_picks_that_template_and_is_not_sent(build: Build) -> None:
     svc, _ = build(window=4096)
     request = await svc.build_request([], "/creative the sea", defaults(svc))
-    assert (request.template, request.reason) == ("creative", "chosen")
+    assert (request.template, request.reason) == ("creative", COMMAND_REASON)
     assert request.user_text == "Write creatively: the sea"
     assert request.messages[-1] == {"role": "user", "content": "Write creatively: the sea"}
 
 
-async def test_a_slash_word_that_is_no_template_is_sent_as_it_is(build: Build) -> None:
+async def test_an_unknown_slash_command_is_refused_with_the_templates_listed(build: Build) -> None:
+    svc, client = build(window=4096)
+    with pytest.raises(InvalidInputError) as caught:
+        await svc.build_request([], "/nosuch hello", defaults(svc))
+    assert caught.value.code == "input.unknown_template"
+    assert caught.value.params == {"name": "nosuch", "known": ", ".join(svc.templates.names())}
+    assert client.sent == []
+
+
+async def test_a_path_is_no_command_and_is_sent_as_it_is(build: Build) -> None:
     """As prompts/README.md and the template tests say: "/usr/bin/python 是什么" is a message, not a command."""
     svc, _ = build(window=4096)
-    request = await svc.build_request([], "/nosuch hello", defaults(svc))
-    assert (request.template, request.user_text) == ("default", "/nosuch hello")
+    request = await svc.build_request([], "/usr/bin/python 是什么", defaults(svc))
+    assert (request.template, request.user_text) == ("default", "/usr/bin/python 是什么")
+
+
+async def test_a_template_picked_in_the_menu_takes_the_whole_message(build: Build) -> None:
+    svc, _ = build(window=4096)
+    request = await svc.build_request([], "the sea", defaults(svc), command="creative")
+    assert (request.template, request.reason, request.user_text) == (
+        "creative",
+        COMMAND_REASON,
+        "Write creatively: the sea",
+    )
 
 
 async def test_an_unknown_chosen_template_is_refused(build: Build) -> None:

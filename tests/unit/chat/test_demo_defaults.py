@@ -10,9 +10,12 @@ import pytest
 
 from backend.chat.request import UserSettings
 from backend.chat.service import DEMO_REASON, ChatService
+from backend.chat.turn import Serving
 from backend.config import ROOT, EngineFlags, load_config
 from backend.engines.base import LaunchSpec
+from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import TemplateStore
+from backend.serving.supervisor import State, Status
 
 
 class CountingClient:
@@ -29,6 +32,7 @@ class ServingSupervisor:
     def __init__(self, demo: bool) -> None:
         self.spec = LaunchSpec("llama.cpp", [], {}, "127.0.0.1", 1, "m", "k", demo=demo)
         self.flags = EngineFlags(max_model_len=4096)
+        self.status = Status(State.READY)
 
 
 def service(demo: bool) -> ChatService:
@@ -79,3 +83,9 @@ async def test_the_real_model_keeps_the_chat_defaults_and_the_templates_sampling
     plain = await svc.build_request([], "Hello!", UserSettings.defaults(svc.cfg))
     assert plain.sampling["temperature"] == svc.cfg.chat.temperature
     assert plain.messages[0]["role"] == "user", "no system prompt is configured for the real model"
+
+
+def test_the_first_page_names_the_demo_model_its_engine_and_device() -> None:
+    serving = service(demo=True).serving()
+    assert serving == Serving(DEMO_NAME, "llama.cpp", "CPU", "ready", serving.elapsed_s, demo=True)
+    assert service(demo=False).serving().model == "ERNIE-4.5-0.3B-PT"  # the configured model, by its folder name

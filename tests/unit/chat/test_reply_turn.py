@@ -296,6 +296,10 @@ async def test_a_message_waits_for_a_starting_engine_then_gets_its_reply(
     waits = [e for e in events if isinstance(e, EngineWait)]
     assert [w.state for w in waits[:-1]] and {w.state for w in waits[:-1]} == {"starting"}, waits
     assert waits[-1].state == "ready"
+    seconds = [w.elapsed_s for w in waits]
+    assert seconds == sorted(seconds), (
+        f"one clock: the ready notice's time is the last starting one's or more {seconds}"
+    )
     assert events[: len(waits)] == waits, "every wait comes before the reply"
     _, done = split(events[len(waits) :])
     assert done.ending == "finished" and done.text == REPLY
