@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, Mount
 
+from backend.chat.render import localized, reason_text
 from backend.chat.service import ChatService
 from backend.errors import WorkshopError
 from backend.prompts.schema import display_path
@@ -142,7 +143,7 @@ class Workshop:
         latest = self.history.latest(stem)
         return latest.number if latest is not None and latest.tag == tag else None
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self, locale: str) -> list[dict[str, Any]]:
         """Every template file with what routing uses of it, as the chat's store has it now."""
         store = self.service.templates
         by_path = {t.path: t for t in map(store.get, store.names())}
@@ -158,6 +159,7 @@ class Workshop:
                 "file": shown,
                 "name": template.name if template else None,
                 "description": template.description if template else "",
+                "description_shown": localized(template.description, locale) if template else "",
                 "priority": template.priority if template else None,
                 "keywords": list(template.keywords) if template else [],
                 "patterns": [p.pattern for p in template.patterns] if template else [],
@@ -181,13 +183,21 @@ class Workshop:
             problems = [problem_json(p) for p in check.problems]
         return {"yaml": text, "fields": yaml_fields(text), "problems": problems}
 
-    async def preview(self, draft: SampleDraft) -> dict[str, Any]:
+    async def preview(self, draft: SampleDraft, locale: str) -> dict[str, Any]:
         text = draft.text()
         self.files.path(draft.stem)
         with draft_folder(self.folder, draft.stem, text) as check:
             result = await preview(self.service, check, draft.message)
             result["problems"] = [problem_json(p) for p in check.problems]
+        routing = result["routing"]  # the reasons as the chat's reply details word them
+        routing["reason_shown"] = reason_text(routing["reason"], locale)
+        for candidate in routing["candidates"]:
+            candidate["reason_shown"] = reason_text(candidate["reason"], locale) if candidate["reason"] else None
         return result
+
+    def compare(self, stem: str, draft: Draft) -> dict[str, Any]:
+        """The changes from the file as it is now to the draft (what to merge after a conflict)."""
+        return {"diff": unified_diff(self.files.read(stem) or "", draft.text(), "current", "draft")}
 
     async def tryout(self, draft: TryDraft, locale: str) -> AsyncIterator[bytes]:
         """NDJSON lines of one reply with the draft (or the saved file) chosen."""
@@ -241,7 +251,7 @@ class Workshop:
         @router.get("/templates")
         @guarded
         async def list_templates(request: Request, who: Editor) -> Any:
-            return {"templates": self.listing()}
+            return {"templates": self.listing(_locale(request))}
 
         @router.get("/templates/{stem}")
         @guarded
@@ -256,7 +266,7 @@ class Workshop:
         @router.post("/preview")
         @guarded
         async def preview_draft(request: Request, body: SampleDraft, who: Editor) -> Any:
-            return await self.preview(body)
+            return await self.preview(body, _locale(request))
 
         @router.post("/try")
         @guarded
@@ -286,6 +296,12 @@ class Workshop:
         @guarded
         async def delete(request: Request, stem: str, base: str, who: Editor) -> Any:
             return {"saved": _version_json(self.files.delete(stem, base, who.name))}
+
+        @router.post("/templates/{stem}/compare")
+        @guarded
+        async def compare(request: Request, stem: str, body: Draft, who: Editor) -> Any:
+            self.files.path(stem)
+            return self.compare(stem, body)
 
         @router.get("/templates/{stem}/versions")
         @guarded

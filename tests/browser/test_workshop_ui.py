@@ -223,3 +223,6 @@ async def test_a_second_editor_gets_the_conflict_message(browser, site: Site, lo
     assert render("workshop.conflict", locale, {})[1] in shown  # what to do
     assert "the second editor's" in template_text(site, stem), "nothing was overwritten"
     await first.wait_for_selector('#versions li.version[data-number="2"]')  # the newer version is listed
+    await first.wait_for_selector("#diff-text .added", timeout=WAIT_MS)  # and what to merge: theirs -> this draft
+    assert "the second editor's" in await first.inner_text("#diff-text .removed >> nth=-1")
+    assert "the first editor's" in await first.inner_text("#diff-text .added >> nth=-1")

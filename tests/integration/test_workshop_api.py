@@ -97,6 +97,7 @@ async def test_non_editors_get_403_from_every_route(site: Site, users: dict[str,
         ("PUT", "/templates/writing", {"yaml": text, "base": "x"}),
         ("DELETE", "/templates/writing?base=x", None),
         ("GET", "/templates/writing/versions", None),
+        ("POST", "/templates/writing/compare", {"yaml": text}),
         ("POST", "/templates/writing/restore", {"version": 1, "base": "x"}),
     ]
     async with httpx.AsyncClient(base_url=site.app.url, trust_env=False) as anonymous:
@@ -162,6 +163,8 @@ async def test_create_use_conflict_restore(site: Site, users: dict[str, httpx.As
     assert stale.json()["error"]["code"] == "workshop.conflict"
     assert stale.json()["error"]["message"].startswith(f"在您打开“{stem}”之后，别人修改了它（ed，")
     assert "Poem two:" in (site.prompts / f"{stem}.yaml").read_text()
+    merge = (await ada.post(f"{API}/templates/{stem}/compare", json={"yaml": third["yaml"]})).json()["diff"]
+    assert "-  Poem two:\n" in merge and "+  Poem three:\n" in merge  # what to merge by hand
 
     # a draft with problems never replaces the good version: the chat goes on with it
     broken = await ed.put(f"{API}/templates/{stem}", json={"yaml": "name: [", "base": second.json()["version"]})

@@ -326,7 +326,7 @@ async function loadList() {
     title.textContent = row.stem + (row.priority !== null ? ` · ${row.priority}` : "");
     const description = document.createElement("div");
     description.className = "row-description";
-    description.textContent = row.description || "";
+    description.textContent = row.description_shown || "";
     const words = document.createElement("div");
     words.className = "row-keywords";
     words.textContent = row.keywords.slice(0, 6).join(", ");
@@ -401,7 +401,7 @@ async function save() {
   if (!ok) {
     sayError(data);
     if (data.problems) showProblems(data.problems);
-    if (data.error && data.error.code === "workshop.conflict") await loadVersions();
+    if (data.error && data.error.code === "workshop.conflict") await showConflict();
     return;
   }
   say("ok", state.isNew ? t("created", { name: state.stem }) : t("saved", { number: data.saved.number }));
@@ -456,9 +456,21 @@ async function loadVersions() {
   }
 }
 
+async function showConflict() {
+  // what the other editor's version and this draft differ in, to merge by hand; the draft stays as it is
+  await loadVersions();
+  const { ok, data } = await api("POST", `/templates/${encodeURIComponent(state.stem)}/compare`, draftBody());
+  if (ok) showDiffText(data.diff);
+}
+
 async function showDiff(number) {
   const { ok, data } = await api("GET", `/templates/${encodeURIComponent(state.stem)}/diff?old=${number}&new=current`);
   if (!ok) { sayError(data); return; }
+  showDiffText(data.diff);
+}
+
+function showDiffText(diff) {
+  const data = { diff };
   const box = $("diff-text");
   box.hidden = false;
   box.textContent = "";
@@ -497,7 +509,7 @@ async function preview() {
   outcome.dataset.outcome = routing.outcome;
   outcome.dataset.picked = routing.picked;
   outcome.textContent = t("outcome_" + routing.outcome, {
-    picked: routing.picked, reason: routing.reason, mine: mine ? mine.reason : "", theirs: winner.priority,
+    picked: routing.picked, reason: routing.reason_shown, mine: mine ? mine.reason_shown : "", theirs: winner.priority,
     name: mine ? mine.name : state.stem,
   });
   $("demo-note").hidden = !data.demo;
@@ -507,7 +519,7 @@ async function preview() {
     const row = document.createElement("tr");
     if (candidate.draft) row.className = "draft";
     if (candidate.name === routing.picked) row.classList.add("picked");
-    for (const value of [candidate.name, candidate.priority, candidate.reason || t("no_match_cell")]) {
+    for (const value of [candidate.name, candidate.priority, candidate.reason_shown || t("no_match_cell")]) {
       const cell = document.createElement("td");
       cell.textContent = String(value);
       row.append(cell);

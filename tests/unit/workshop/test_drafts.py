@@ -102,7 +102,7 @@ def test_routing_says_when_the_draft_wins_and_when_another_template_comes_first(
         missed = routing(service, check.store, check.template, "hello there")
         assert (missed["picked"], missed["outcome"]) == ("default", "no_match")
         command = routing(service, check.store, check.template, "/poem 写一首诗")
-        assert (command["picked"], command["reason"]) == ("poem", "chosen")  # a /name command, as in the chat
+        assert (command["picked"], command["reason"]) == ("poem", "command")  # a /name command, as in the chat
     with draft_folder(folder, "poem", low.replace("priority: 5", "priority: 15")) as check:
         won = routing(service, check.store, check.template, "写一首诗")
         assert (won["picked"], won["outcome"]) == ("poem", "draft")
