@@ -88,13 +88,14 @@ async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out:
         run_dir = out / "runs" / f"{name.replace(' ', '_')}-r{args.round}"
         cmd = [
             sys.executable, "-m", "backend", "bench", "--out-dir", str(run_dir), "--base-url", ep.base_url,
-            "--api-key", ep.api_key, "--model", ep.model, "--concurrency", args.levels,
+            "--model", ep.model, "--concurrency", args.levels,
             "--requests", str(args.requests), "--datasets", "synthetic", "--input-len", str(args.input_len),
             "--output-len", str(args.output_len), "--app-concurrency", "none", "--no-baseline", "--no-progress",
-            "--temperature", "0",
+            "--temperature", "0", "--repeat", "1",  # this script alternates the engines itself, a round per call
         ]  # fmt: skip
         load_before = os.getloadavg()
-        await asyncio.to_thread(subprocess.run, cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        env = {**os.environ, "ERNIE_BENCH_API_KEY": ep.api_key}  # the key stays out of the recorded command
+        await asyncio.to_thread(subprocess.run, cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
         result = json.loads((run_dir / "results.json").read_text())
         levels = result["runs"][0]["levels"]
         return {

