@@ -8,7 +8,7 @@ import contextlib
 import json
 import socket
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeAlias
 
 import pytest
@@ -272,6 +272,39 @@ async def test_a_stream_that_stalls_after_the_first_token_times_out_without_a_re
                 await read_all(client, pieces)
     assert caught.value.code == "backend.timeout"
     assert pieces == ["Hel"] and server.requests == 1
+
+
+@contextlib.contextmanager
+def unanswered_listener() -> Iterator[Endpoint]:
+    """A port whose accept queue is full: the kernel drops further connection attempts, so connecting hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    queued = []
+    for _ in range(4):  # fill the accept queue (Linux keeps backlog + 1 connections waiting)
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        queued.append(s)
+    try:
+        yield Endpoint(base_url=f"http://127.0.0.1:{port}", api_key="k", model="m")
+    finally:
+        for s in [*queued, server]:
+            s.close()
+
+
+async def test_a_server_that_never_accepts_the_connection_times_out_at_the_connect_timeout() -> None:
+    """Without the connect timeout the attempt would hang well past GENEROUS_S (the read timeout is longer)."""
+    with unanswered_listener() as endpoint:
+        client = ChatClient(endpoint, connect_timeout_s=0.3, read_timeout_s=3600.0, retries=1)
+        try:
+            with pytest.raises(BackendError) as caught:
+                await asyncio.wait_for(collect(client.stream(MESSAGES, max_tokens=8)), GENEROUS_S)
+        finally:
+            await client.aclose()
+    assert caught.value.code == "backend.timeout"
 
 
 # ----- (d) cancelling the reply closes the connection -----------------------------------------------------

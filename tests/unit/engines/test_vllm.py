@@ -65,9 +65,3 @@ def test_engine_choice_follows_detected_gpus() -> None:
     assert choose_profile(cfg, engine("vllm-cpu")) == "cpu"
     forced = load_config(environ={"ERNIE_ENGINE__NAME": "vllm-cpu"})
     assert profile_engine(forced, has_gpu=True).name == "vllm-cpu"
-
-
-def test_external_engine_needs_base_url() -> None:
-    cfg = load_config(environ={"ERNIE_ENGINE__NAME": "external", "ERNIE_SERVER__BASE_URL": "http://10.1.2.3:8000/v1/"})
-    spec = launch(cfg, "external", cfg.model.id, 0, "k")
-    assert spec.base_url == "http://10.1.2.3:8000" and spec.argv == [] and not spec.spawns

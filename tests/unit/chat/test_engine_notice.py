@@ -1,0 +1,30 @@
+"""The engine notice a waiting message shows: its state and the engine's clock, in the reader's language."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.chat.render import wait_text
+from backend.chat.turn import EngineWait
+from backend.errors import BackendError
+
+
+@pytest.mark.parametrize(
+    ("locale", "shown"), [("en-US", "starting (42 s so far)"), ("zh-CN", "正在启动（已用 42 秒）")]
+)
+def test_a_starting_engine_notice_says_how_long_it_has_been_starting(locale: str, shown: str) -> None:
+    assert shown in wait_text(EngineWait("starting", 42.4), locale)
+    assert shown.replace("42", "43") in wait_text(EngineWait("starting", 43.0), locale), "the number follows the clock"
+
+
+@pytest.mark.parametrize(("locale", "shown"), [("en-US", "ready (97 s)"), ("zh-CN", "已就绪（用时 97 秒）")])
+def test_the_ready_notice_gives_the_same_clock(locale: str, shown: str) -> None:
+    assert shown in wait_text(EngineWait("ready", 97.0), locale)
+
+
+@pytest.mark.parametrize("locale", ["en-US", "zh-CN"])
+def test_a_restarting_notice_gives_the_clock_and_the_problem(locale: str) -> None:
+    problem = BackendError.of("backend.timeout")
+    text = wait_text(EngineWait("restarting", 12.0, problem=problem), locale)
+    assert "12" in text
+    assert problem.localized(locale)[0] in text, "what went wrong, in the reader's language"
