@@ -114,6 +114,23 @@ MESSAGES: dict[str, dict[str, str]] = {
     "setting_max_tokens": {"en": "Max tokens", "zh": "最大生成长度（max tokens）"},
     "setting_template": {"en": "Prompt template", "zh": "提示模板"},
     "template_auto": {"en": "auto (by message)", "zh": "自动（按消息内容）"},
+    "template_help_auto": {
+        "en": "auto: each message picks its template from its words (write, summarise, translate, explain code); "
+        "the line under each reply says which. Type / to pick one for a single message.",
+        "zh": "自动：每条消息按内容选择模板（写作、总结、翻译、解释代码），回复下方会注明所用模板。"
+        "输入 / 可为单条消息选择模板。",
+    },
+    "template_help_auto_demo": {
+        "en": "auto: the demo model gets your messages as they are; pick a template here, or type / for one message.",
+        "zh": "自动：演示模型会原样收到您的消息；可在这里选择模板，或输入 / 为单条消息选择。",
+    },
+    "template_help_chosen": {
+        "en": "Every message uses {name}: {description}. Pick auto to let each message choose.",
+        "zh": "每条消息都使用 {name}：{description}。选择“自动”可让每条消息自行匹配。",
+    },
+    "settings_saved": {"en": "✓ Settings saved: {changes}", "zh": "✓ 设置已保存：{changes}"},
+    "settings_unchanged": {"en": "Settings unchanged", "zh": "设置未改变"},
+    "list_separator": {"en": ", ", "zh": "，"},
 }
 
 

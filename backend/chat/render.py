@@ -130,3 +130,40 @@ def serving_status(serving: Serving, locale: str) -> dict[str, str]:
 def starters(locale: str) -> list[tuple[str, str]]:
     """(label, message) of the first page's starters, one for each kind of template, in the user's language."""
     return [(t(f"starter_{name}", locale), t(f"starter_{name}_message", locale)) for name in STARTERS]
+
+
+def template_select(
+    described: list[tuple[str, str]], chosen: str | None, demo: bool, locale: str
+) -> tuple[dict[str, str], str, str]:
+    """(label -> value items, the value shown, the help line under it) of the settings panel's template selector:
+    each template with its description, and a help line that explains the current choice."""
+    descriptions = dict(described)
+    current = chosen if chosen in descriptions else "auto"
+    items = {t("template_auto", locale): "auto"}
+    items |= {(f"{name} · {localized(text, locale)}" if text else name): name for name, text in described}
+    if current == "auto":
+        help_line = t("template_help_auto_demo" if demo else "template_help_auto", locale)
+    else:
+        help_line = t(
+            "template_help_chosen", locale, name=current, description=localized(descriptions[current], locale)
+        )
+    return items, current, help_line
+
+
+def template_commands(described: list[tuple[str, str]], locale: str) -> list[dict[str, Any]]:
+    """The chat's / menu (Chainlit commands): one command a template, with its description in the user's language."""
+    return [
+        {"id": name, "description": localized(text, locale) or name, "icon": "sparkles", "button": False,
+         "persistent": False}
+        for name, text in described
+    ]  # fmt: skip
+
+
+def settings_saved(changed: dict[str, Any], locale: str) -> str:
+    """The short acknowledgement of a settings change: what changed, to what."""
+    if not changed:
+        return t("settings_unchanged", locale)
+    shown = {key: (t("template_auto", locale) if key == "template" and value is None else value)
+             for key, value in changed.items()}  # fmt: skip
+    items = t("list_separator", locale).join(f"{t(f'setting_{key}', locale)} → {value}" for key, value in shown.items())
+    return t("settings_saved", locale, changes=items)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from backend.chat.client import ChatClient, Message, StreamStats
 from backend.chat.context import estimate_tokens, fit_history
 from backend.chat.pacing import paced
-from backend.chat.request import ChatRequest, UserSettings, clean_input
+from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
 from backend.chat.turn import (
     ChatSession,
     Done,
@@ -148,8 +148,12 @@ class ChatService:
         session.settings.update(saved_settings, self.cfg, self.serving_demo)
         return session
 
-    def update_settings(self, session: ChatSession, values: dict[str, Any]) -> None:
+    def update_settings(self, session: ChatSession, values: dict[str, Any]) -> dict[str, Any]:
+        """Apply the settings panel's values; return those that changed (key -> new value; template None is auto)."""
+        keys = (*SETTING_KEYS, "template")
+        before = {key: getattr(session.settings, key) for key in keys}
         session.settings.update(values, self.cfg, self.serving_demo)
+        return {key: getattr(session.settings, key) for key in keys if getattr(session.settings, key) != before[key]}
 
     def describe(self, template: str) -> str:
         """A template's description ("" for one that is gone)."""

@@ -89,3 +89,13 @@ def test_the_first_page_names_the_demo_model_its_engine_and_device() -> None:
     serving = service(demo=True).serving()
     assert serving == Serving(DEMO_NAME, "llama.cpp", "CPU", "ready", serving.elapsed_s, demo=True)
     assert service(demo=False).serving().model == "ERNIE-4.5-0.3B-PT"  # the configured model, by its folder name
+
+
+def test_a_settings_change_reports_what_changed() -> None:
+    svc = service(demo=False)
+    session = svc.new_session()
+    assert svc.update_settings(session, {"template": "summary", "temperature": session.settings.temperature}) == {
+        "template": "summary"
+    }
+    assert svc.update_settings(session, {"template": "auto", "max_tokens": 64}) == {"template": None, "max_tokens": 64}
+    assert svc.update_settings(session, {"template": "auto"}) == {}

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from backend.chat.client import StreamStats
-from backend.chat.render import DETAILS_KEY, details_element, localized, reason_text, reply_details, reply_text
+from backend.chat.i18n import t
+from backend.chat.render import (
+    DETAILS_KEY,
+    details_element,
+    localized,
+    reason_text,
+    reply_details,
+    reply_text,
+    settings_saved,
+    template_commands,
+    template_select,
+)
 from backend.chat.service import DEMO_REASON
 from backend.chat.turn import Done
 from backend.errors import InvalidInputError
@@ -75,3 +86,32 @@ def test_details_leave_out_what_the_stream_did_not_measure() -> None:
     done = Done("", "default", "chosen", "q", "stopped", stats=StreamStats(started=1.0), prompt_tokens=7)
     props, _ = details_element(done, "en-US", "")
     assert props["items"] == ["default", "chosen in ⚙️ settings", "7 prompt tokens"]
+
+
+DESCRIBED = [("summary", "总结：三句话 / Summary: three sentences"), ("default", "")]
+
+
+def test_the_selector_lists_descriptions_and_explains_the_choice() -> None:
+    items, value, help_line = template_select(DESCRIBED, None, False, "zh-CN")
+    assert items == {"自动（按消息内容）": "auto", "summary · 总结：三句话": "summary", "default": "default"}
+    assert value == "auto" and help_line == t("template_help_auto", "zh-CN")
+    _, value, help_line = template_select(DESCRIBED, "summary", False, "en-US")
+    assert value == "summary" and help_line == "Every message uses summary: Summary: three sentences. Pick auto to " \
+        "let each message choose."  # fmt: skip
+    assert template_select(DESCRIBED, None, True, "en-US")[2] == t("template_help_auto_demo", "en-US")
+    assert template_select(DESCRIBED, "gone", False, "en-US")[1] == "auto", "a template that went away"
+
+
+def test_the_slash_menu_has_one_command_a_template() -> None:
+    commands = template_commands(DESCRIBED, "zh-CN")
+    assert [(c["id"], c["description"]) for c in commands] == [("summary", "总结：三句话"), ("default", "default")]
+    assert not any(c["persistent"] or c["button"] for c in commands), "a pick is for one message"
+
+
+def test_a_settings_change_is_acknowledged_with_what_changed() -> None:
+    assert (
+        settings_saved({"template": "summary", "temperature": 0.3}, "zh-CN")
+        == "✓ 设置已保存：提示模板 → summary，温度（temperature） → 0.3"
+    )
+    assert settings_saved({"template": None}, "en-US") == "✓ Settings saved: Prompt template → auto (by message)"
+    assert settings_saved({}, "en-US") == "Settings unchanged"
