@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -217,6 +218,46 @@ async def test_hung_engine_is_killed_and_restarted(service: ChatService) -> None
     async with service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4) as s:
         _ = [p async for p in s]
     assert s.stats.finish_reason is not None and s.stats.completion_tokens
+
+
+def processes_in_group(pgid: int) -> dict[int, str]:
+    """pid -> name of every live process in process group `pgid` (/proc), zombies left out."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if rest[0] != "Z" and int(rest[2]) == pgid:
+            found[int(entry.name)] = name
+    return found
+
+
+async def test_a_dead_engine_core_process_restarts_the_whole_engine_and_leaves_none_of_it(
+    service: ChatService,
+) -> None:
+    """vLLM serves from two processes (the API server, and the engine core it starts; on GPUs also one worker a
+    GPU): one of them dying is the whole engine's failure, and the restart must not leave the others behind."""
+    sup = service.supervisor
+    pid, restarts = sup.status.pid, sup.status.restarts
+    assert pid is not None
+    old = processes_in_group(pid)  # the supervisor starts the engine in a process group of its own
+    cores = [p for p, name in old.items() if p != pid]
+    assert cores, f"the engine's process group has only its API server: {old}"
+    states = States(service)
+    for core in cores:
+        os.kill(core, signal.SIGKILL)
+    await until(lambda: sup.status.restarts == restarts + 1, "the engine core's death was not noticed")
+    assert await sup.wait_ready(GENEROUS_S), f"engine did not come back: {sup.status}"
+    [restarting] = states.problems_while(State.RESTARTING)
+    assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
+    assert processes_in_group(pid) == {}, "nothing of the old engine is left"
+    async with service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4, ignore_eos=True) as s:
+        _ = [p async for p in s]
+    assert s.stats.completion_tokens == 4
 
 
 def test_api_key_never_reaches_the_logs(tiny_service: ChatService) -> None:
