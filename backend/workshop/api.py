@@ -25,7 +25,15 @@ from backend.chat.service import ChatService
 from backend.errors import WorkshopError
 from backend.prompts.schema import display_path
 from backend.workshop.access import Access, Editor
-from backend.workshop.drafts import draft_folder, form_yaml, preview, problem_json, template_files, yaml_fields
+from backend.workshop.drafts import (
+    draft_folder,
+    form_yaml,
+    leading_comments,
+    preview,
+    problem_json,
+    template_files,
+    yaml_fields,
+)
 from backend.workshop.files import DraftRefused, TemplateFiles
 from backend.workshop.tryout import try_reply
 from backend.workshop.versions import ABSENT, Version, VersionStore, unified_diff, version_tag
@@ -54,8 +62,9 @@ class Draft(BaseModel):
     yaml: str | None = None
     fields: dict[str, Any] | None = None
 
-    def text(self) -> str:
-        return self.yaml if self.yaml is not None else form_yaml(self.fields or {})
+    def text(self, current: str | None = None) -> str:
+        """The YAML text; form fields keep the comment lines at the top of `current` (the file's text now)."""
+        return self.yaml if self.yaml is not None else form_yaml(self.fields or {}, leading_comments(current))
 
 
 class NamedDraft(Draft):
@@ -177,15 +186,13 @@ class Workshop:
                 "version": tag, "number": self._saved_number(stem, tag), "problems": problems}  # fmt: skip
 
     def check(self, draft: NamedDraft) -> dict[str, Any]:
-        text = draft.text()
-        self.files.path(draft.stem)  # a bad file name is refused like everywhere else
+        text = draft.text(self.files.read(draft.stem))  # a bad file name is refused like everywhere else
         with draft_folder(self.folder, draft.stem, text) as check:
             problems = [problem_json(p) for p in check.problems]
         return {"yaml": text, "fields": yaml_fields(text), "problems": problems}
 
     async def preview(self, draft: SampleDraft, locale: str) -> dict[str, Any]:
-        text = draft.text()
-        self.files.path(draft.stem)
+        text = draft.text(self.files.read(draft.stem))
         with draft_folder(self.folder, draft.stem, text) as check:
             result = await preview(self.service, check, draft.message)
             result["problems"] = [problem_json(p) for p in check.problems]
@@ -197,11 +204,13 @@ class Workshop:
 
     def compare(self, stem: str, draft: Draft) -> dict[str, Any]:
         """The changes from the file as it is now to the draft (what to merge after a conflict)."""
-        return {"diff": unified_diff(self.files.read(stem) or "", draft.text(), "current", "draft")}
+        current = self.files.read(stem)
+        return {"diff": unified_diff(current or "", draft.text(current), "current", "draft")}
 
     async def tryout(self, draft: TryDraft, locale: str) -> AsyncIterator[bytes]:
         """NDJSON lines of one reply with the draft (or the saved file) chosen."""
-        text = draft.text() if draft.side == "draft" else self.files.read(draft.stem)
+        saved = self.files.read(draft.stem)
+        text = draft.text(saved) if draft.side == "draft" else saved
         with draft_folder(self.folder, draft.stem, text) as check:
             if check.template is None:
                 problem = (
@@ -283,7 +292,7 @@ class Workshop:
         @router.put("/templates/{stem}")
         @guarded
         async def save(request: Request, stem: str, body: Save, who: Editor) -> Any:
-            version = self.files.save(stem, body.text(), body.base, who.name, body.note)
+            version = self.files.save(stem, body.text(self.files.read(stem)), body.base, who.name, body.note)
             return {"saved": _version_json(version), **self.one(stem)}
 
         @router.post("/templates/{stem}/duplicate")

@@ -55,11 +55,19 @@ def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _text)
 
 
-def form_yaml(fields: dict[str, Any]) -> str:
-    """The YAML text of a template given as form fields (empty fields left out, the schema's order kept)."""
+def form_yaml(fields: dict[str, Any], header: str = "") -> str:
+    """The YAML text of a template given as form fields (empty fields left out, the schema's order kept), after
+    `header` (the comment lines the file starts with: the form has no place for them, and they are kept)."""
     kept = {key: value for key, value in fields.items() if value not in (None, "", [], {})}
     ordered = {key: kept.pop(key) for key in FIELDS if key in kept} | kept  # unknown keys last: the check names them
-    return yaml.dump(ordered, Dumper=_Dumper, allow_unicode=True, sort_keys=False, width=1000)
+    return header + yaml.dump(ordered, Dumper=_Dumper, allow_unicode=True, sort_keys=False, width=1000)
+
+
+def leading_comments(text: str | None) -> str:
+    """The comment (and blank) lines at the top of a template file, as they are."""
+    lines = (text or "").splitlines(keepends=True)
+    count = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), len(lines))
+    return "".join(lines[:count]).lstrip("\n")
 
 
 def yaml_fields(text: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ import pytest
 from backend.chat.service import ChatService
 from backend.config import ROOT
 from backend.prompts.store import check_folder
-from backend.workshop.drafts import draft_folder, form_yaml, routing, template_files, yaml_fields
+from backend.workshop.drafts import draft_folder, form_yaml, leading_comments, routing, template_files, yaml_fields
 from tests.conftest import MakeConfig
 
 
@@ -106,3 +106,16 @@ def test_routing_says_when_the_draft_wins_and_when_another_template_comes_first(
     with draft_folder(folder, "poem", low.replace("priority: 5", "priority: 15")) as check:
         won = routing(service, check.store, check.template, "写一首诗")
         assert (won["picked"], won["outcome"]) == ("poem", "draft")
+
+
+def test_the_form_keeps_the_comment_lines_a_file_starts_with(folder: Path) -> None:
+    text = (folder / "writing.yaml").read_text(encoding="utf-8")
+    header = leading_comments(text)
+    assert header.startswith("# ") and header.count("\n") == 2 and "name:" not in header
+    fields = yaml_fields(text)
+    assert fields is not None
+    rewritten = form_yaml(fields, header)
+    assert rewritten.startswith(header + "name: writing\n")
+    assert yaml_fields(rewritten) == fields
+    assert leading_comments("\n# one\n\n# two\nname: x\n# later\n") == "# one\n\n# two\n"
+    assert leading_comments(None) == "" and leading_comments("name: x\n") == ""
