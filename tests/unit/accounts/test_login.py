@@ -46,6 +46,14 @@ def test_users_file_round_trip(tmp_path: Path) -> None:
         ("users: alice\n", 1, "name: hash"),
         ("- alice\n", 1, "expected `users:`"),
         (f"users:\n  alice:\n    - {HASH}\n", 2, "expected `name: hash`"),
+        # roles (tests/unit/accounts/test_roles.py)
+        (
+            f"users:\n  alice: {HASH}\nroles:\n  alice: boss\n",
+            4,
+            "role 'boss' is not known: use one of user, editor, admin",
+        ),
+        (f"users:\n  alice: {HASH}\nroles: editor\n", 3, "`roles:` must hold lines of the form `name: role`"),
+        (f"users:\n  alice: {HASH}\nroles:\n  alice: editor\n  alice: admin\n", 5, "appears twice"),
     ],
 )
 def test_bad_users_file_names_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:

@@ -36,27 +36,6 @@ def test_roles_round_trip_and_the_default_is_not_written(tmp_path: Path) -> None
     assert read_users_file(path) == {"alice": HASH, "bob": HASH, "carol": HASH}
 
 
-@pytest.mark.parametrize(
-    ("text", "line", "words"),
-    [
-        (
-            f"users:\n  alice: {HASH}\nroles:\n  alice: boss\n",
-            4,
-            "role 'boss' is not known: use one of user, editor, admin",
-        ),
-        (f"users:\n  alice: {HASH}\nroles: editor\n", 3, "`roles:` must hold lines of the form `name: role`"),
-        (f"users:\n  alice: {HASH}\nroles:\n  alice: editor\n  alice: admin\n", 5, "appears twice"),
-    ],
-)
-def test_a_bad_role_names_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:
-    path = tmp_path / "users.yaml"
-    path.write_text(text)
-    with pytest.raises(UsersFileError) as err:
-        read_users_document(path)
-    assert str(err.value).startswith(f"{path}, line {line}:"), str(err.value)
-    assert words in str(err.value)
-
-
 def test_roles_from_the_environment() -> None:
     assert parse_users_env_roles(f"alice:{HASH}:admin,bob:{HASH}") == ({"alice": HASH, "bob": HASH}, {"alice": "admin"})
     with pytest.raises(UsersFileError, match="entry 1: role 'root' is not known"):
