@@ -1,7 +1,11 @@
-"""The chat page's own HTTP parts beside Chainlit's: the first page's status line (which model, engine and device
-answer, and the engine's state), read by public/ernie.js in the reader's language."""
+"""The chat page as this app serves it: Chainlit's page without links to other hosts (a self-hosted chat loads
+nothing from elsewhere: offline it would fail, online it tells a third party who chats), and the first page's
+status line (which model, engine and device answer, and the engine's state), read by public/ernie.js in the
+reader's language."""
 
 from __future__ import annotations
+
+import re
 
 from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse
@@ -11,17 +15,35 @@ from backend.chat.render import serving_status
 from backend.chat.service import ChatService
 
 STATUS_PATH = "/ernie/status"
+# What Chainlit 2.12's index.html asks of other hosts: KaTeX's stylesheet on cdn.jsdelivr.net (math is off:
+# features.latex) and preconnects to Google Fonts (the font itself is off: public/theme.json custom_fonts).
+_OTHER_HOST_LINK = re.compile(r"<link\b[^>]*\bhref=\"(?:https?:)?//[^\"]*\"[^>]*>\s*", re.IGNORECASE)
+
+
+def self_contained(html: str) -> str:
+    """The page without the links that load something from another host."""
+    return _OTHER_HOST_LINK.sub("", html)
 
 
 def install_page(service: ChatService, app: FastAPI | None = None) -> None:
-    """Add the page's routes in front of Chainlit's catch-all page route."""
-    if app is None:
-        from chainlit.server import app as chainlit_app
+    """Add the status route in front of Chainlit's routes, and serve Chainlit's page self-contained."""
+    import chainlit.server as chainlit_server
 
-        app = chainlit_app
+    app = app or chainlit_server.app
 
     async def status(lang: str = Query("en-US", max_length=35)) -> JSONResponse:
         return JSONResponse(serving_status(service.serving(), lang), headers={"Cache-Control": "no-store"})
 
-    if STATUS_PATH not in {getattr(r, "path", None) for r in app.router.routes}:
-        app.router.routes.insert(0, APIRoute(STATUS_PATH, status, methods=["GET"]))
+    routes = app.router.routes
+    if STATUS_PATH not in {getattr(r, "path", None) for r in routes}:
+        routes.insert(0, APIRoute(STATUS_PATH, status, methods=["GET"]))
+    # Chainlit's page route (server.serve) sits in an included router whose routes FastAPI caches, so it cannot be
+    # swapped; it looks its template function up at every request: the page is made self-contained there.
+    template = chainlit_server.get_html_template
+    if not getattr(template, "self_contained", False):
+
+        def page_template(root_path: str) -> str:
+            return self_contained(template(root_path))
+
+        page_template.self_contained = True  # type: ignore[attr-defined]
+        chainlit_server.get_html_template = page_template
