@@ -815,6 +815,17 @@ CATALOG: dict[str, Entry] = {
             "请在那台机器上打开模板工坊，或开启登录并使用编辑者账号，或设置 workshop.allow_remote: true。",
         ),
     ),
+    "workshop.foreign_origin": _e(
+        "origin",
+        (
+            "The workshop only takes changes from its own page; this request came from a page at {origin}.",
+            "Open the workshop at the app's own address (/workshop) and make the change there.",
+        ),
+        (
+            "模板工坊只接受来自它自己页面的修改；此请求来自 {origin} 上的页面。",
+            "请在应用自己的地址（/workshop）打开模板工坊并在那里修改。",
+        ),
+    ),
     "workshop.not_found": _e(
         "name",
         ('There is no template file "{name}".', "Reload the list: it may have been deleted or renamed meanwhile."),

@@ -1,11 +1,17 @@
 """Who may use the workshop: with login on, users whose role is editor or admin; without login, the machine the app
-runs on (unless workshop.allow_remote). Everyone else is refused by the API itself (403), not only by the page."""
+runs on (unless workshop.allow_remote). Everyone else is refused by the API itself (403), not only by the page.
+
+Requests made by another site's page are refused too (their Origin is not the app's): Chainlit allows every origin
+with credentials (CORS), and without login a page from anywhere, open in the browser of the app's machine, would
+otherwise reach the API as "local". For the same reason, without login the address asked for (Host) must be a
+loopback one too, so a name that an attacker points at 127.0.0.1 (DNS rebinding) does not pass."""
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from fastapi import Request
 
@@ -52,6 +58,19 @@ def is_local(host: str | None) -> bool:
     return address.is_loopback
 
 
+def host_name(host_header: str | None) -> str:
+    """The host of a Host header without its port ("[::1]:8501" -> "::1", "localhost:8501" -> "localhost")."""
+    return urlsplit("//" + (host_header or "")).hostname or ""
+
+
+def foreign_origin(request: Request) -> str | None:
+    """The Origin of a request made by another site's page, or None (no Origin, or the app's own)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    return None if urlsplit(origin).netloc == request.headers.get("host", "") else origin
+
+
 class Access:
     """Decides, for each request, whether it may use the workshop, and who it is."""
 
@@ -64,6 +83,8 @@ class Access:
     def check(self, request: Request) -> Editor:
         """The editor making this request, or WorkshopError (the API answers it with 403)."""
         host = request.client.host if request.client else None
+        if (origin := foreign_origin(request)) is not None:
+            raise WorkshopError.of("workshop.foreign_origin", origin=origin)
         if self.login:
             assert self.accounts is not None
             name = self.identify(request)
@@ -73,6 +94,7 @@ class Access:
             if role not in EDITOR_ROLES:
                 raise WorkshopError.of("workshop.not_editor", name=name, role=role or "-")
             return Editor(name, role)
-        if not self.allow_remote and not is_local(host):
+        asked = host_name(request.headers.get("host"))
+        if not self.allow_remote and not (is_local(host) and (asked == "localhost" or is_local(asked))):
             raise WorkshopError.of("workshop.remote", host=host or "?")
         return Editor("local" if is_local(host) else f"from {host}")

@@ -46,6 +46,7 @@ STATUS = {
     "workshop.login_needed": 403,
     "workshop.not_editor": 403,
     "workshop.remote": 403,
+    "workshop.foreign_origin": 403,
     "workshop.not_found": 404,
     "workshop.no_version": 404,
     "workshop.exists": 409,

@@ -118,6 +118,10 @@ async def test_non_editors_get_403_from_every_route(site: Site, users: dict[str,
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert not (site.prompts / f"{stem}.yaml").exists()
     assert (await users["ada"].get(API + "/templates")).status_code == 200, "an admin may edit"
+    # an editor's browser on another site's page: its request carries the editor's cookie, and is refused
+    foreign = await users["ed"].post(API + "/check", json={"stem": stem, "yaml": text},
+                                     headers={"Origin": "http://evil.example"})  # fmt: skip
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "workshop.foreign_origin"
 
 
 async def test_create_use_conflict_restore(site: Site, users: dict[str, httpx.AsyncClient]) -> None:
@@ -184,8 +188,16 @@ async def test_create_use_conflict_restore(site: Site, users: dict[str, httpx.As
     assert (restored.json()["saved"]["number"], restored.json()["saved"]["who"]) == (3, "ada")
     assert await asked(site, ed, f"{keyword} the fox") == f"Poem one:\n{keyword} the fox"
 
-    deleted = await ed.delete(f"{API}/templates/{stem}", params={"base": restored.json()["version"]})
-    assert deleted.status_code == 200 and not (site.prompts / f"{stem}.yaml").exists()
+    copy = await ed.post(f"{API}/templates/{stem}/duplicate", json={"stem": f"{stem}-copy"})
+    assert copy.status_code == 201 and copy.json()["fields"]["name"] == f"{stem}-copy"
+    assert copy.json()["saved"]["note"] == f"copy of {stem}"
+    again = await ed.post(f"{API}/templates/{stem}/duplicate", json={"stem": f"{stem}-copy"})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "workshop.exists"
+    for name, current in ((f"{stem}-copy", copy.json()["version"]), (stem, restored.json()["version"])):
+        deleted = await ed.delete(f"{API}/templates/{name}", params={"base": current})
+        assert deleted.status_code == 200 and not (site.prompts / f"{name}.yaml").exists()
+    kept = await ed.delete(f"{API}/templates/default", params={"base": "x"})
+    assert kept.status_code == 400 and kept.json()["error"]["code"] == "workshop.keep_default"
 
 
 async def test_preview_and_try_a_draft_through_the_app(site: Site, users: dict[str, httpx.AsyncClient]) -> None:

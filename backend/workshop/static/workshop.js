@@ -151,7 +151,7 @@ const FIELDS = [
 ];
 const CHECK_DELAY_MS = 350;
 
-const state = { stem: null, base: null, isNew: false, view: "form", extra: {}, seq: 0, timer: null, yaml: "" };
+const state = { stem: null, base: null, isNew: false, view: "form", extra: {}, seq: 0, timer: null, yaml: "", tries: null };
 const $ = (id) => document.getElementById(id);
 
 function t(key, params = {}) {
@@ -343,6 +343,7 @@ async function loadList() {
 }
 
 function showEditor(stem, file) {
+  stopTries();
   $("editor").hidden = false;
   $("editor-title").textContent = stem;
   $("editor-file").textContent = file;
@@ -535,7 +536,7 @@ async function preview() {
   $("preview-result").hidden = false;
 }
 
-async function tryOne(body, out) {
+async function tryOne(body, out, signal) {
   out.textContent = "";
   out.dataset.state = "streaming";
   const note = document.createElement("div");
@@ -544,9 +545,16 @@ async function tryOne(body, out) {
   text.className = "try-reply";
   out.append(text, note);
   note.textContent = t("streaming");
-  const response = await fetch("/workshop/api/try", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), credentials: "same-origin",
-  });
+  let response;
+  try {
+    response = await fetch("/workshop/api/try", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      credentials: "same-origin", signal,
+    });
+  } catch (e) {
+    out.dataset.state = "stopped";  // a newer try (or another template) took its place
+    return;
+  }
   if (!response.ok) {
     let data = {};
     try { data = await response.json(); } catch (e) { data = {}; }
@@ -563,7 +571,9 @@ async function tryOne(body, out) {
     else if (event.done) { note.textContent = t("finished", { tokens: event.done.completion_tokens ?? "?" }); out.dataset.state = "done"; }
   };
   for (;;) {
-    const { value, done } = await reader.read();
+    let chunk;
+    try { chunk = await reader.read(); } catch (e) { out.dataset.state = "stopped"; return; }
+    const { value, done } = chunk;
     if (done) break;
     buffer += decoder.decode(value, { stream: true });
     let at;
@@ -576,13 +586,21 @@ async function tryOne(body, out) {
   if (out.dataset.state === "streaming") out.dataset.state = "error";
 }
 
+function stopTries() {
+  // closing the requests closes the replies' streams on the server: the engine stops generating them
+  if (state.tries) state.tries.abort();
+  state.tries = null;
+}
+
 async function tryIt() {
   const message = $("sample-message").value;
   if (!message.trim()) return;
+  stopTries();
+  const tries = (state.tries = new AbortController());
   $("try-result").hidden = false;
   await Promise.all([
-    tryOne({ ...draftBody(), message, side: "draft" }, $("try-draft")),
-    tryOne({ stem: state.stem, message, side: "saved" }, $("try-saved")),
+    tryOne({ ...draftBody(), message, side: "draft" }, $("try-draft"), tries.signal),
+    tryOne({ stem: state.stem, message, side: "saved" }, $("try-saved"), tries.signal),
   ]);
 }
 

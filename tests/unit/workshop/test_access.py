@@ -13,12 +13,14 @@ from backend.accounts.login import Accounts
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.errors import WorkshopError
-from backend.workshop.access import Access, Editor, is_local, login_user
+from backend.workshop.access import Access, Editor, host_name, is_local, login_user
 from tests.conftest import MakeConfig
 
 
-def request(host: str) -> Request:
-    return Request({"type": "http", "client": (host, 40000), "headers": [], "method": "GET", "path": "/"})
+def request(host: str, asked: str = "127.0.0.1:8501", origin: str | None = None) -> Request:
+    """A request from `host` for the address `asked` (its Host header), made by a page at `origin` if given."""
+    headers = [(b"host", asked.encode())] + ([(b"origin", origin.encode())] if origin else [])
+    return Request({"type": "http", "client": (host, 40000), "headers": headers, "method": "GET", "path": "/"})
 
 
 @pytest.mark.parametrize(
@@ -39,9 +41,30 @@ def test_without_login_only_the_local_machine(make_config: MakeConfig) -> None:
     assert "workshop.allow_remote" in refused.value.localized("zh-CN")[1]
 
 
+def test_another_sites_page_is_refused_even_from_the_local_machine(make_config: MakeConfig) -> None:
+    for cfg in (make_config(), make_config(workshop__allow_remote="true")):
+        access = Access(cfg)
+        assert access.check(request("127.0.0.1", origin="http://127.0.0.1:8501")) == Editor("local")  # its own page
+        with pytest.raises(WorkshopError) as refused:
+            access.check(request("127.0.0.1", origin="http://evil.example"))
+        assert refused.value.code == "workshop.foreign_origin"
+        with pytest.raises(WorkshopError):
+            access.check(request("127.0.0.1", origin="http://127.0.0.1:9999"))  # another program on this machine
+
+
+def test_without_login_the_address_asked_for_must_be_local_too(make_config: MakeConfig) -> None:
+    access = Access(make_config())
+    for asked in ("localhost:8501", "[::1]:8501", "127.0.0.1"):
+        assert access.check(request("127.0.0.1", asked=asked)) == Editor("local")
+    with pytest.raises(WorkshopError) as rebound:  # a name pointed at 127.0.0.1 by someone else (DNS rebinding)
+        access.check(request("127.0.0.1", asked="evil.example:8501", origin="http://evil.example:8501"))
+    assert rebound.value.code == "workshop.remote"
+    assert host_name("[::1]:8501") == "::1" and host_name("localhost") == "localhost" and host_name(None) == ""
+
+
 def test_allow_remote_lets_others_in_and_names_them(make_config: MakeConfig) -> None:
     access = Access(make_config(workshop__allow_remote="true"))
-    assert access.check(request("10.0.0.5")) == Editor("from 10.0.0.5")
+    assert access.check(request("10.0.0.5", asked="chat.example:8501")) == Editor("from 10.0.0.5")
 
 
 def test_with_login_the_role_decides(make_config: MakeConfig, tmp_path: Path) -> None:
