@@ -6,7 +6,7 @@ An editor on the app's own machine creates a template, sees check-prompts' messa
 priority winning), tries the draft against the engine (its counters show the request), saves it, and the chat routes
 the next message to it without a restart (the reply's details name it); then saves a second version and restores
 the first. A second editor saving over a version that changed meanwhile gets the conflict message. The model's
-words are never looked at."""
+words are never looked at. With login on, only editors get the workshop: others see why (in their language)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
+from backend.accounts.passwords import hash_password
+from backend.accounts.users import write_users_file
 from backend.chat.render import reason_text
 from backend.config import ROOT
 from backend.errors import render
 from backend.prompts.schema import display_path
-from tests.app_process import CHROMIUM, REPLY, RunningApp, start_app, wait_until
+from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, send
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -226,3 +228,59 @@ async def test_a_second_editor_gets_the_conflict_message(browser, site: Site, lo
     await first.wait_for_selector("#diff-text .added", timeout=WAIT_MS)  # and what to merge: theirs -> this draft
     assert "the second editor's" in await first.inner_text("#diff-text .removed >> nth=-1")
     assert "the first editor's" in await first.inner_text("#diff-text .added >> nth=-1")
+
+
+PASSWORD = "workshop-password"
+
+
+@pytest.fixture(scope="module")
+def login_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
+    """The app with login on (ed is an editor, uma a user), answering through a FakeEngine."""
+    root = tmp_path_factory.mktemp("workshop-login")
+    users = root / "users.yaml"
+    write_users_file(users, {"ed": hash_password(PASSWORD), "uma": hash_password(PASSWORD)}, {"ed": "editor"})
+    prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
+    with FakeEngine() as engine:
+        engine.ready.set()
+        app = start_app(root / "data", auth__enabled="true", auth__users_file=str(users),
+                        paths__prompts_dir=str(prompts), **engine.app_overrides())  # fmt: skip
+        try:
+            app.wait_ready()
+            yield app
+        finally:
+            app.stop()
+
+
+async def workshop_as(browser: Any, app: RunningApp, locale: str, name: str | None) -> Any:
+    """The workshop page of a browser where `name` logged in on the chat's login page (None: nobody)."""
+    page = await (await browser.new_context(locale=locale)).new_page()
+    if name is not None:
+        await page.goto(app.url)
+        await page.wait_for_selector("#email", timeout=60_000)
+        await page.fill("#email", name)
+        await page.fill("#password", PASSWORD)
+        await page.click('button[type="submit"]')
+        await page.wait_for_selector(READY, timeout=60_000)
+    await page.goto(app.url + "/workshop")
+    await page.wait_for_selector("#access-denied:not([hidden]), body[data-ready=true]", timeout=60_000)
+    return page
+
+
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_with_login_only_editors_get_the_workshop(browser, login_site: RunningApp, locale: str) -> None:  # type: ignore[no-untyped-def]
+    nobody = await workshop_as(browser, login_site, locale, None)
+    assert await nobody.inner_text("#access-text") == render("workshop.login_needed", locale, {})[0]
+    assert await nobody.is_visible("#login-link") and not await nobody.is_visible("#workshop")
+
+    user = await workshop_as(browser, login_site, locale, "uma")
+    assert (
+        await user.inner_text("#access-text")
+        == render("workshop.not_editor", locale, {"name": "uma", "role": "user"})[0]
+    )
+    assert "--role editor" in await user.inner_text("#access-hint")
+    assert not await user.is_visible("#login-link") and not await user.is_visible("#workshop")
+
+    editor = await workshop_as(browser, login_site, locale, "ed")
+    assert await editor.is_visible("#workshop") and not await editor.is_visible("#access-denied")
+    assert "ed" in await editor.inner_text("#who") and "editor" in await editor.inner_text("#who")
+    assert await editor.locator('.template-row[data-stem="writing"]').count() == 1
