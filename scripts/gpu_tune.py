@@ -59,11 +59,16 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     # Piecewise CUDA graphs also for steps of up to 2048 tokens (vLLM's default stops at 512), which a
     # 512-token prefill batched with other requests' decodes exceeds: such steps otherwise run without graphs.
     "cg2k": ("defaults", ["--compilation-config", '{"max_cudagraph_capture_size": 2048}']),
+    # Issue 18, on nvidia-h200-x2 (NCCL's NVLink multicast stays off: the machine's NCCL_NVLS_ENABLE=0 reaches
+    # the engine, which inherits the environment): alternate with "h200", TUNE_LEVELS=1,16,64,256.
+    "tp2": ("h200x2-tp", []),
+    "dp2": ("h200x2-dp", []),
 }
 # (users, requests): at least 32 requests at one user, several waves at the others.
 LEVELS = [(1, 32), (16, 96), (64, 256)]
-if os.environ.get("TUNE_LEVELS"):  # a subset of the levels, e.g. "1,16", for a call that studies one of them
-    LEVELS = [lv for lv in LEVELS if str(lv[0]) in os.environ["TUNE_LEVELS"].split(",")]
+if os.environ.get("TUNE_LEVELS"):  # other levels, e.g. "1,16" to study one, or "1,16,64,256" for two GPUs
+    known = dict([*LEVELS, (256, 1024)])
+    LEVELS = [(int(u), known.get(int(u), 4 * int(u))) for u in os.environ["TUNE_LEVELS"].split(",")]
 INPUT_LEN, OUTPUT_LEN = 512, 256
 PROBE_INPUT_LENS = (64, 512, 2048)  # TUNE_PROBE=1: prompt lengths measured at one user after the levels
 BENCH = ["--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--datasets", "synthetic"]

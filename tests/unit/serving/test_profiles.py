@@ -11,6 +11,7 @@ from backend.engines.registry import engine
 from backend.serving.compat import check_compatibility
 from backend.serving.hardware import Gpu, parse_jetson, parse_nvidia_smi
 from backend.serving.profiles import RULES, choose_profile, effective_flags, select_profile
+from tests.launching import launch
 
 CFG = load_config(environ={})
 GIB = 1024**3
@@ -141,3 +142,23 @@ def test_every_profile_sets_the_flags_that_matter() -> None:
         assert "tensor_parallel_size" in flags.model_fields_set
         if name != "cpu":
             assert {"gpu_memory_utilization", "enforce_eager"} <= flags.model_fields_set, name
+
+
+def test_two_h200s_keep_the_one_gpu_profile_until_the_two_gpu_ones_are_measured(
+    make_config: Callable[..., AppConfig],
+) -> None:
+    """Issue 18: `auto` picks a two-GPU profile only by measurement; none has been measured, so none is picked."""
+    two = parse_nvidia_smi("NVIDIA H200, 143771, 9.0\nNVIDIA H200, 143771, 9.0")
+    assert len(two) == 2
+    assert choose_profile(make_config(), engine("vllm"), two) == "h200"
+
+
+@pytest.mark.parametrize(
+    ("profile", "flag"), [("h200x2-tp", "--tensor-parallel-size"), ("h200x2-dp", "--data-parallel-size")]
+)
+def test_the_two_gpu_profiles_ask_vllm_for_two_gpus_and_size_each_like_h200(profile: str, flag: str) -> None:
+    flags = effective_flags(CFG, profile)
+    argv = launch(CFG, "vllm", "/models/x", 8100, "k", flags=flags).argv
+    assert argv[argv.index(flag) + 1] == "2"
+    one = effective_flags(CFG, "h200")
+    assert (flags.max_num_seqs, flags.max_model_len) == (one.max_num_seqs, one.max_model_len)
