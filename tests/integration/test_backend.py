@@ -18,6 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from backend.benchmarks.memory import process_tree
 from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
 from backend.errors import BackendError, EngineStartError, Phrase, PromptTooLongError, ServiceError
@@ -220,20 +221,13 @@ async def test_hung_engine_is_killed_and_restarted(service: ChatService) -> None
     assert s.stats.finish_reason is not None and s.stats.completion_tokens
 
 
-def processes_in_group(pgid: int) -> dict[int, str]:
-    """pid -> name of every live process in process group `pgid` (/proc), zombies left out."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if rest[0] != "Z" and int(rest[2]) == pgid:
-            found[int(entry.name)] = name
-    return found
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 async def test_a_dead_engine_core_process_restarts_the_whole_engine_and_leaves_none_of_it(
@@ -244,9 +238,9 @@ async def test_a_dead_engine_core_process_restarts_the_whole_engine_and_leaves_n
     sup = service.supervisor
     pid, restarts = sup.status.pid, sup.status.restarts
     assert pid is not None
-    old = processes_in_group(pid)  # the supervisor starts the engine in a process group of its own
-    cores = [p for p, name in old.items() if p != pid]
-    assert cores, f"the engine's process group has only its API server: {old}"
+    old = process_tree(pid)
+    cores = [p for p in old if p != pid]
+    assert cores, "the API server has started no engine core process"
     states = States(service)
     for core in cores:
         os.kill(core, signal.SIGKILL)
@@ -254,7 +248,7 @@ async def test_a_dead_engine_core_process_restarts_the_whole_engine_and_leaves_n
     assert await sup.wait_ready(GENEROUS_S), f"engine did not come back: {sup.status}"
     [restarting] = states.problems_while(State.RESTARTING)
     assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
-    assert processes_in_group(pid) == {}, "nothing of the old engine is left"
+    assert [p for p in old if alive(p)] == [], "nothing of the old engine is left"
     async with service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4, ignore_eos=True) as s:
         _ = [p async for p in s]
     assert s.stats.completion_tokens == 4
