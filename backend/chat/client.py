@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -119,6 +119,7 @@ class ChatStream:
         self._sampling = sampling
         self._response: httpx.Response | None = None  # open while the reply streams
         self._lines: AsyncIterator[str] | None = None
+        self._pieces: AsyncGenerator[str, None] | None = None  # the reply's text pieces, read from _lines
         self.stats = StreamStats()
 
     async def __aenter__(self) -> ChatStream:
@@ -132,6 +133,9 @@ class ChatStream:
     async def aclose(self) -> None:
         """Close the HTTP response: the engine sees the disconnect and aborts the request."""
         response, self._response, self._lines = self._response, None, None
+        pieces, self._pieces = self._pieces, None
+        if pieces is not None:
+            await pieces.aclose()
         if response is not None:
             await response.aclose()
         if self.stats.finished is None:
@@ -158,7 +162,7 @@ class ChatStream:
         delta = choice.get("delta") or {}
         return delta.get("content") or ""
 
-    async def _texts(self) -> AsyncIterator[str]:
+    async def _texts(self) -> AsyncGenerator[str, None]:
         """The text of each event until [DONE] or the end of the body."""
         assert self._lines is not None
         async for line in self._lines:
@@ -166,6 +170,11 @@ class ChatStream:
                 continue  # blank separators, comments, event names
             data = line[5:].strip()
             if data == "[DONE]":
+                # Read the body to its end (nothing follows but its last empty chunk): httpx's streams then end
+                # by themselves. Left open, they are closed later by the garbage collector outside any task,
+                # which logs "async generator ignored GeneratorExit" / "cancel scope in a different task".
+                async for _ in self._lines:
+                    pass
                 return
             text = self._absorb(data)
             if text:
@@ -192,13 +201,12 @@ class ChatStream:
             raise await _status_error(response)
         self._response = response
         self._lines = _event_lines(response)
+        self._pieces = pieces = self._texts()
         try:
-            async for text in self._texts():
-                return text
+            return await anext(pieces, "")
         except BaseException:
             await self.aclose()
             raise
-        return ""
 
     async def __aiter__(self) -> AsyncIterator[str]:
         retrying = AsyncRetrying(
@@ -218,8 +226,8 @@ class ChatStream:
             self.stats.chunks += 1
             yield first
         try:
-            if self._lines is not None:
-                async for text in self._texts():
+            if self._pieces is not None:
+                async for text in self._pieces:
                     if self.stats.first_token is None:
                         self.stats.first_token = time.monotonic()
                     self.stats.chunks += 1
