@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from backend.config import AppConfig, EngineFlags, EngineName
 from backend.engines.base import LaunchSpec, Target
 from backend.engines.registry import engine
+from backend.serving.launch import make_supervisor
 from backend.serving.profiles import choose_profile, effective_flags
+from backend.serving.supervisor import State, Status
+
+GENEROUS_S = 120.0  # a wait that ends as soon as the supervisor gives up; only a hang reaches it
 
 
 def launch(
@@ -22,3 +28,15 @@ def launch(
     if flags is None:
         flags = chosen.flags(cfg, effective_flags(cfg, choose_profile(cfg, chosen)))
     return chosen.launch(cfg, Target(model, port, api_key, python), flags)
+
+
+async def failed_start(cfg: AppConfig) -> Status:
+    """Start the engine of `cfg` with the app's supervisor, expecting it to give up; its status then."""
+    supervisor = make_supervisor(cfg)
+    supervisor.start_background()
+    try:
+        assert not await supervisor.wait_ready(GENEROUS_S), "the engine started"
+        assert supervisor.status.state == State.FAILED, supervisor.status
+        return dataclasses.replace(supervisor.status)  # a copy: stopping changes the supervisor's own
+    finally:
+        await supervisor.stop()

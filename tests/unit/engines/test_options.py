@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 from collections.abc import Callable
@@ -13,11 +12,9 @@ import pytest
 from backend.config import ROOT, AppConfig, EngineFlags, load_config
 from backend.engines.options import EngineOptions, OptionsUnavailableError, check_args, read_options
 from backend.errors import ConfigError
-from backend.serving.launch import make_supervisor
 from backend.serving.preflight import check_flags
 from backend.serving.profiles import effective_flags
-from backend.serving.supervisor import State
-from tests.launching import launch
+from tests.launching import failed_start, launch
 
 pytestmark = pytest.mark.slow  # the first run imports vLLM (10-20 s); later runs read the cache
 
@@ -205,17 +202,7 @@ async def test_bad_flag_stops_the_start_before_any_child(
         paths__cache_dir=str(OPTIONS_CACHE),
         restart__max_attempts=1,
     )
-    supervisor = make_supervisor(cfg)
-    supervisor.start_background()
-    try:
-        for _ in range(200):
-            if supervisor.status.state == State.FAILED:
-                break
-            await asyncio.sleep(0.1)
-        status = supervisor.status
-        assert status.state == State.FAILED
-        assert "vLLM" in (status.error or "") and "has no flag --enable-tensorrt-llm" in (status.error or "")
-        assert "engine.name: trtllm" in (status.error or "")
-        assert status.pid is None and not cfg.paths.engine_log.exists()  # nothing was spawned
-    finally:
-        await supervisor.stop()
+    status = await failed_start(cfg)
+    assert "vLLM" in (status.error or "") and "has no flag --enable-tensorrt-llm" in (status.error or "")
+    assert "engine.name: trtllm" in (status.error or "")
+    assert status.pid is None and not cfg.paths.engine_log.exists()  # nothing was spawned

