@@ -12,7 +12,17 @@ from chainlit.types import ThreadDict
 
 from backend.accounts.login import setup_login
 from backend.chat.i18n import describe, t
-from backend.chat.page import TurnPage, say, settings_widgets
+from backend.chat.page import (
+    EXPORT,
+    REGENERATE,
+    TurnPage,
+    offer_actions,
+    run_as_task,
+    say,
+    send_export,
+    settings_widgets,
+    take_back_last_reply,
+)
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession
@@ -148,13 +158,13 @@ async def on_message(message: cl.Message) -> None:
         await say(t("error", _lang(), error=describe(STARTUP_ERROR, _lang())))
         return
     async with session.lock:  # one reply at a time per chat: rapid sends queue up
-        await _answer(session, message.content or "", message.command)
+        await _answer(session, message.content or "", message.command, message.id)
 
 
-async def _answer(session: ChatSession, text: str, command: str | None = None) -> None:
+async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
     assert SERVICE is not None
     page = TurnPage(_lang(), SERVICE.describe, turn_metadata)
-    turn = SERVICE.reply(session, text, command)
+    turn = SERVICE.reply(session, text, command, message_id)
     try:
         async for event in turn:
             await page.show(event)
@@ -164,4 +174,19 @@ async def _answer(session: ChatSession, text: str, command: str | None = None) -
             return
         # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
         await page.show(await turn.athrow(stop))
+    if page.finished:
+        await offer_actions(page.reply, page.lang)
     await _show_storage_problem()
+
+
+@cl.action_callback(REGENERATE)
+async def regenerate(action: cl.Action) -> None:
+    """The last reply again: its message is asked anew (the service drops the turn it asked before)."""
+    asked = await take_back_last_reply()
+    await (run_as_task(on_message(asked)) if asked else say(t("nothing_to_regenerate", _lang())))
+
+
+@cl.action_callback(EXPORT)
+async def export(action: cl.Action) -> None:
+    session: ChatSession | None = cl.user_session.get("chat")
+    await send_export(session.history if session else [], str(action.payload.get("format")), _lang())

@@ -3,20 +3,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import chainlit as cl
+from chainlit.chat_context import chat_context
 from chainlit.input_widget import Select, Slider
 from chainlit.utils import utc_now
 
+from backend.chat.context import Message
 from backend.chat.i18n import t
-from backend.chat.render import details_element, notice_text, reply_text, template_select, wait_text
+from backend.chat.render import (
+    EXPORT_TYPES,
+    details_element,
+    export,
+    notice_text,
+    reply_text,
+    template_select,
+    wait_text,
+)
 from backend.chat.request import SETTING_RANGES, UserSettings
 from backend.chat.turn import Done, EngineWait, Event, Text
 
 SYSTEM_AUTHOR = "system"  # the app's own notices (backend.storage.resume leaves them out of the model's history)
 DETAILS_ELEMENT = "ReplyDetails"  # public/elements/ReplyDetails.jsx
+REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py's action callbacks)
 
 
 async def say(text: str) -> cl.Message:
@@ -46,6 +59,7 @@ class TurnPage:
     def __init__(self, lang: str, describe: Callable[[str], str], keep: Callable[[str, str], dict[str, Any]]) -> None:
         self.lang, self.describe, self.keep = lang, describe, keep
         self.note: cl.Message | None = None
+        self.finished = False  # the reply was shown with its details (not refused, not waiting in vain)
         # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
         self.reply = cl.Message(content="", created_at=utc_now())
 
@@ -72,3 +86,60 @@ class TurnPage:
         # last: the details under the reply tell the page (and the tests) that the reply is finished
         details = cl.CustomElement(name=DETAILS_ELEMENT, props=props, display="inline")
         await details.send(self.reply.id, persist=False)
+        self.finished = True
+
+
+async def offer_actions(reply: cl.Message, lang: str) -> None:
+    """The last reply's buttons: regenerate it, export the conversation as Markdown or JSON (earlier replies lose
+    theirs: regenerate is for the last reply only)."""
+    for action in cl.user_session.get("actions") or []:
+        await action.remove()
+    actions = [
+        cl.Action(name=REGENERATE, payload={}, label=t("action_regenerate", lang), icon="refresh-cw"),
+        cl.Action(name=EXPORT, payload={"format": "md"}, label=t("action_export_md", lang), icon="file-text"),
+        cl.Action(name=EXPORT, payload={"format": "json"}, label=t("action_export_json", lang), icon="file-json"),
+    ]
+    for action in actions:
+        await action.send(for_id=reply.id)
+    cl.user_session.set("actions", actions)
+
+
+async def take_back_last_reply() -> cl.Message | None:
+    """For a regenerate: remove what came after the last user message (its reply, the notices) and return it."""
+    messages = chat_context.get()
+    asked = [i for i, message in enumerate(messages) if message.type == "user_message"]
+    if not asked:
+        return None
+    for message in messages[asked[-1] + 1 :]:
+        await message.remove()
+    return messages[asked[-1]]
+
+
+async def send_export(history: list[Message], fmt: str, lang: str) -> None:
+    """The conversation (the history as the model has it) as a file to download, in a notice."""
+    if fmt not in EXPORT_TYPES:
+        return
+    if not history:
+        await say(t("nothing_to_export", lang))
+        return
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    notice = await say(t("exported", lang, messages=len(history)))
+    file = cl.File(name=f"conversation-{stamp}.{fmt}", content=export(history, fmt, lang).encode(),
+                   mime=EXPORT_TYPES[fmt], display="inline")  # fmt: skip
+    await file.send(notice.id, persist=False)
+
+
+async def run_as_task(work: Awaitable[None]) -> None:
+    """Run `work` as Chainlit runs a message: the page shows it busy, and its stop button cancels it."""
+    session = cl.context.session
+
+    async def task() -> None:
+        await cl.context.emitter.task_start()
+        try:
+            await work
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await cl.context.emitter.task_end()
+
+    session.current_task = asyncio.create_task(task())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+from backend.chat.context import Message
 from backend.chat.i18n import describe, describe_parts, t
 from backend.chat.turn import Done, EngineWait, Notice, Refused, Serving
 
@@ -167,3 +169,23 @@ def settings_saved(changed: dict[str, Any], locale: str) -> str:
              for key, value in changed.items()}  # fmt: skip
     items = t("list_separator", locale).join(f"{t(f'setting_{key}', locale)} → {value}" for key, value in shown.items())
     return t("settings_saved", locale, changes=items)
+
+
+def export_markdown(history: list[Message], locale: str) -> str:
+    """The conversation as Markdown: each message of the history under its role, its text exactly as kept."""
+    parts = [f"# {t('export_title', locale)}"]
+    parts += [f"## {t('role_' + m['role'], locale)}\n\n{m['content']}" for m in history]
+    return "\n\n".join(parts) + "\n"
+
+
+def export_json(history: list[Message]) -> str:
+    """The conversation as JSON: {"messages": [{"role", "content"}, ...]}, the history exactly as kept."""
+    return json.dumps({"messages": history}, ensure_ascii=False, indent=2) + "\n"
+
+
+EXPORT_TYPES = {"md": "text/markdown", "json": "application/json"}  # an export's format -> its file's type
+
+
+def export(history: list[Message], fmt: str, locale: str) -> str:
+    """The conversation in the export format `fmt` (one of EXPORT_TYPES)."""
+    return export_markdown(history, locale) if fmt == "md" else export_json(history)

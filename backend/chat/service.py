@@ -31,7 +31,6 @@ from backend.chat.turn import (
     Refused,
     Serving,
     Text,
-    turn_messages,
 )
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
@@ -167,10 +166,15 @@ class ChatService:
         return Notice("template_problems", items=tuple(problems)) if news else None
 
     # ----- one turn ---------------------------------------------------------------------------
-    async def reply(self, session: ChatSession, text: str, command: str | None = None) -> AsyncIterator[Event]:
+    async def reply(
+        self, session: ChatSession, text: str, command: str | None = None, message_id: str = ""
+    ) -> AsyncIterator[Event]:
         """One chat turn: clean → wait for the engine → build the request → stream → record. Yields its events.
 
-        `command` is a template picked in the chat's / menu for this message."""
+        `command` is a template picked in the chat's / menu for this message. A message that already asked a turn
+        (`message_id`: edited, or its reply asked again) first drops that turn and the later ones: the model sees
+        the conversation as the page now shows it."""
+        session.forget_from(message_id)
         try:
             text = clean_input(text, self.cfg.chat.max_input_chars)
         except InvalidInputError as exc:
@@ -217,7 +221,7 @@ class ChatService:
         self.recorder.reply_finished(stream.stats, failure)
         text = "".join(parts)
         if text:
-            session.history += turn_messages(request.user_text, text)
+            session.add_turn(request.user_text, text, message_id)
         yield Done(
             text,
             request.template,

@@ -31,6 +31,23 @@ class ChatSession:
     template_problems: list[str] = field(default_factory=list)  # the problems this chat was already told about
     demo_told: bool = False  # whether this chat was told that the demo model answers
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reply at a time: sends queue up
+    # The page's id of the user message of each of the latest turns (a resumed chat's earlier turns have none).
+    turn_ids: list[str] = field(default_factory=list)
+
+    def add_turn(self, user_text: str, reply_text: str, message_id: str = "") -> None:
+        """Keep a finished turn, as the model saw it, with the id of the user message that asked it."""
+        self.history += turn_messages(user_text, reply_text)
+        self.turn_ids.append(message_id)
+
+    def forget_from(self, message_id: str) -> int:
+        """Drop the turn asked by `message_id` and every later one (the message was edited, or its reply is asked
+        again); return how many turns were dropped (0: no turn of that message is kept)."""
+        if not message_id or message_id not in self.turn_ids:
+            return 0
+        dropped = len(self.turn_ids) - self.turn_ids.index(message_id)
+        self.history = self.history[: len(self.history) - 2 * dropped]
+        del self.turn_ids[-dropped:]
+        return dropped
 
 
 @dataclass(frozen=True)

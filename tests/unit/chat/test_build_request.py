@@ -13,7 +13,7 @@ import pytest
 from backend.chat.client import Message, StreamStats
 from backend.chat.request import UserSettings
 from backend.chat.service import COMMAND_REASON, MIN_REPLY_TOKENS, ChatService
-from backend.chat.turn import Done, Notice, Refused, Text
+from backend.chat.turn import ChatSession, Done, Notice, Refused, Text
 from backend.config import AppConfig, EngineFlags
 from backend.errors import InvalidInputError, PromptTooLongError
 from backend.prompts.store import TemplateStore
@@ -248,3 +248,24 @@ async def test_an_unknown_chosen_template_is_refused(build: Build) -> None:
     events = [e async for e in svc.reply(session, "hello")]
     assert len(events) == 1 and isinstance(events[0], Refused)
     assert events[0].error.code == "input.unknown_template" and client.sent == []
+
+
+# ----- a message asked again (edited, or its reply regenerated) ----------------------------------------------------
+async def test_a_message_asked_again_replaces_its_turn_and_drops_the_later_ones(build: Build) -> None:
+    svc, client = build(window=1000, max_tokens=40)
+    session = svc.new_session()
+    session.history = turn(0)  # a resumed chat's turn: no message id is known for it
+    for message_id, text in (("m1", "first"), ("m2", "second"), ("m3", "third")):
+        [e async for e in svc.reply(session, text, message_id=message_id)]
+    assert session.turn_ids == ["m1", "m2", "m3"] and len(session.history) == 8
+    [e async for e in svc.reply(session, "second, edited", message_id="m2")]
+    assert client.sent[-1][0] == [*turn(0), {"role": "user", "content": "first"}, done_turn("ok"),
+                                  {"role": "user", "content": "second, edited"}]  # fmt: skip
+    assert session.history == [*client.sent[-1][0], done_turn("ok")] and session.turn_ids == ["m1", "m2"]
+
+
+def test_forgetting_an_unknown_message_keeps_the_history() -> None:
+    session = ChatSession(UserSettings(0.7, 0.9, 64), history=turn(0))
+    session.add_turn("u", "a", "m1")
+    assert session.forget_from("nosuch") == 0 and session.forget_from("") == 0 and len(session.history) == 4
+    assert session.forget_from("m1") == 1 and session.history == turn(0) and session.turn_ids == []

@@ -1,0 +1,110 @@
+"""What a reply offers, in the page's language: copy (Chainlit's own button), regenerate (the last reply asked
+again: the model sees the conversation once, never the turn twice) and export of the conversation as Markdown and
+JSON (the turns exactly as the model's history has them).
+
+The engine is a FakeEngine (tests/app_process.py): what the model was asked is read from its requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from backend.chat.i18n import t
+from backend.chat.render import export_markdown
+from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app
+from tests.browser.pages import DETAILS, LOCALES, open_page, send, wait_finished
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+REPLY_TEXT = "A reply from the fake engine."
+
+
+@pytest_asyncio.fixture(scope="module")
+async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
+    with FakeEngine(reply=REPLY_TEXT) as engine:
+        engine.ready.set()
+        app = start_app(tmp_path_factory.mktemp("actions") / "data", **engine.app_overrides())
+        try:
+            await asyncio.to_thread(app.wait_ready)
+            yield app, engine
+        finally:
+            app.kill()
+
+
+def history(*asked: str) -> list[dict[str, str]]:
+    """The model's history after turns that asked `asked` (the default template sends a message as it is)."""
+    return [
+        m for text in asked for m in ({"role": "user", "content": text}, {"role": "assistant", "content": REPLY_TEXT})
+    ]
+
+
+async def exported(page: Any, label: str) -> str:
+    """Click the export button `label` of the last reply; the text of the file the page then offers."""
+    links = page.locator("a.inline-file")
+    before = await links.count()
+    await page.get_by_role("button", name=label, exact=True).click()
+    await links.nth(before).wait_for(timeout=60_000)
+    response = await page.request.get(str(await links.nth(before).get_attribute("href")))
+    return str(await response.text())
+
+
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_export_gives_the_history_as_markdown_and_json(browser, chat, locale: str) -> None:  # type: ignore[no-untyped-def]
+    app, _ = chat
+    page = await open_page(browser, app.url, locale)
+    await send(page, "Hello")
+    await wait_finished(page, 0)
+    await send(page, "Tell me more")
+    await wait_finished(page, 1)
+    kept = history("Hello", "Tell me more")
+    assert await exported(page, t("action_export_md", locale)) == export_markdown(kept, locale)
+    assert json.loads(await exported(page, t("action_export_json", locale))) == {"messages": kept}
+
+
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_regenerate_asks_the_last_message_again_in_place(browser, chat, locale: str) -> None:  # type: ignore[no-untyped-def]
+    app, engine = chat
+    page = await open_page(browser, app.url, locale)
+    await send(page, "Hello")
+    await wait_finished(page, 0)
+    await send(page, "Tell me more")
+    await wait_finished(page, 1)
+    regenerate = page.get_by_role("button", name=t("action_regenerate", locale), exact=True)
+    assert await regenerate.count() == 1, "only the last reply offers it"
+    asked = len(engine.requests)
+    await regenerate.click()
+    await page.wait_for_function(
+        "([sel, details]) => document.querySelectorAll(sel).length === 2 && "
+        "[...document.querySelectorAll(sel)].every(el => el.querySelector(details))",
+        arg=[REPLY, DETAILS],
+        timeout=180_000,
+    )
+    assert len(engine.requests) == asked + 1, "asked again, once"
+    again = engine.conversations()[-1]
+    assert again == [("user", "Hello"), ("assistant", REPLY_TEXT), ("user", "Tell me more")], (
+        "the turn is not kept twice"
+    )
+    await send(page, "And then?")
+    await wait_finished(page, 2)
+    assert engine.conversations()[-1] == [*again, ("assistant", REPLY_TEXT), ("user", "And then?")]
+
+
+async def test_the_copy_button_copies_the_reply_text(browser, chat) -> None:  # type: ignore[no-untyped-def]
+    app, _ = chat
+    context = await browser.new_context(locale="en-US", permissions=["clipboard-read", "clipboard-write"])
+    page = await context.new_page()
+    await page.goto(app.url)
+    await page.wait_for_selector(READY, timeout=60_000)
+    await send(page, "Hello")
+    await wait_finished(page, 0)
+    await page.locator('.step[data-step-type="assistant_message"] button:has(svg.lucide-copy)').first.click()
+    # the button writes the clipboard asynchronously: wait until it holds something
+    copied = await page.wait_for_function(
+        "() => navigator.clipboard.readText().then(text => text.trim() ? text : null)", timeout=60_000
+    )
+    assert (await copied.json_value()).strip() == REPLY_TEXT, "the text alone, not its details"
