@@ -14,12 +14,11 @@ import json
 import logging
 import statistics
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from backend.benchmarks.chat_socket import ChatSocket, reply_finished
 from backend.benchmarks.memory import tree_rss_bytes
 
 log = logging.getLogger(__name__)
@@ -81,65 +80,31 @@ def tree_rss_mib(pid: int) -> float:
 
 
 async def one_session(index: int, url: str, deadline: float, max_tokens: int, report: Report) -> None:
-    import socketio
-
-    sio = socketio.AsyncClient(reconnection=False)
-    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    for name in ("new_message", "update_message", "stream_start", "stream_token", "task_end"):
-        sio.on(name, handler=lambda data, name=name: events.put_nowait((name, data)))
+    chat = ChatSocket(url, None)
     try:
-        await sio.connect(
-            url,
-            socketio_path="/ws/socket.io",
-            transports=["websocket"],
-            auth={"clientType": "webapp", "sessionId": str(uuid.uuid4()), "threadId": None, "userEnv": "{}"},
-        )
-        await sio.emit("connection_successful")
-        await asyncio.sleep(1.0)
-        await sio.emit("chat_settings_change", {"max_tokens": max_tokens})
+        await chat.connect()  # returns once the chat has started (on_chat_start ran)
+        await chat.change_settings({"max_tokens": max_tokens})  # acknowledged once applied
         turn = 0
         while time.monotonic() < deadline:
-            while not events.empty():
-                events.get_nowait()
             text = PROMPTS[(index + turn) % len(PROMPTS)]
             turn += 1
-            started = time.monotonic()
-            first: float | None = None
-            name = ""
-            step = {
-                "id": str(uuid.uuid4()),
-                "threadId": "",
-                "name": "User",
-                "type": "user_message",
-                "output": text,
-                "createdAt": datetime.now(UTC).isoformat(),
-            }
-            await sio.emit("client_message", {"message": step, "fileReferences": None})
-            final = ""
-            # The reply is complete when its final text (it ends with the template line) has arrived and
-            # the task has ended; stray events of the previous turn are skipped.
-            while not (final and name == "task_end"):
-                name, data = await asyncio.wait_for(events.get(), timeout=300)
-                if name == "stream_token" and first is None:
-                    first = time.monotonic()
-                output = data.get("output", "") if isinstance(data, dict) else ""
-                if data and data.get("type") == "assistant_message" and ("Template:" in output or "⚠" in output):
-                    final = output
-            ok = "Template:" in final and "⚠" not in final
+            start, started = len(chat.events), time.monotonic()
+            await chat.send(text)
+            end = await chat.wait_for("task_end", await chat.wait_for("task_start", start))
+            first = next((chat.times[i] for i in range(start, end) if chat.events[i][0] == "stream_token"), None)
+            steps = chat.reply_steps(start)
+            # Finished: the reply's details in its metadata and its text alone (not the model's words: a
+            # stopped, interrupted or failed reply has an ending line, a reply with no text shows none).
+            ok = bool(steps) and reply_finished(steps[-1])
+            output = str(steps[-1].get("output", "")) if steps else ""
+            problem = "" if ok else (output[-200:] or " / ".join(chat.notices(start))[-200:] or "no reply")
             report.replies.append(
-                Reply(
-                    index,
-                    ok,
-                    time.monotonic() - started,
-                    first and first - started,
-                    len(final),
-                    "" if ok else final[-200:],
-                )
+                Reply(index, ok, chat.times[end] - started, first and first - started, len(output), problem)
             )
     except Exception as exc:  # a dropped connection or a timeout is a failed reply, reported
         report.replies.append(Reply(index, False, 0.0, None, 0, f"{type(exc).__name__}: {exc}"))
     finally:
-        await sio.disconnect()
+        await chat.close()
 
 
 async def sample_memory(app_pid: int, engine_pid: int, report: Report, stop: asyncio.Event) -> None:
