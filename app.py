@@ -16,6 +16,7 @@ from backend.chat.page import (
     EXPORT,
     REGENERATE,
     TurnPage,
+    asked_ids,
     offer_actions,
     run_as_task,
     say,
@@ -109,8 +110,8 @@ async def chat_start() -> None:
 
 @cl.on_chat_resume
 async def chat_resume(thread: ThreadDict) -> None:
-    saved = cl.context.session.chat_settings or {}
-    await _open(SERVICE.resumed_session(history_from_thread(thread), saved) if SERVICE else None, greet=False)
+    saved, asked = cl.context.session.chat_settings or {}, asked_ids(list(thread.get("steps") or []))
+    await _open(SERVICE.resumed_session(history_from_thread(thread), saved, asked) if SERVICE else None, greet=False)
 
 
 @cl.on_stop
@@ -163,7 +164,7 @@ async def on_message(message: cl.Message) -> None:
 
 async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
     assert SERVICE is not None
-    page = TurnPage(_lang(), SERVICE.describe, turn_metadata)
+    page = TurnPage(_lang(), SERVICE.describe, turn_metadata, message_id)
     turn = SERVICE.reply(session, text, command, message_id)
     try:
         async for event in turn:

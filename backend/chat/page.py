@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +30,7 @@ from backend.chat.turn import Done, EngineWait, Event, Text
 
 SYSTEM_AUTHOR = "system"  # the app's own notices (backend.storage.resume leaves them out of the model's history)
 DETAILS_ELEMENT = "ReplyDetails"  # public/elements/ReplyDetails.jsx
+ASKED_KEY = "ernie_asked"  # a kept turn's reply metadata: the page's id of the user message that asked it
 REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py's action callbacks)
 
 
@@ -54,10 +56,13 @@ def settings_widgets(
 class TurnPage:
     """One turn on the page: the engine notice (sent once, then updated), the streamed reply, its details.
 
-    `describe` gives a template's description; `keep` the metadata that keeps a finished turn with its reply."""
+    `describe` gives a template's description; `keep` the metadata that keeps a finished turn with its reply;
+    `asked` is the page's id of the user message."""
 
-    def __init__(self, lang: str, describe: Callable[[str], str], keep: Callable[[str, str], dict[str, Any]]) -> None:
-        self.lang, self.describe, self.keep = lang, describe, keep
+    def __init__(
+        self, lang: str, describe: Callable[[str], str], keep: Callable[[str, str], dict[str, Any]], asked: str
+    ) -> None:
+        self.lang, self.describe, self.keep, self.asked = lang, describe, keep, asked
         self.note: cl.Message | None = None
         self.finished = False  # the reply was shown with its details (not refused, not waiting in vain)
         # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
@@ -81,7 +86,7 @@ class TurnPage:
         self.reply.content = reply_text(event, self.lang)
         props, self.reply.metadata = details_element(event, self.lang, self.describe(event.template))
         if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
-            self.reply.metadata |= self.keep(event.user_text, event.text)
+            self.reply.metadata |= self.keep(event.user_text, event.text) | {ASKED_KEY: self.asked}
         await (self.reply.update() if event.text else self.reply.send())
         # last: the details under the reply tell the page (and the tests) that the reply is finished
         details = cl.CustomElement(name=DETAILS_ELEMENT, props=props, display="inline")
@@ -143,3 +148,19 @@ async def run_as_task(work: Awaitable[None]) -> None:
             await cl.context.emitter.task_end()
 
     session.current_task = asyncio.create_task(task())
+
+
+def asked_ids(steps: list[dict[str, Any]]) -> list[str]:
+    """The ids of the user messages that asked a saved thread's kept turns, oldest first (an edit of one of them
+    after a resume drops its turn, as in the chat that asked it)."""
+    found = []
+    for step in steps:
+        metadata = step.get("metadata") or {}
+        if isinstance(metadata, str):  # SQLite keeps JSON columns as text
+            try:
+                metadata = json.loads(metadata)
+            except json.JSONDecodeError:
+                continue
+        if isinstance(metadata, dict) and isinstance(metadata.get(ASKED_KEY), str):
+            found.append(metadata[ASKED_KEY])
+    return found

@@ -140,10 +140,13 @@ class ChatService:
         """A chat's state at its start: the default settings (the demo model's while it answers)."""
         return ChatSession(UserSettings.defaults(self.cfg, self.serving_demo))
 
-    def resumed_session(self, history: list[Message], saved_settings: dict[str, Any]) -> ChatSession:
-        """A saved chat's state: its history and the settings it had."""
+    def resumed_session(
+        self, history: list[Message], saved_settings: dict[str, Any], turn_ids: list[str] | None = None
+    ) -> ChatSession:
+        """A saved chat's state: its history, the ids of the messages that asked its latest turns, its settings."""
         session = self.new_session()
         session.history = history
+        session.turn_ids = (turn_ids or [])[-(len(history) // 2) :] if len(history) >= 2 else []
         session.settings.update(saved_settings, self.cfg, self.serving_demo)
         return session
 

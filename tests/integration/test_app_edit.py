@@ -1,21 +1,22 @@
-"""Editing a sent message is off (.chainlit/config.toml: features.edit_message = false). The page shows no edit
-button, but the socket still takes Chainlit's "edit_message" event, as the page would send it.
+"""Editing a sent message (.chainlit/config.toml: features.edit_message), over the websocket as the page sends it
+(Chainlit's "edit_message" event: the later messages leave the page, and on_message runs again for the message,
+with its id and the new text). The model's history follows the edit: the edited message's turn and every later
+one are dropped, and the model is asked the new text, never the old one, never both.
 
-With editing off the product promises that an edit changes nothing the model sees: the conversation stays as it
-was sent, and the model is never asked about a text the user cannot see in the history, nor about the old and the
-new text together. The engine is a FakeEngine (tests/app_process.py) that records every request: what the model
-saw is read from the requests themselves."""
+The engine is a FakeEngine (tests/app_process.py) that records every request: what the model saw is read from the
+requests themselves."""
 
 from __future__ import annotations
 
 import asyncio
 import tomllib
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
+import pytest_asyncio
 
 from backend.config import ROOT
-from tests.app_process import FakeEngine, start_app
+from tests.app_process import FakeEngine, RunningApp, start_app
 from tests.chat_api import ChatSocket
 
 pytestmark = pytest.mark.integration
@@ -23,35 +24,75 @@ pytestmark = pytest.mark.integration
 REPLY_TEXT = "The first reply."
 
 
-def test_editing_is_off_in_the_configuration() -> None:
+def test_editing_is_on_in_the_configuration() -> None:
     features = tomllib.loads((ROOT / ".chainlit" / "config.toml").read_text())["features"]
-    assert features["edit_message"] is False
+    assert features["edit_message"] is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Chainlit 2.12's edit_message handler (chainlit/socket.py) ignores features.edit_message and runs "
-    "on_message with the edited text, while the app's ChatSession.history keeps the original turn: the model is "
-    "asked [first question, first reply, edited question] (old and new text together) and every later turn "
-    "carries both",
-)
-async def test_edit_sent_while_editing_is_off_changes_nothing_the_model_sees(tmp_path: Path) -> None:
+@pytest_asyncio.fixture(scope="module")
+async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
     with FakeEngine(reply=REPLY_TEXT) as engine:
         engine.ready.set()
-        app = start_app(tmp_path / "data", **engine.app_overrides())
+        app = start_app(tmp_path_factory.mktemp("edit") / "data", **engine.app_overrides())
         try:
             await asyncio.to_thread(app.wait_ready)
-            chat = ChatSocket(app.url, None)
-            await chat.connect()
-            await chat.ask("What is the capital of France?")
-            assert chat.last_sent is not None
-            await chat.edit(chat.last_sent, "What is the capital of Italy?")  # returns once the app handled it
-            await chat.ask("And of Germany?")
-            await chat.close()
+            yield app, engine
         finally:
             app.kill()
-    first = [("user", "What is the capital of France?")]
-    assert engine.conversations() == [
-        first,
-        [*first, ("assistant", REPLY_TEXT), ("user", "And of Germany?")],
-    ], "the edit reached the model"
+
+
+async def test_an_edit_of_an_earlier_message_drops_its_turn_and_the_later_ones(chat) -> None:  # type: ignore[no-untyped-def]
+    app, engine = chat
+    start = len(engine.requests)
+    socket = ChatSocket(app.url, None)
+    await socket.connect()
+    await socket.ask("What is the capital of France?")
+    first = socket.last_sent
+    await socket.ask("And of Germany?")
+    assert first is not None
+    await socket.edit(first, "What is the capital of Italy?")  # returns once the app answered it
+    await socket.ask("And of Spain?")
+    await socket.close()
+    italy = [("user", "What is the capital of Italy?")]
+    assert engine.conversations()[start:] == [
+        [("user", "What is the capital of France?")],
+        [("user", "What is the capital of France?"), ("assistant", REPLY_TEXT), ("user", "And of Germany?")],
+        italy,
+        [*italy, ("assistant", REPLY_TEXT), ("user", "And of Spain?")],
+    ]
+
+
+async def test_an_edit_of_the_last_message_asks_the_new_text_alone(chat) -> None:  # type: ignore[no-untyped-def]
+    app, engine = chat
+    start = len(engine.requests)
+    socket = ChatSocket(app.url, None)
+    await socket.connect()
+    await socket.ask("Hello")
+    assert socket.last_sent is not None
+    edit_start = len(socket.events)
+    await socket.edit(socket.last_sent, "Hello there")
+    await socket.ask("Thanks")
+    replies = socket.reply_steps(edit_start)
+    await socket.close()
+    assert engine.conversations()[start:] == [
+        [("user", "Hello")],
+        [("user", "Hello there")],
+        [("user", "Hello there"), ("assistant", REPLY_TEXT), ("user", "Thanks")],
+    ]
+    assert len(replies) == 2, "the edit's reply and the next one"
+
+
+async def test_an_edit_to_an_empty_message_is_refused_and_the_model_forgets_the_old_text(chat) -> None:  # type: ignore[no-untyped-def]
+    app, engine = chat
+    start = len(engine.requests)
+    socket = ChatSocket(app.url, None)
+    await socket.connect()
+    await socket.ask("Hello")
+    assert socket.last_sent is not None
+    edit_start = len(socket.events)
+    await socket.edit(socket.last_sent, "  \u200b ")
+    refused = socket.notices(edit_start)
+    await socket.ask("Second try")
+    await socket.close()
+    assert len(refused) == 1 and "⚠" in refused[0], refused
+    assert engine.conversations()[start:] == [[("user", "Hello")], [("user", "Second try")]]
