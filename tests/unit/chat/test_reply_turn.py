@@ -30,7 +30,7 @@ STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
 SERVED = "stub-model"
 REPLY = "Hello from the stub engine."
 CHAT_REQUEST = "request POST /v1/chat/completions"
-GENEROUS_S = 30.0
+GENEROUS_S = 180.0  # a safety net that ends as soon as its condition holds (a busy 2-core machine is slow)
 
 
 @dataclass
@@ -124,7 +124,7 @@ def config(make_config: MakeConfig, prompts: Path) -> Callable[..., AppConfig]:
             "server__base_url": base_url,
             "model__served_name": SERVED,
             "paths__prompts_dir": prompts,
-            "timeouts__startup_s": 20,
+            "timeouts__startup_s": 180,  # a stub starts in about a second; a busy machine takes longer
             "timeouts__health_interval_s": 0.5,
             "timeouts__health_timeout_s": 1,
             "restart__backoff_initial_s": 0.1,
