@@ -8,7 +8,7 @@ import logging
 import chainlit as cl
 from chainlit.chat_context import chat_context
 from chainlit.data.base import BaseDataLayer
-from chainlit.types import ThreadDict
+from chainlit.types import Feedback, ThreadDict
 
 from backend.accounts.login import setup_login
 from backend.chat.i18n import describe, t
@@ -121,6 +121,11 @@ async def stopped() -> None:
         if message.content == CHAINLIT_STOP_NOTICE:
             await message.remove()
             return
+
+
+@cl.on_feedback
+async def feedback(given: Feedback) -> None:
+    metrics.feedback_given(given.value, given.comment)  # Chainlit's data layer keeps it with the thread
 
 
 @cl.on_chat_end

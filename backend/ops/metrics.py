@@ -55,6 +55,10 @@ class AppMetrics:
         self.reply_tokens = Counter("ernie_reply_tokens", "Output tokens of replies (server usage)", registry=r)
         self.replies = Counter("ernie_replies", "Replies by outcome: ok, stopped, error", ["outcome"], registry=r)
         self.errors = Counter("ernie_errors", "Errors shown in the chat, by kind", ["kind"], registry=r)
+        self.feedback = Counter(
+            "ernie_feedback", "Replies rated in the chat (thumbs), by rating and whether a comment came with it",
+            ["rating", "comment"], registry=r,
+        )  # fmt: skip
         self._sessions: set[str] = set()
         self._restarts_seen = 0
 
@@ -101,6 +105,11 @@ class AppMetrics:
             self.replies.labels(outcome="error").inc()
             self.record_error(error)
 
+    def feedback_given(self, value: int, comment: str | None) -> None:
+        """Count one rating of a reply: value 1 is thumbs up, 0 thumbs down (Chainlit's Feedback.value)."""
+        rating = "up" if value > 0 else "down"
+        self.feedback.labels(rating=rating, comment="yes" if (comment or "").strip() else "no").inc()
+
     def exposition(self) -> bytes:
         """The metrics in Prometheus text format."""
         return generate_latest(self.registry)
@@ -132,3 +141,8 @@ def record_error(error: BaseException | str) -> str:
 def reply_finished(stats: StreamStats, error: BaseException | None = None) -> None:
     """A reply ended: normally, stopped by the user (CancelledError) or with an error."""
     METRICS.reply_finished(stats, error)
+
+
+def feedback_given(value: int, comment: str | None) -> None:
+    """A reply was rated in the chat."""
+    METRICS.feedback_given(value, comment)

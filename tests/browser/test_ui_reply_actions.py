@@ -108,3 +108,5 @@ async def test_the_copy_button_copies_the_reply_text(browser, chat) -> None:  # 
         "() => navigator.clipboard.readText().then(text => text.trim() ? text : null)", timeout=60_000
     )
     assert (await copied.json_value()).strip() == REPLY_TEXT, "the text alone, not its details"
+    # no history without login: Chainlit has nowhere to keep a rating and offers none (test_ui_feedback.py)
+    assert await page.locator('.step[data-step-type="assistant_message"] button:has(svg.lucide-thumbs-up)').count() == 0

@@ -62,6 +62,15 @@ def test_active_chats_count_sessions_once() -> None:
     assert value(m, "ernie_active_chats") == 1
 
 
+def test_feedback_by_rating_and_comment() -> None:
+    m = AppMetrics()
+    m.feedback_given(1, None)
+    m.feedback_given(1, "  ")
+    m.feedback_given(0, "too long")
+    assert value(m, "ernie_feedback_total", rating="up", comment="no") == 2
+    assert value(m, "ernie_feedback_total", rating="down", comment="yes") == 1
+
+
 def test_replies_timings_and_outcomes() -> None:
     m = AppMetrics()
     ok = StreamStats(started=100.0, first_token=100.5, finished=102.0, completion_tokens=10)
