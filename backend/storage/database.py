@@ -9,10 +9,11 @@ import uuid
 from typing import Any
 
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
-from chainlit.types import ThreadDict
+from chainlit.step import StepDict
+from chainlit.types import Feedback, ThreadDict
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 
 from backend.errors import Phrase, StorageError
 from backend.storage.schema import migrate
@@ -97,6 +98,10 @@ class HistoryStore(SQLAlchemyDataLayer):
             event.listen(self.engine.sync_engine, "begin", _sqlite_on_begin)
         self.failures = 0
         self.problem: StorageError | None = None
+        # Threads deleted by this process. Chainlit saves a reply's steps in tasks of their own, and its step
+        # writes first upsert their thread: a write that comes after the thread's deletion would bring the
+        # thread back, or fail on a foreign key and be reported as a broken database to every chat.
+        self.deleted: set[str] = set()
 
     async def prepare(self) -> int:
         """Check the database and bring its schema up to date; raise StorageError. Returns the schema version."""
@@ -132,7 +137,40 @@ class HistoryStore(SQLAlchemyDataLayer):
             return count
         return self.clean_result(rows)
 
+    async def delete_thread(self, thread_id: str) -> None:
+        self.deleted.add(thread_id)
+        await super().delete_thread(thread_id)
+
+    async def update_thread(
+        self,
+        thread_id: str,
+        name: str | None = None,
+        user_id: str | None = None,
+        metadata: dict | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        if thread_id in self.deleted:
+            log.debug("not saved: thread %s was deleted", thread_id)
+            return
+        await super().update_thread(thread_id, name=name, user_id=user_id, metadata=metadata, tags=tags)
+
+    async def create_step(self, step_dict: StepDict) -> None:  # update_step comes here too
+        if step_dict.get("threadId") in self.deleted:
+            log.debug("not saved: a step of deleted thread %s", step_dict.get("threadId"))
+            return
+        await super().create_step(step_dict)
+
+    async def upsert_feedback(self, feedback: Feedback) -> str:
+        if feedback.threadId in self.deleted:
+            log.debug("not saved: feedback on deleted thread %s", feedback.threadId)
+            return feedback.id or ""
+        return await super().upsert_feedback(feedback)
+
     def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, IntegrityError) and "foreign key" in _reason(exc).lower():
+            # What a write still under way when its thread was deleted meets (see `deleted`): nothing is broken.
+            log.info("not saved: %s (its conversation was deleted meanwhile)", _reason(exc))
+            return
         problem = storage_error(exc, self.where, "saving")
         self.failures += 1
         if self.problem is None or str(problem) != str(self.problem):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from chainlit.context import init_http_context
-from chainlit.types import Pagination, ThreadFilter
+from chainlit.types import Feedback, Pagination, ThreadFilter
 from chainlit.user import User
 from sqlalchemy import text
 
@@ -140,6 +140,34 @@ async def test_chainlit_data_layer_round_trip(store: HistoryStore, tmp_path: Pat
     assert await store.get_thread(thread) is None
     with sqlite3.connect(tmp_path / "chat.db") as conn:
         assert conn.execute("SELECT COUNT(*) FROM steps").fetchone() == (0,)
+
+
+async def test_a_reply_saved_after_its_thread_was_deleted_neither_brings_it_back_nor_breaks_history(
+    store: HistoryStore, tmp_path: Path
+) -> None:
+    """Chainlit saves a reply's steps in tasks of their own: the page's delete can come first."""
+    thread = str(uuid.uuid4())
+    await store.update_thread(thread, name="To be deleted")
+    await store.delete_thread(thread)
+    late = {"id": str(uuid.uuid4()), "threadId": thread, "name": "Assistant", "type": "assistant_message"}
+    await store.create_step({**late, "output": "a late reply", "streaming": False, "createdAt": None})
+    await store.update_step({**late, "output": "a late reply, updated", "streaming": False, "createdAt": None})
+    await store.upsert_feedback(Feedback(forId=late["id"], value=1, threadId=thread))
+    with sqlite3.connect(tmp_path / "chat.db") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM threads").fetchone() == (0,), "the thread stays deleted"
+        assert conn.execute("SELECT COUNT(*) FROM steps").fetchone() == (0,)
+    assert store.failures == 0 and store.problem is None
+
+
+async def test_a_write_for_a_thread_another_process_deleted_is_no_storage_failure(
+    store: HistoryStore, tmp_path: Path
+) -> None:
+    """Its foreign key fails (the thread is gone); the chat is told nothing, since nothing is broken."""
+    gone = str(uuid.uuid4())  # never created here: as if another app process had deleted it
+    await store.upsert_feedback(Feedback(forId=str(uuid.uuid4()), value=0, threadId=gone))
+    assert store.failures == 0 and store.problem is None
+    with sqlite3.connect(tmp_path / "chat.db") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM feedbacks").fetchone() == (0,)
 
 
 async def test_damaged_file_gives_a_clear_error_and_no_history(make_config: MakeConfig, tmp_path: Path) -> None:
