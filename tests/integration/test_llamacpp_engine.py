@@ -269,9 +269,11 @@ async def test_four_chats_are_answered_at_once(demo_llama: ChatService, long_rep
     assert counts == [64, 64, 64, 64]
     decodes_after, busy_after = await busy_slot_decodes(demo_llama)
     # The server's own count of busy slots per decode call over these chats: one at a time would be exactly 1.
-    # Together, most of the ~64 decode steps serve all four (some fewer while the prompts arrive); 2 leaves room.
+    # Above 1, decode calls served several chats together. How far above depends on how the four prompts'
+    # prefills interleave with the decodes on a busy machine (a shuffled CI run on a loaded one measured 1.98),
+    # so the bound asks for 1.5: one chat at a time can never reach it.
     busy_per_decode = (busy_after - busy_before) / (decodes_after - decodes_before)
-    assert busy_per_decode >= 2, f"{busy_per_decode:.2f} busy slots per decode: the chats did not run together"
+    assert busy_per_decode >= 1.5, f"{busy_per_decode:.2f} busy slots per decode: the chats did not run together"
 
 
 async def test_leaving_the_stream_frees_the_slot_at_once(
