@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from backend.chat.i18n import MESSAGES, lang_of
-from tests.app_process import READY, REPLY
+from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
 
 LOCALES = ["en-US", "zh-CN"]
 DETAILS = ".reply-details"  # the details element under every finished reply (public/elements/ReplyDetails.jsx)
 WAIT_MS = 180_000  # generous: a reply may wait for a busy machine
+
+
+@asynccontextmanager
+async def app_with_fake_engine(
+    data: Path, reply: str = "A reply from the fake engine.", ready: bool = True, **overrides: str
+) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
+    """The app on a FakeEngine (tests/app_process.py), with its data under `data`: ready to chat, or (ready=False)
+    serving its page while the engine is not ready until the test says so (`engine.ready.set()`)."""
+    with FakeEngine(reply=reply) as engine:
+        if ready:
+            engine.ready.set()
+        app = start_app(data, **engine.app_overrides(), **overrides)
+        try:
+            await asyncio.to_thread(app.wait_ready if ready else lambda: wait_until(app.answering, "the app's page"))
+            yield app, engine
+        finally:
+            app.kill()
 
 
 async def open_page(browser: Any, url: str, locale: str, ready: str = READY) -> Any:

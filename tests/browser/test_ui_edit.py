@@ -5,13 +5,12 @@ The engine is a FakeEngine (tests/app_process.py): what the model was asked is r
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
-from tests.app_process import REPLY, USER, FakeEngine, start_app
-from tests.browser.pages import DETAILS, LOCALES, open_page, send, wait_finished
+from tests.app_process import REPLY, USER
+from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, open_page, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -24,36 +23,30 @@ async def test_an_edited_message_is_answered_again_and_the_model_forgets_the_old
     tmp_path: Path,
     locale: str,
 ) -> None:
-    with FakeEngine(reply=REPLY_TEXT) as engine:
-        engine.ready.set()
-        app = start_app(tmp_path / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            page = await open_page(browser, app.url, locale)
-            await send(page, "What is the capital of France?")
-            await wait_finished(page, 0)
-            await send(page, "And of Germany?")
-            await wait_finished(page, 1)
-            first = page.locator(USER).first
-            await first.hover()
-            await first.locator(".edit-message").click()
-            await page.fill("#edit-chat-input", "What is the capital of Italy?")
-            await page.click(".confirm-edit")
-            await page.wait_for_function(
-                "([user, reply, details]) => document.querySelectorAll(user).length === 1 && "
-                "document.querySelectorAll(reply).length === 1 && document.querySelector(reply).querySelector(details)",
-                arg=[USER, REPLY, DETAILS],
-                timeout=180_000,
-            )
-            assert (await first.inner_text()).strip() == "What is the capital of Italy?"
-            assert engine.conversations()[-1] == [("user", "What is the capital of Italy?")]
-            await send(page, "And of Spain?")
-            await wait_finished(page, 1)
-            assert engine.conversations()[-1] == [
-                ("user", "What is the capital of Italy?"),
-                ("assistant", REPLY_TEXT),
-                ("user", "And of Spain?"),
-            ]
-            assert len(engine.requests) == 4
-        finally:
-            app.kill()
+    async with app_with_fake_engine(tmp_path / "data", reply=REPLY_TEXT) as (app, engine):
+        page = await open_page(browser, app.url, locale)
+        await send(page, "What is the capital of France?")
+        await wait_finished(page, 0)
+        await send(page, "And of Germany?")
+        await wait_finished(page, 1)
+        first = page.locator(USER).first
+        await first.hover()
+        await first.locator(".edit-message").click()
+        await page.fill("#edit-chat-input", "What is the capital of Italy?")
+        await page.click(".confirm-edit")
+        await page.wait_for_function(
+            "([user, reply, details]) => document.querySelectorAll(user).length === 1 && "
+            "document.querySelectorAll(reply).length === 1 && document.querySelector(reply).querySelector(details)",
+            arg=[USER, REPLY, DETAILS],
+            timeout=180_000,
+        )
+        assert (await first.inner_text()).strip() == "What is the capital of Italy?"
+        assert engine.conversations()[-1] == [("user", "What is the capital of Italy?")]
+        await send(page, "And of Spain?")
+        await wait_finished(page, 1)
+        assert engine.conversations()[-1] == [
+            ("user", "What is the capital of Italy?"),
+            ("assistant", REPLY_TEXT),
+            ("user", "And of Spain?"),
+        ]
+        assert len(engine.requests) == 4

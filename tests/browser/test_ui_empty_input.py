@@ -6,14 +6,13 @@ fact, not a counter read at the right moment."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
 from backend.errors import CATALOG, lang_of
-from tests.app_process import REPLY, FakeEngine, start_app
-from tests.browser.pages import LOCALES, open_page, wait_turn_over
+from tests.app_process import REPLY
+from tests.browser.pages import LOCALES, app_with_fake_engine, open_page, wait_turn_over
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -23,19 +22,13 @@ INVISIBLE = "   \u200b\u200b  \u200c\u200d\u2060\ufeff "
 
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_invisible_message_is_refused_as_empty(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
-    with FakeEngine() as engine:
-        engine.ready.set()
-        app = start_app(tmp_path / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            page = await open_page(browser, app.url, locale)
-            before = await page.locator(REPLY).count()
-            await page.click("#chat-input")
-            await page.keyboard.insert_text(INVISIBLE)
-            await page.keyboard.press("Enter")
-            shown = await wait_turn_over(page, before)
-            message, hint = CATALOG["input.empty"][lang_of(locale)]
-            assert message in shown and hint in shown, shown
-            assert engine.requests == [], "the invisible message reached the engine"
-        finally:
-            app.kill()
+    async with app_with_fake_engine(tmp_path / "data") as (app, engine):
+        page = await open_page(browser, app.url, locale)
+        before = await page.locator(REPLY).count()
+        await page.click("#chat-input")
+        await page.keyboard.insert_text(INVISIBLE)
+        await page.keyboard.press("Enter")
+        shown = await wait_turn_over(page, before)
+        message, hint = CATALOG["input.empty"][lang_of(locale)]
+        assert message in shown and hint in shown, shown
+        assert engine.requests == [], "the invisible message reached the engine"

@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_process import REPLY, FakeEngine, start_app, wait_until
-from tests.browser.pages import LOCALES, matching, message_pattern, number_shown, open_page, send, wait_finished
+from tests.app_process import REPLY
+from tests.browser.pages import (
+    LOCALES,
+    app_with_fake_engine,
+    matching,
+    message_pattern,
+    number_shown,
+    open_page,
+    send,
+    wait_finished,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -26,25 +35,21 @@ async def test_message_sent_while_the_engine_starts_shows_the_seconds_then_ready
     locale: str,
 ) -> None:
     starting, ready = message_pattern("starting", locale), message_pattern("ready", locale)
-    with FakeEngine(reply=REPLY_TEXT) as engine:  # not ready until the test says so
-        app = start_app(tmp_path / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(wait_until, app.answering, "the app's page")
-            assert (await asyncio.to_thread(app.health))["engine"]["state"] == "starting"
-            page = await open_page(browser, app.url, locale)
-            before = await page.locator(REPLY).count()
-            await send(page, "Hello")
+    # the engine is not ready until the test says so
+    async with app_with_fake_engine(tmp_path / "data", reply=REPLY_TEXT, ready=False) as (app, engine):
+        assert (await asyncio.to_thread(app.health))["engine"]["state"] == "starting"
+        page = await open_page(browser, app.url, locale)
+        before = await page.locator(REPLY).count()
+        await send(page, "Hello")
 
-            first = await number_shown(page, starting)
-            later = await number_shown(page, starting, above=first)  # the same notice, updated every second
-            assert await matching(page, starting) == 1, "one notice, updated in place"
-            assert engine.requests == [], "nothing is asked of an engine that is not ready"
+        first = await number_shown(page, starting)
+        later = await number_shown(page, starting, above=first)  # the same notice, updated every second
+        assert await matching(page, starting) == 1, "one notice, updated in place"
+        assert engine.requests == [], "nothing is asked of an engine that is not ready"
 
-            engine.ready.set()
-            assert await number_shown(page, ready) >= later
-            assert await matching(page, starting) == 0, "the starting notice became the ready notice"
-            final = await wait_finished(page, before + 1)  # the notice first, then the reply
-            assert final.startswith(REPLY_TEXT), final
-            assert engine.conversations() == [[("user", "Hello")]], "the waiting message, asked once"
-        finally:
-            app.kill()
+        engine.ready.set()
+        assert await number_shown(page, ready) >= later
+        assert await matching(page, starting) == 0, "the starting notice became the ready notice"
+        final = await wait_finished(page, before + 1)  # the notice first, then the reply
+        assert final.startswith(REPLY_TEXT), final
+        assert engine.conversations() == [[("user", "Hello")]], "the waiting message, asked once"

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
-from tests.browser.pages import LOCALES, send, wait_finished
+from tests.app_process import READY, REPLY, RunningApp, wait_until
+from tests.browser.pages import LOCALES, app_with_fake_engine, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -53,34 +53,29 @@ async def test_a_rating_with_a_comment_is_kept_with_the_thread_and_counted(
     users = tmp_path / "users.yaml"
     write_users_file(users, {"alice": hash_password("alice-password")})
     data = tmp_path / "data"
-    with FakeEngine(reply=REPLY_TEXT) as engine:
-        engine.ready.set()
-        app = start_app(data, **engine.app_overrides(), auth__enabled="true", auth__users_file=str(users))
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            page = await (await browser.new_context(locale=locale)).new_page()
-            await page.goto(app.url)
-            await page.wait_for_selector("#email", timeout=60_000)
-            await page.fill("#email", "alice")
-            await page.fill("#password", "alice-password")
-            await page.click('button[type="submit"]')
-            await page.wait_for_selector(READY, timeout=60_000)
-            await send(page, "Hello")
-            await wait_finished(page, 0)
-            await send(page, "Tell me more")
-            await wait_finished(page, 1)
-            replies = page.locator(ASSISTANT)
+    login = {"auth__enabled": "true", "auth__users_file": str(users)}
+    async with app_with_fake_engine(data, reply=REPLY_TEXT, **login) as (app, _):
+        page = await (await browser.new_context(locale=locale)).new_page()
+        await page.goto(app.url)
+        await page.wait_for_selector("#email", timeout=60_000)
+        await page.fill("#email", "alice")
+        await page.fill("#password", "alice-password")
+        await page.click('button[type="submit"]')
+        await page.wait_for_selector(READY, timeout=60_000)
+        await send(page, "Hello")
+        await wait_finished(page, 0)
+        await send(page, "Tell me more")
+        await wait_finished(page, 1)
+        replies = page.locator(ASSISTANT)
 
-            await replies.nth(0).locator("button:has(svg.lucide-thumbs-up)").click()
-            await page.fill("[role=dialog] textarea", "Clear and short")
-            await page.click("#submit-feedback")
-            await asyncio.to_thread(wait_until, lambda: rated(app, "up", "yes") == 1, "the rating counted", 60)
-            await replies.nth(1).locator("button:has(svg.lucide-thumbs-down)").click()
-            await page.click("#submit-feedback")  # no comment
-            await asyncio.to_thread(wait_until, lambda: rated(app, "down", "no") == 1, "the rating counted", 60)
-            assert await page.locator(REPLY).count() == 2
-        finally:
-            app.kill()
+        await replies.nth(0).locator("button:has(svg.lucide-thumbs-up)").click()
+        await page.fill("[role=dialog] textarea", "Clear and short")
+        await page.click("#submit-feedback")
+        await asyncio.to_thread(wait_until, lambda: rated(app, "up", "yes") == 1, "the rating counted", 60)
+        await replies.nth(1).locator("button:has(svg.lucide-thumbs-down)").click()
+        await page.click("#submit-feedback")  # no comment
+        await asyncio.to_thread(wait_until, lambda: rated(app, "down", "no") == 1, "the rating counted", 60)
+        assert await page.locator(REPLY).count() == 2
     feedbacks = kept(data / "chat.db")
     assert [row[1:] for row in feedbacks] == [(REPLY_TEXT, 1, "Clear and short"), (REPLY_TEXT, 0, None)], feedbacks
     assert feedbacks[0][0] == feedbacks[1][0], "both with the one thread"

@@ -17,8 +17,8 @@ from backend.chat.i18n import MESSAGES, lang_of, t
 from backend.chat.render import STARTERS
 from backend.config import ROOT
 from backend.models.resolve import DEMO_NAME
-from tests.app_process import READY, REPLY, USER, FakeEngine, start_app, wait_until
-from tests.browser.pages import DETAILS, LOCALES, details_of, send, wait_finished
+from tests.app_process import READY, REPLY, USER, start_app, wait_until
+from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, details_of, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -52,46 +52,42 @@ async def replies_finished(page, count: int) -> None:  # type: ignore[no-untyped
 
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_the_first_page_says_what_answers_and_how_to_start(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
-    with FakeEngine() as engine:  # not ready until the test says so
-        app = start_app(tmp_path / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(wait_until, app.answering, "the app's page")
-            page = await (await browser.new_context(locale=locale)).new_page()
-            await page.goto(app.url)
-            starting = state_pattern("state_starting", locale)
-            first = int(re.search(starting, await shown(page, f"{STATUS} .ernie-state", starting)).group(1))  # type: ignore[union-attr]
-            await shown(page, f"{STATUS} .ernie-state", starting, above=first)  # the seconds go by
-            assert await page.inner_text(f"{STATUS} .ernie-serving") == "ERNIE-4.5-0.3B-PT · external"
-            assert await page.inner_text(f"{STATUS} .ernie-tagline") == t("tagline", locale)
-            engine.ready.set()
-            await shown(page, f"{STATUS} .ernie-state", f"^{re.escape(t('state_ready', locale))}$")
+    # the engine is not ready until the test says so
+    async with app_with_fake_engine(tmp_path / "data", ready=False) as (app, engine):
+        page = await (await browser.new_context(locale=locale)).new_page()
+        await page.goto(app.url)
+        starting = state_pattern("state_starting", locale)
+        first = int(re.search(starting, await shown(page, f"{STATUS} .ernie-state", starting)).group(1))  # type: ignore[union-attr]
+        await shown(page, f"{STATUS} .ernie-state", starting, above=first)  # the seconds go by
+        assert await page.inner_text(f"{STATUS} .ernie-serving") == "ERNIE-4.5-0.3B-PT · external"
+        assert await page.inner_text(f"{STATUS} .ernie-tagline") == t("tagline", locale)
+        engine.ready.set()
+        await shown(page, f"{STATUS} .ernie-state", f"^{re.escape(t('state_ready', locale))}$")
 
-            # the product's own logo (the page asks for the one of its theme), and favicon
-            logo = await page.get_attribute("#welcome-screen img", "src")
-            assert logo is not None and "/logo" in logo
-            for theme in ("light", "dark"):
-                served = await page.request.get(f"{app.url}/logo?theme={theme}")
-                assert await served.body() == (ROOT / "public" / f"logo_{theme}.svg").read_bytes()
-            icon = await page.get_attribute('link[rel="icon"]', "href")
-            served = await page.request.get(app.url + str(icon))
-            assert await served.body() == (ROOT / "public" / "favicon.svg").read_bytes()
+        # the product's own logo (the page asks for the one of its theme), and favicon
+        logo = await page.get_attribute("#welcome-screen img", "src")
+        assert logo is not None and "/logo" in logo
+        for theme in ("light", "dark"):
+            served = await page.request.get(f"{app.url}/logo?theme={theme}")
+            assert await served.body() == (ROOT / "public" / f"logo_{theme}.svg").read_bytes()
+        icon = await page.get_attribute('link[rel="icon"]', "href")
+        served = await page.request.get(app.url + str(icon))
+        assert await served.body() == (ROOT / "public" / "favicon.svg").read_bytes()
 
-            # the Readme panel in the page's language (an English file of its own: no "not found" warning)
-            settings = await (await page.request.get(f"{app.url}/project/settings?language={locale}")).json()
-            readme = "chainlit_zh-CN.md" if locale == "zh-CN" else "chainlit.md"
-            assert settings["markdown"] == (ROOT / readme).read_text(encoding="utf-8")
-            assert "Translated markdown file" not in app.log_text()
+        # the Readme panel in the page's language (an English file of its own: no "not found" warning)
+        settings = await (await page.request.get(f"{app.url}/project/settings?language={locale}")).json()
+        readme = "chainlit_zh-CN.md" if locale == "zh-CN" else "chainlit.md"
+        assert settings["markdown"] == (ROOT / readme).read_text(encoding="utf-8")
+        assert "Translated markdown file" not in app.log_text()
 
-            # one starter for each kind of template, in the page's language; a starter sends its message
-            labels = [label.strip() for label in await page.locator("#starters button").all_inner_texts()]
-            assert labels == [t(f"starter_{name}", locale) for name in STARTERS]
-            await page.wait_for_selector(READY, timeout=60_000)
-            await page.locator("#starters button").nth(STARTERS.index("summary")).click()
-            await wait_finished(page, 0)
-            assert (await details_of(page, 0))[0] == "summary"
-            assert (await page.locator(USER).last.inner_text()).strip() == t("starter_summary_message", locale)
-        finally:
-            app.kill()
+        # one starter for each kind of template, in the page's language; a starter sends its message
+        labels = [label.strip() for label in await page.locator("#starters button").all_inner_texts()]
+        assert labels == [t(f"starter_{name}", locale) for name in STARTERS]
+        await page.wait_for_selector(READY, timeout=60_000)
+        await page.locator("#starters button").nth(STARTERS.index("summary")).click()
+        await wait_finished(page, 0)
+        assert (await details_of(page, 0))[0] == "summary"
+        assert (await page.locator(USER).last.inner_text()).strip() == t("starter_summary_message", locale)
 
 
 @pytest.mark.parametrize("locale", LOCALES)

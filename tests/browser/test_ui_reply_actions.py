@@ -6,7 +6,6 @@ The engine is a FakeEngine (tests/app_process.py): what the model was asked is r
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,8 +15,8 @@ import pytest_asyncio
 
 from backend.chat.i18n import t
 from backend.chat.render import export_markdown
-from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app
-from tests.browser.pages import DETAILS, LOCALES, open_page, send, wait_finished
+from tests.app_process import READY, REPLY, FakeEngine, RunningApp
+from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, open_page, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -26,14 +25,8 @@ REPLY_TEXT = "A reply from the fake engine."
 
 @pytest_asyncio.fixture(scope="module")
 async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
-    with FakeEngine(reply=REPLY_TEXT) as engine:
-        engine.ready.set()
-        app = start_app(tmp_path_factory.mktemp("actions") / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            yield app, engine
-        finally:
-            app.kill()
+    async with app_with_fake_engine(tmp_path_factory.mktemp("actions") / "data", reply=REPLY_TEXT) as running:
+        yield running
 
 
 def history(*asked: str) -> list[dict[str, str]]:
@@ -53,14 +46,19 @@ async def exported(page: Any, label: str) -> str:
     return str(await response.text())
 
 
+async def chat_twice(browser: Any, app: RunningApp, locale: str) -> Any:
+    """A new chat page after two turns ("Hello", "Tell me more")."""
+    page = await open_page(browser, app.url, locale)
+    for n, text in enumerate(("Hello", "Tell me more")):
+        await send(page, text)
+        await wait_finished(page, n)
+    return page
+
+
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_export_gives_the_history_as_markdown_and_json(browser, chat, locale: str) -> None:  # type: ignore[no-untyped-def]
     app, _ = chat
-    page = await open_page(browser, app.url, locale)
-    await send(page, "Hello")
-    await wait_finished(page, 0)
-    await send(page, "Tell me more")
-    await wait_finished(page, 1)
+    page = await chat_twice(browser, app, locale)
     kept = history("Hello", "Tell me more")
     assert await exported(page, t("action_export_md", locale)) == export_markdown(kept, locale)
     assert json.loads(await exported(page, t("action_export_json", locale))) == {"messages": kept}
@@ -69,11 +67,7 @@ async def test_export_gives_the_history_as_markdown_and_json(browser, chat, loca
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_regenerate_asks_the_last_message_again_in_place(browser, chat, locale: str) -> None:  # type: ignore[no-untyped-def]
     app, engine = chat
-    page = await open_page(browser, app.url, locale)
-    await send(page, "Hello")
-    await wait_finished(page, 0)
-    await send(page, "Tell me more")
-    await wait_finished(page, 1)
+    page = await chat_twice(browser, app, locale)
     regenerate = page.get_by_role("button", name=t("action_regenerate", locale), exact=True)
     assert await regenerate.count() == 1, "only the last reply offers it"
     asked = len(engine.requests)
@@ -94,19 +88,28 @@ async def test_regenerate_asks_the_last_message_again_in_place(browser, chat, lo
     assert engine.conversations()[-1] == [*again, ("assistant", REPLY_TEXT), ("user", "And then?")]
 
 
+# What the page writes to the clipboard (its text/plain part), recorded as it is written: reading the clipboard
+# back depends on the page having the focus, which a headless page may lose.
+RECORD_COPIES = """for (const name of ["write", "writeText"]) {
+  const original = navigator.clipboard[name].bind(navigator.clipboard);
+  navigator.clipboard[name] = async (data) => {
+    window.__copied = typeof data === "string" ? data : await (await data[0].getType("text/plain")).text();
+    return original(data).catch(() => undefined);
+  };
+}"""
+
+
 async def test_the_copy_button_copies_the_reply_text(browser, chat) -> None:  # type: ignore[no-untyped-def]
     app, _ = chat
     context = await browser.new_context(locale="en-US", permissions=["clipboard-read", "clipboard-write"])
+    await context.add_init_script(RECORD_COPIES)
     page = await context.new_page()
     await page.goto(app.url)
     await page.wait_for_selector(READY, timeout=60_000)
     await send(page, "Hello")
     await wait_finished(page, 0)
     await page.locator('.step[data-step-type="assistant_message"] button:has(svg.lucide-copy)').first.click()
-    # the button writes the clipboard asynchronously: wait until it holds something
-    copied = await page.wait_for_function(
-        "() => navigator.clipboard.readText().then(text => text.trim() ? text : null)", timeout=60_000
-    )
-    assert (await copied.json_value()).strip() == REPLY_TEXT, "the text alone, not its details"
+    copied = await page.wait_for_function("() => window.__copied", timeout=60_000)
+    assert str(await copied.json_value()).strip() == REPLY_TEXT, "the text alone, not its details"
     # no history without login: Chainlit has nowhere to keep a rating and offers none (test_ui_feedback.py)
     assert await page.locator('.step[data-step-type="assistant_message"] button:has(svg.lucide-thumbs-up)').count() == 0

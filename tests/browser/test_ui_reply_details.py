@@ -6,7 +6,6 @@ known, so the text and the counts shown are facts to compare."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
@@ -14,8 +13,8 @@ import pytest
 
 from backend.chat.i18n import MESSAGES, lang_of, t
 from backend.chat.render import localized, reason_text
-from tests.app_process import REPLY, FakeEngine, start_app
-from tests.browser.pages import DETAILS, LOCALES, details_of, open_page, send, wait_finished
+from tests.app_process import REPLY
+from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, details_of, open_page, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -31,19 +30,13 @@ def pattern(key: str, locale: str) -> str:
 
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_details_under_the_reply_in_the_page_language(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
-    with FakeEngine(reply=REPLY_TEXT) as engine:
-        engine.ready.set()
-        app = start_app(tmp_path / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            page = await open_page(browser, app.url, locale)
-            before = await page.locator(REPLY).count()
-            await send(page, SUMMARY)
-            text = await wait_finished(page, before)
-            items = await details_of(page, before)
-            title = await page.locator(REPLY).nth(before).locator(DETAILS).get_attribute("title")
-        finally:
-            app.kill()
+    async with app_with_fake_engine(tmp_path / "data", reply=REPLY_TEXT) as (app, _):
+        page = await open_page(browser, app.url, locale)
+        before = await page.locator(REPLY).count()
+        await send(page, SUMMARY)
+        text = await wait_finished(page, before)
+        items = await details_of(page, before)
+        title = await page.locator(REPLY).nth(before).locator(DETAILS).get_attribute("title")
     assert text == REPLY_TEXT, "the reply's text is the model's alone"
     template, reason, ttft, speed, tokens = items
     assert (template, reason) == ("summary", reason_text('keyword "总结"', locale))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from backend.chat.i18n import t
-from tests.app_process import REPLY, FakeEngine, start_app
-from tests.browser.pages import LOCALES, open_page, send, wait_finished, wait_turn_over
+from tests.app_process import REPLY
+from tests.browser.pages import LOCALES, app_with_fake_engine, open_page, send, wait_finished, wait_turn_over
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -23,26 +23,20 @@ CHAINLIT_STOP = "Task manually stopped."
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_a_stopped_reply_shows_one_stop_notice_in_the_page_language(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
     stopped = t("stopped", locale).replace("*", "")  # the page renders the Markdown emphasis
-    with FakeEngine() as engine:
-        engine.ready.set()
-        app = start_app(tmp_path / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            page = await open_page(browser, app.url, locale)
-            before = await page.locator(REPLY).count()
-            engine.hold_path = "/v1/chat/completions"
-            await send(page, "Hello")
-            assert await asyncio.to_thread(engine.held.wait, 180), "the reply's request reached the engine"
-            await page.click("#stop-button")
-            shown = await wait_turn_over(page, before)
-            await page.wait_for_selector(f"{REPLY} >> text={stopped}", timeout=60_000)
-            texts = await page.locator(REPLY).all_inner_texts()
-            assert sum(stopped in text for text in texts[before:]) == 1, texts
-            assert not [text for text in texts if CHAINLIT_STOP in text], texts
-            assert "⚠" not in "".join(texts[before:]), shown
-            engine.hold_path = None
-            engine.release.set()
-            await send(page, "Hello again")  # the chat goes on
-            await wait_finished(page, len(texts))
-        finally:
-            app.kill()
+    async with app_with_fake_engine(tmp_path / "data") as (app, engine):
+        page = await open_page(browser, app.url, locale)
+        before = await page.locator(REPLY).count()
+        engine.hold_path = "/v1/chat/completions"
+        await send(page, "Hello")
+        assert await asyncio.to_thread(engine.held.wait, 180), "the reply's request reached the engine"
+        await page.click("#stop-button")
+        shown = await wait_turn_over(page, before)
+        await page.wait_for_selector(f"{REPLY} >> text={stopped}", timeout=60_000)
+        texts = await page.locator(REPLY).all_inner_texts()
+        assert sum(stopped in text for text in texts[before:]) == 1, texts
+        assert not [text for text in texts if CHAINLIT_STOP in text], texts
+        assert "⚠" not in "".join(texts[before:]), shown
+        engine.hold_path = None
+        engine.release.set()
+        await send(page, "Hello again")  # the chat goes on
+        await wait_finished(page, len(texts))

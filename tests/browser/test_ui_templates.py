@@ -6,7 +6,6 @@ The engine is a FakeEngine (tests/app_process.py): what the model was asked is r
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,8 +19,8 @@ from backend.chat.service import COMMAND_REASON
 from backend.config import ROOT
 from backend.errors import CATALOG, lang_of
 from backend.prompts.store import TemplateStore
-from tests.app_process import READY, FakeEngine, RunningApp, start_app
-from tests.browser.pages import LOCALES, details_of, open_page, wait_finished, wait_turn_over
+from tests.app_process import READY, FakeEngine, RunningApp
+from tests.browser.pages import LOCALES, app_with_fake_engine, details_of, open_page, wait_finished, wait_turn_over
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -31,14 +30,8 @@ DESCRIPTIONS = dict(TEMPLATES)
 
 @pytest_asyncio.fixture(scope="module")
 async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
-    with FakeEngine() as engine:
-        engine.ready.set()
-        app = start_app(tmp_path_factory.mktemp("templates") / "data", **engine.app_overrides())
-        try:
-            await asyncio.to_thread(app.wait_ready)
-            yield app, engine
-        finally:
-            app.kill()
+    async with app_with_fake_engine(tmp_path_factory.mktemp("templates") / "data") as running:
+        yield running
 
 
 @pytest.mark.parametrize("locale", LOCALES)

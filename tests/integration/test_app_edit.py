@@ -62,15 +62,22 @@ async def test_an_edit_of_an_earlier_message_drops_its_turn_and_the_later_ones(c
     ]
 
 
+async def asked_then_edited(app: RunningApp, text: str, edited: str) -> tuple[ChatSocket, int]:
+    """A chat that asked `text`, then edited it to `edited` (answered); the socket, and where its events after the
+    edit begin."""
+    socket = ChatSocket(app.url, None)
+    await socket.connect()
+    await socket.ask(text)
+    assert socket.last_sent is not None
+    edit_start = len(socket.events)
+    await socket.edit(socket.last_sent, edited)
+    return socket, edit_start
+
+
 async def test_an_edit_of_the_last_message_asks_the_new_text_alone(chat) -> None:  # type: ignore[no-untyped-def]
     app, engine = chat
     start = len(engine.requests)
-    socket = ChatSocket(app.url, None)
-    await socket.connect()
-    await socket.ask("Hello")
-    assert socket.last_sent is not None
-    edit_start = len(socket.events)
-    await socket.edit(socket.last_sent, "Hello there")
+    socket, edit_start = await asked_then_edited(app, "Hello", "Hello there")
     await socket.ask("Thanks")
     replies = socket.reply_steps(edit_start)
     await socket.close()
@@ -85,12 +92,7 @@ async def test_an_edit_of_the_last_message_asks_the_new_text_alone(chat) -> None
 async def test_an_edit_to_an_empty_message_is_refused_and_the_model_forgets_the_old_text(chat) -> None:  # type: ignore[no-untyped-def]
     app, engine = chat
     start = len(engine.requests)
-    socket = ChatSocket(app.url, None)
-    await socket.connect()
-    await socket.ask("Hello")
-    assert socket.last_sent is not None
-    edit_start = len(socket.events)
-    await socket.edit(socket.last_sent, "  \u200b ")
+    socket, edit_start = await asked_then_edited(app, "Hello", "  \u200b ")
     refused = socket.notices(edit_start)
     await socket.ask("Second try")
     await socket.close()
