@@ -38,7 +38,7 @@ OBSERVER = """([sel, n]) => {
     const text = el.innerText || "";
     if (!text.trim()) return;
     const now = performance.now();
-    if (text.includes("Template:") || text.includes("模板：")) { window.__t.done ??= now; return; }
+    if (el.querySelector(".reply-details")) { window.__t.done ??= now; return; }  // the details come last
     window.__t.first ??= now;
     window.__t.last = now;
     window.__t.updates = (window.__t.updates || 0) + 1;
