@@ -6,6 +6,7 @@ The engine is a FakeEngine (tests/app_process.py): what the model was asked is r
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -113,3 +114,20 @@ async def test_the_copy_button_copies_the_reply_text(browser, chat) -> None:  # 
     assert str(await copied.json_value()).strip() == REPLY_TEXT, "the text alone, not its details"
     # no history without login: Chainlit has nowhere to keep a rating and offers none (test_ui_feedback.py)
     assert await page.locator('.step[data-step-type="assistant_message"] button:has(svg.lucide-thumbs-up)').count() == 0
+
+
+async def test_a_regenerated_reply_stops_with_the_stop_button(browser, chat) -> None:  # type: ignore[no-untyped-def]
+    app, engine = chat
+    page = await chat_twice(browser, app, "en-US")
+    engine.held.clear()
+    engine.release.clear()
+    engine.hold_path = "/v1/chat/completions"  # the regenerated reply's request waits until the test releases it
+    try:
+        await page.get_by_role("button", name=t("action_regenerate", "en-US"), exact=True).click()
+        assert await asyncio.to_thread(engine.held.wait, 180), "the regenerated reply's request reached the engine"
+        await page.click("#stop-button")  # the regenerate runs as a task the stop button reaches
+        await page.wait_for_selector(f"{REPLY} >> nth=1 >> text={t('stopped', 'en-US').replace('*', '')}")
+    finally:
+        engine.hold_path = None
+        engine.release.set()
+    assert await page.locator(REPLY).count() == 2
