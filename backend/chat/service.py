@@ -40,6 +40,7 @@ from backend.models.resolve import DEMO_NAME
 from backend.prompts.routing import command as slash_command
 from backend.prompts.schema import RenderedPrompt
 from backend.prompts.store import TemplateStore, UnknownTemplate
+from backend.serving.hardware import gpu_label
 from backend.serving.launch import make_supervisor
 from backend.serving.supervisor import State, Supervisor
 
@@ -124,7 +125,9 @@ class ChatService:
         spec, st = self.supervisor.spec, self.supervisor.status
         chosen = engine(spec.engine) if spec is not None else configured_engine(self.cfg)  # None: auto, not yet known
         model = DEMO_NAME if self.serving_demo else Path(self.cfg.model.id.rstrip("/")).name
-        device = ("GPU" if chosen.on_gpu else "CPU") if chosen is not None and chosen.spawns else ""
+        device = ""
+        if chosen is not None and chosen.spawns:
+            device = gpu_label(self.supervisor.gpus) if chosen.on_gpu else "CPU"
         name = chosen.name if chosen is not None else ""
         return Serving(model, name, device, st.state.value, st.elapsed_s, self.serving_demo)
 

@@ -39,6 +39,16 @@ class Gpu:
         return "unknown" if self.compute_capability is None else "{}.{}".format(*self.compute_capability)
 
 
+def gpu_label(gpus: list[Gpu]) -> str:
+    """How the chat names the GPUs an engine may use: "H200", "2 x H200", "H100 80GB HBM3 + A100-SXM4-40GB"."""
+    names = [g.name.removeprefix("NVIDIA ").strip() or "GPU" for g in gpus]
+    if not names:
+        return "GPU"
+    if len(set(names)) == 1:
+        return names[0] if len(names) == 1 else f"{len(names)} x {names[0]}"
+    return " + ".join(names)
+
+
 def _run_smi(exe: str, fields: str, timeout_s: float) -> str:
     return subprocess.run(
         [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],

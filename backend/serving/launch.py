@@ -61,4 +61,5 @@ def make_supervisor(cfg: AppConfig) -> Supervisor:
         return spec.with_check(weights, chosen.build_id(cfg, python), demo=model.is_demo)
 
     supervisor = Supervisor(cfg, prepare, endpoint, flags[first.name], guard=guard)
+    supervisor.gpus = gpus
     return supervisor

@@ -35,6 +35,7 @@ from backend.errors import (
     ServiceError,
 )
 from backend.serving.canary import Guard, Rejected, crash_signal
+from backend.serving.hardware import Gpu
 from backend.serving.process import EngineProcess, port_is_free
 from backend.serving.readiness import is_healthy, is_ready
 from backend.serving.state_file import write_state
@@ -120,6 +121,7 @@ class Supervisor:
         self.cfg = cfg
         self._prepare = prepare
         self.endpoint = endpoint
+        self.gpus: list[Gpu] = []  # what was detected when the engine was chosen (for the chat's first page)
         self._flags = flags
         self.guard = guard
         self.spec: LaunchSpec | None = None

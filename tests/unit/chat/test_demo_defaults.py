@@ -15,6 +15,7 @@ from backend.config import ROOT, EngineFlags, load_config
 from backend.engines.base import LaunchSpec
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import TemplateStore
+from backend.serving.hardware import Gpu, parse_nvidia_smi
 from backend.serving.supervisor import State, Status
 
 
@@ -33,6 +34,7 @@ class ServingSupervisor:
         self.spec = LaunchSpec("llama.cpp", [], {}, "127.0.0.1", 1, "m", "k", demo=demo)
         self.flags = EngineFlags(max_model_len=4096)
         self.status = Status(State.READY)
+        self.gpus: list[Gpu] = []
 
 
 def service(demo: bool) -> ChatService:
@@ -89,6 +91,17 @@ def test_the_first_page_names_the_demo_model_its_engine_and_device() -> None:
     serving = service(demo=True).serving()
     assert serving == Serving(DEMO_NAME, "llama.cpp", "CPU", "ready", serving.elapsed_s, demo=True)
     assert service(demo=False).serving().model == "ERNIE-4.5-0.3B-PT"  # the configured model, by its folder name
+
+
+def test_the_first_page_names_the_gpu_the_engine_runs_on() -> None:
+    svc = service(demo=False)
+    svc.supervisor.spec = LaunchSpec("vllm", [], {}, "127.0.0.1", 1, "m", "k")
+    svc.supervisor.gpus = parse_nvidia_smi("NVIDIA H200, 143771, 9.0")
+    assert (svc.serving().engine, svc.serving().device) == ("vllm", "H200")
+    svc.supervisor.gpus = parse_nvidia_smi("NVIDIA H200, 143771, 9.0\nNVIDIA H200, 143771, 9.0")
+    assert svc.serving().device == "2 x H200"
+    svc.supervisor.gpus = []  # nvidia-smi said nothing: still a GPU engine
+    assert svc.serving().device == "GPU"
 
 
 def test_a_settings_change_reports_what_changed() -> None:

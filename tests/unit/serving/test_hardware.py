@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.serving.hardware import Gpu, parse_cpu_flags, parse_jetson, parse_nvidia_smi, visible_gpus
+from backend.serving.hardware import Gpu, gpu_label, parse_cpu_flags, parse_jetson, parse_nvidia_smi, visible_gpus
 
 
 def test_parse_with_compute_capability() -> None:
@@ -53,3 +53,11 @@ def test_cpu_flags() -> None:
     text = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
     assert parse_cpu_flags(text) == {"fpu", "sse", "avx512f", "avx512_bf16"}
     assert parse_cpu_flags("Features\t: fp asimd bf16\n") == {"fp", "asimd", "bf16"}
+
+
+def test_the_gpus_are_named_as_the_chat_shows_them() -> None:
+    assert gpu_label(parse_nvidia_smi("NVIDIA H200, 143771, 9.0")) == "H200"
+    assert gpu_label(parse_nvidia_smi("NVIDIA H200, 143771, 9.0\nNVIDIA H200, 143771, 9.0")) == "2 x H200"
+    mixed = parse_nvidia_smi("NVIDIA H100 80GB HBM3, 81559, 9.0\nNVIDIA A100-SXM4-40GB, 40960, 8.0")
+    assert gpu_label(mixed) == "H100 80GB HBM3 + A100-SXM4-40GB"
+    assert gpu_label([]) == "GPU"
