@@ -1,8 +1,8 @@
 """Resuming a saved conversation: the model-facing history rebuilt from the thread's steps.
 
 Each finished reply carries, in its message metadata, the turn exactly as the model saw it (the user
-text after the prompt template, the reply without the ending line a stopped or broken reply shows). A resumed thread gives
-the model those turns in order; the app's own notices (author "system"), Chainlit's messages and
+text after the prompt template, the reply without the ending line a stopped or broken reply shows). A
+resumed thread gives the model those turns in order; the app's own notices (author "system"), Chainlit's messages and
 replies that produced no text are left out, as they are in a live chat."""
 
 from __future__ import annotations
