@@ -32,6 +32,7 @@ from backend.errors import CanaryError
 from backend.serving.logprob_check import LogprobCheckError, Reference, Verdict, check_engine, tolerance_for
 
 log = logging.getLogger(__name__)
+REMEMBERED = " (remembered from an earlier start)"  # how a cached rejection is told
 
 REFERENCE_VERSION = 1  # bump when backend.child.logprob_reference writes different prompts or fields
 REFERENCE_TIMEOUT_S = 900
@@ -144,9 +145,9 @@ class Guard:
         tmp.replace(self._cache_file)
 
     def cached_rejection(self, weights: Weights, build: str) -> str | None:
-        """Why this candidate failed before on this machine, if it did."""
+        """Why this candidate failed before on this machine, if it did (said as remembered)."""
         record = self._load_cache().get(self._key(weights, build))
-        return str(record["reason"]) if record and not record.get("passed") else None
+        return f"{record['reason']}{REMEMBERED}" if record and not record.get("passed") else None
 
     # ----- the reference ----------------------------------------------------------------------
     def reference_file(self, weights: Weights) -> Path:
@@ -249,6 +250,7 @@ class Guard:
 
     def record_crash(self, weights: Weights | None, build: str, reason: str) -> None:
         """Remember that this candidate crashes here, so that the next start skips it at once."""
+        reason = reason.removesuffix(REMEMBERED)  # a remembered crash is kept as first seen, not said again
         if weights is not None:
             self._store(
                 self._key(weights, build),

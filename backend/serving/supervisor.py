@@ -290,7 +290,7 @@ class Supervisor:
         if guard is not None and spec.weights is not None:
             known = guard.cached_rejection(spec.weights, spec.build)
             if known:
-                raise Rejected(f"{known} (remembered from an earlier start)")
+                raise Rejected(known)
             guard.prefetch_reference(spec.weights)
         if not port_is_free(spec.host, spec.port):
             raise EngineStartError.of("engine.port_in_use", port=spec.port, host=spec.host)

@@ -212,6 +212,14 @@ async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remem
         assert again.log_path.read_text().count("--die-with") == 1, "the crashing candidate is not started again"
     finally:
         await again.stop()
+    third = guarded(tmp_path, plan)  # and the start after: told once, as first seen (not "remembered" twice)
+    third.start_background()
+    try:
+        assert await third.wait_ready(GENEROUS_S), third.status
+        remembered = "stub amx: crashed with SIGILL during start-up (remembered from an earlier start)"
+        assert third.guard is not None and third.guard.rejected == [remembered]
+    finally:
+        await third.stop()
 
 
 async def test_when_every_candidate_crashes_the_app_says_what_was_tried(tmp_path: Path) -> None:
