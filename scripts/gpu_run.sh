@@ -5,6 +5,11 @@
 # round, so a call cut short keeps its whole rounds), the engine logs to $OUT/logs-CALL.tar.gz.
 # usage: BUDGET_S=500 bash scripts/gpu_run.sh CALL_LABEL CONFIG...
 #        bash scripts/gpu_run.sh app-path [ROUNDS]   (the app's client against the server: scripts/gpu_app_path.py)
+#        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
+#        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
+#             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.sh.
+#             Bundle and app site do not fit one call's carry together: run it right after another call, while the
+#             machine is warm, carrying .gpu/app and .whl only; it reuses the vLLM that call installed)
 #   BUDGET_S: seconds from now by which the last round must have ended (keep it under the call's limit;
 #   a round is started only when the longest start, measurement and stop seen so far still fit).
 #   Configurations: see CONFIGS in scripts/gpu_tune.py (defaults, h200, ...).
@@ -14,6 +19,9 @@ export TUNE_DEADLINE=$(( $(date +%s) + ${BUDGET_S:-500} ))
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LABEL="${1:?usage: gpu_run.sh CALL_LABEL CONFIG...}"; shift
 W=/tmp/gpub; SITE=/tmp/site; mkdir -p "$W"
+if [ ! -d "$W/gpubundle" ] && [ ! -f .gpu/gpubundle.tar.xz ]; then
+  echo "no vLLM here: carry .gpu/gpubundle.tar.xz, or run this right after a call that did (warm machine)"; exit 3
+fi
 if [ ! -d "$W/gpubundle" ]; then  # a warm machine from an earlier call keeps it
   python3 -c "import tarfile; tarfile.open('.gpu/gpubundle.tar.xz').extractall('$W', filter='data')" || exit 3
 fi
@@ -31,7 +39,43 @@ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,nohead
 python3 -c "import yaml, httpx, tqdm, tenacity, pydantic, openai, httpx2, torch, transformers, vllm; \
 print('env ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 5
 echo "[run] setup took $SECONDS s; $(( TUNE_DEADLINE - $(date +%s) )) s left for rounds"
-if [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
+if [ "$LABEL" = chat ]; then  # the app itself (Chainlit) starting the engine on the GPU, many chats through its websocket
+  APPSITE=/tmp/appsite
+  if [ ! -d "$APPSITE/chainlit" ]; then
+    rm -rf "$APPSITE"; mkdir -p "$APPSITE"; tar xJf .gpu/app/appsite.tar.xz -C "$APPSITE" || exit 6
+  fi
+  # The engine runs in vLLM's environment, the app in its own (app packages first, the bundle's beneath them).
+  printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$SITE:$PWD" > /tmp/enginepy && chmod +x /tmp/enginepy
+  export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=/tmp/enginepy ERNIE_ENGINE__PROFILE="${1:-h200}"
+  export ERNIE_ENGINE__FLAGS__EXTRA_ARGS='["--attention-backend", "TRITON_ATTN"]'
+  export ERNIE_MODEL__ID="$W/gpubundle/ernie03b" ERNIE_MODEL__LOAD_FORMAT=dummy ERNIE_PATHS__DATA_DIR=/tmp/chat-data
+  PYTHONPATH="$APPSITE:$SITE:$PWD" python3 -m chainlit run app.py --headless --host 127.0.0.1 --port 8501 \
+    > "$OUT/app-console.txt" 2>&1 &
+  APP=$!
+  get() {  # GET URL [FILE]: prints the HTTP status, the body to FILE (no curl needed)
+    python3 -c 'import sys, urllib.request as u, urllib.error as e
+try: r = u.urlopen(sys.argv[1], timeout=5); code, body = r.status, r.read()
+except e.HTTPError as x: code, body = x.code, x.read()
+except OSError: code, body = 0, b""
+open(sys.argv[2], "wb").write(body) if len(sys.argv) > 2 else None; print(code)' "$@"
+  }
+  for _ in $(seq 1 300); do  # /healthz answers 200 once the engine the app started is ready
+    code=$(get http://127.0.0.1:8501/healthz "$OUT/healthz.json"); [ "$code" = 200 ] && break
+    kill -0 $APP 2>/dev/null || break; sleep 1
+  done
+  echo "[chat] /healthz $code after $SECONDS s: $(cat "$OUT/healthz.json" 2>/dev/null | head -c 600)"
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+  PYTHONPATH="$APPSITE:$SITE:$PWD" python3 -m backend loadtest --url http://127.0.0.1:8501 --sessions "${CHAT_SESSIONS:-16}" \
+    --duration "${CHAT_DURATION_S:-60}" --max-tokens 256 --app-pid $APP --out "$OUT/chat" 2>&1 | tail -40
+  echo "loadtest exit ${PIPESTATUS[0]}"
+  get http://127.0.0.1:8501/metrics "$OUT/app-metrics.txt"; grep -E '^ernie_(replies_total|errors_total|backend_restarts_total|backend_ready)' "$OUT/app-metrics.txt" | head -20
+  kill -TERM $APP; wait $APP; echo "app exit $?"
+  sleep 2; echo "[chat] on the GPU after the app stopped: '$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)'"
+  cp -r /tmp/chat-data/logs "$OUT/chat-logs" 2>/dev/null
+  ls -lR "$OUT" | head -40; exit 0
+elif [ "$LABEL" = supervise ]; then
+  python3 scripts/gpu_supervise.py "$OUT" "$W/gpubundle/ernie03b" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
+elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
   python3 scripts/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
 else
   python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"

@@ -206,7 +206,9 @@ async def scrape(http: httpx.AsyncClient, root: str) -> dict[str, float]:
         return {}
 
 
-def service(model: str, name: str, label: str, index: int) -> ChatService:
+def service(model: str, name: str, label: str, index: int, max_attempts: int = 1) -> ChatService:
+    """The engine of configuration `name` as the app starts it; one start attempt unless told (a tuning round
+    whose engine fails is reported, not retried)."""
     profile, extra = CONFIGS[name]
     env = {
         **os.environ,
@@ -220,7 +222,7 @@ def service(model: str, name: str, label: str, index: int) -> ChatService:
         "ERNIE_PATHS__DATA_DIR": str(Path("/tmp/tune") / f"{label}-{index:02d}-{name}"),
         "ERNIE_PATHS__CACHE_DIR": "/tmp/tune/cache",
         "ERNIE_TIMEOUTS__STARTUP_S": "300",
-        "ERNIE_RESTART__MAX_ATTEMPTS": "1",
+        "ERNIE_RESTART__MAX_ATTEMPTS": str(max_attempts),
     }
     return ChatService.from_config(load_config(environ=env))
 
