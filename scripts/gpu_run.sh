@@ -7,9 +7,10 @@
 #        bash scripts/gpu_run.sh app-path [ROUNDS]   (the app's client against the server: scripts/gpu_app_path.py)
 #        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
 #        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
-#             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.sh.
+#             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
 #             Bundle and app site do not fit one call's carry together: run it right after another call, while the
-#             machine is warm, carrying .gpu/app and .whl only; it reuses the vLLM that call installed)
+#             machine is warm, carrying .gpu/app and .whl only; it reuses the vLLM that call installed.
+#             `bash scripts/gpu_run.sh setup` only installs, for that)
 #   BUDGET_S: seconds from now by which the last round must have ended (keep it under the call's limit;
 #   a round is started only when the longest start, measurement and stop seen so far still fit).
 #   Configurations: see CONFIGS in scripts/gpu_tune.py (defaults, h200, ...).
@@ -39,11 +40,11 @@ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,nohead
 python3 -c "import yaml, httpx, tqdm, tenacity, pydantic, openai, httpx2, torch, transformers, vllm; \
 print('env ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || exit 5
 echo "[run] setup took $SECONDS s; $(( TUNE_DEADLINE - $(date +%s) )) s left for rounds"
-if [ "$LABEL" = chat ]; then  # the app itself (Chainlit) starting the engine on the GPU, many chats through its websocket
+if [ "$LABEL" = setup ]; then  # only the installation above, for a `chat` call right after it
+  exit 0
+elif [ "$LABEL" = chat ]; then  # the app itself (Chainlit) starting the engine on the GPU, many chats through its websocket
   APPSITE=/tmp/appsite
-  if [ ! -d "$APPSITE/chainlit" ]; then
-    rm -rf "$APPSITE"; mkdir -p "$APPSITE"; tar xJf .gpu/app/appsite.tar.xz -C "$APPSITE" || exit 6
-  fi
+  rm -rf "$APPSITE"; mkdir -p "$APPSITE"; tar xJf .gpu/app/appsite.tar.xz -C "$APPSITE" || exit 6
   # The engine runs in vLLM's environment, the app in its own (app packages first, the bundle's beneath them).
   printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$SITE:$PWD" > /tmp/enginepy && chmod +x /tmp/enginepy
   export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=/tmp/enginepy ERNIE_ENGINE__PROFILE="${1:-h200}"

@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 import httpx
-import socketio
 
 from backend.chat.render import DETAILS_KEY
 from backend.storage.resume import TURN_KEY
@@ -32,6 +31,8 @@ class ChatSocket:
     """One chat session over Chainlit's socket.io endpoint."""
 
     def __init__(self, url: str, http: httpx.AsyncClient | None, language: str = "en-US") -> None:
+        import socketio  # the UI's client library: imported here so `python -m backend` loads without it
+
         self.url, self.http, self.language = url, http, language
         self.sio = socketio.AsyncClient(reconnection=False)
         self.events: list[tuple[str, Any]] = []

@@ -293,3 +293,11 @@ def test_doctor_looks_for_the_app_where_make_run_serves_it() -> None:
     shipped = load_config(environ={})  # config/backend.yaml, no overrides
     assert shipped.app.port == int(port.group(1)) == AppConfig().app.port
     assert locate(shipped).app_url == f"http://127.0.0.1:{port.group(1)}"
+
+
+def test_the_commands_load_without_the_chat_uis_packages() -> None:
+    """`python -m backend bench` and the GPU scripts (scripts/gpu_tune.py) run where only an engine is installed:
+    the Socket.IO client that only the `loadtest` command uses is imported when a chat socket is made."""
+    code = "import sys; sys.modules['socketio'] = None; import backend.cli; backend.cli.build_parser()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
