@@ -66,9 +66,20 @@ open(sys.argv[2], "wb").write(body) if len(sys.argv) > 2 else None; print(code)'
   done
   echo "[chat] /healthz $code after $SECONDS s: $(cat "$OUT/healthz.json" 2>/dev/null | head -c 600)"
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
-  PYTHONPATH="$APPSITE:$SITE:$PWD" python3 -m backend loadtest --url http://127.0.0.1:8501 --sessions "${CHAT_SESSIONS:-16}" \
-    --duration "${CHAT_DURATION_S:-60}" --max-tokens 256 --app-pid $APP --out "$OUT/chat" 2>&1 | tail -40
-  echo "loadtest exit ${PIPESTATUS[0]}"
+  # CHAT_SESSIONS: one load run per entry, in that order (e.g. "1 16 1 16 1 16" alternates); CHAT_WARMUP_S first,
+  # unmeasured, at the largest entry (the engine's first requests after it is ready take seconds: new shapes).
+  read -r -a LOADS <<< "${CHAT_SESSIONS:-16}"
+  load() {  # SESSIONS SECONDS OUT_DIR
+    PYTHONPATH="$APPSITE:$SITE:$PWD" python3 -m backend loadtest --url http://127.0.0.1:8501 --sessions "$1" \
+      --duration "$2" --max-tokens 256 --app-pid $APP --out "$3" 2>&1 | tail -40
+    echo "[chat] loadtest $1 sessions exit ${PIPESTATUS[0]}"
+  }
+  [ "${CHAT_WARMUP_S:-0}" -gt 0 ] && load "$(printf '%s\n' "${LOADS[@]}" | sort -n | tail -1)" "$CHAT_WARMUP_S" /tmp/warmup
+  i=0; for n in "${LOADS[@]}"; do  # the engine's own /metrics around each run: its side of the first token
+    d="$OUT/chat/$i-sessions-$n"; mkdir -p "$d"; get http://127.0.0.1:8501/metrics/engine "$d/engine-before.txt" >/dev/null
+    load "$n" "${CHAT_DURATION_S:-60}" "$d"; get http://127.0.0.1:8501/metrics/engine "$d/engine-after.txt" >/dev/null
+    i=$((i+1))
+  done
   get http://127.0.0.1:8501/metrics "$OUT/app-metrics.txt"; grep -E '^ernie_(replies_total|errors_total|backend_restarts_total|backend_ready)' "$OUT/app-metrics.txt" | head -20
   kill -TERM $APP; wait $APP; echo "app exit $?"
   sleep 2; echo "[chat] on the GPU after the app stopped: '$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)'"
