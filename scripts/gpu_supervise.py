@@ -35,21 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_tune import CONFIGS, gpu_state, machine, service, sh, wait_gpu_free
 
-from backend.benchmarks.memory import process_tree
+from backend.benchmarks.memory import alive, process_tree
 from backend.chat.service import ChatService
 from backend.serving.supervisor import State, Status
 
 WAIT_S = 300.0
 REPLY_TOKENS = 16
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def cmdline(pid: int) -> str:

@@ -50,6 +50,15 @@ def process_tree(pid: int, proc: Path = PROC) -> list[int]:
     return found
 
 
+def alive(pid: int, proc: Path = PROC) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def rss_bytes(pid: int, proc: Path = PROC) -> int:
     """Resident memory of one process (0 when it is gone)."""
     try:

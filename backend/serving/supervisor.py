@@ -227,7 +227,8 @@ class Supervisor:
             policy.failed(uptime)
             self.status.restarts += 1
             tail = self.process.tail() if self.process else ""
-            log.error("Engine %s after %.0f s; restarting (restart #%d)", reason, uptime, self.status.restarts)
+            restarts = self.status.restarts
+            log.error("Engine %s after %.0f s of serving; restarting (restart #%d)", reason, uptime, restarts)
             # The state first: stopping what is left of the process group can take a moment.
             if policy.exhausted:
                 streak = EngineStartError.of("engine.crash_streak", reason=reason, count=policy.failures)

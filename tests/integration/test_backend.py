@@ -12,13 +12,12 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from backend.benchmarks.memory import process_tree
+from backend.benchmarks.memory import alive, process_tree
 from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
 from backend.errors import BackendError, EngineStartError, Phrase, PromptTooLongError, ServiceError
@@ -219,15 +218,6 @@ async def test_hung_engine_is_killed_and_restarted(service: ChatService) -> None
     async with service.client.stream([{"role": "user", "content": "hi"}], max_tokens=4) as s:
         _ = [p async for p in s]
     assert s.stats.finish_reason is not None and s.stats.completion_tokens
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 async def test_a_dead_engine_core_process_restarts_the_whole_engine_and_leaves_none_of_it(

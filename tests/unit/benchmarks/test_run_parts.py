@@ -17,7 +17,7 @@ from backend import cli
 from backend.benchmarks import run as benchmark
 from backend.benchmarks.baseline import add_baseline, baseline_job
 from backend.benchmarks.loadgen import LevelRun, Sampling
-from backend.benchmarks.memory import PeakSampler, metrics_rss_bytes, process_tree, rss_bytes, tree_rss_bytes
+from backend.benchmarks.memory import PeakSampler, alive, metrics_rss_bytes, process_tree, rss_bytes, tree_rss_bytes
 from backend.benchmarks.stats import RequestResult, level_metrics
 from backend.benchmarks.workload import BenchRequest
 from backend.errors import BenchmarkError
@@ -93,6 +93,20 @@ def test_process_tree_memory_covers_children() -> None:
         child.kill()
         child.wait()
     assert rss_bytes(child.pid) == 0  # gone
+
+
+def test_a_process_that_exited_is_not_alive_even_before_it_is_reaped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    assert alive(child.pid)
+    assert child.stdin is not None
+    child.stdin.close()  # it exits; until wait() it stays a zombie, which must not count as alive
+    deadline = time.monotonic() + GENEROUS_S
+    while alive(child.pid):
+        assert time.monotonic() < deadline, "the child that exited still counts as alive"
+        time.sleep(0.05)
+    assert Path(f"/proc/{child.pid}").exists(), "still a zombie here: not reaped yet"
+    child.wait()
+    assert not alive(child.pid)
 
 
 async def test_metrics_memory_and_peak_sampler() -> None:
