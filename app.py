@@ -147,6 +147,9 @@ async def settings_update(values: dict) -> None:
     if SERVICE is not None and session is not None:
         changed = SERVICE.update_settings(session, values)
         await _send_settings(session)  # the template's help line follows the choice
+        ws = cl.context.session
+        if getattr(ws, "has_first_interaction", False):  # a saved thread exists: keep its settings with it now
+            await PERSISTENCE.keep_session(ws.thread_id, ws.to_persistable())
         await cl.context.emitter.send_toast(settings_saved(changed, _lang()), "success")
 
 

@@ -86,6 +86,12 @@ class Persistence:
         """The data layer for Chainlit (None: no history)."""
         return self.store
 
+    async def keep_session(self, thread_id: str | None, metadata: dict) -> None:
+        """Save a saved thread's session metadata (its settings) now. Chainlit saves it only when the browser
+        disconnects, so an app stopped or restarted while the tab is open lost the settings changed meanwhile."""
+        if self.store is not None and thread_id:
+            await self.store.update_thread(thread_id=thread_id, metadata=metadata)
+
     def mark(self) -> NoticeMark:
         """A new session's mark: it hears of a failed start at once, of later failures when they happen."""
         return NoticeMark(failures=self.store.failures if self.store is not None else -1)
