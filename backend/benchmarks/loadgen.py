@@ -1,8 +1,9 @@
 """Sending benchmark requests: plain streaming HTTP, or the app's own client path, at a fixed concurrency.
 
 The raw sender measures exactly as `vllm bench serve` does (a timestamp per SSE chunk with choices,
-token counts from the usage chunk). The app sender goes through backend.chat.client.ChatClient.stream and
-backend.chat.pacing.paced, as a chat reply does, and times the pieces the chat would show.
+token counts from the usage chunk); its stream reader, stream_chat, serves the chat workload too. The app
+sender goes through backend.chat.client.ChatClient.stream and backend.chat.pacing.paced, as a chat reply
+does, and times the pieces the chat would show.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -55,6 +57,60 @@ def _error(exc: BaseException) -> str:
     return text[:ERROR_CHARS]
 
 
+@dataclass
+class Streamed:
+    """One streamed chat completion as it arrived: perf_counter times of its chunks, its text, its usage counts."""
+
+    start: float
+    chunk_times: list[float] = field(default_factory=list)  # every chunk with choices
+    first_text_at: float | None = None  # the first chunk with non-empty text
+    text: list[str] = field(default_factory=list)
+    token_chunks: int = 0  # chunks with content, text or not (one token each)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # from the usage chunk; 0 where the server sent none
+    error: str | None = None
+
+
+async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]) -> Streamed:
+    """POST a streaming chat completion and record its server-sent events; a failure is in `error`, never raised."""
+    streamed = Streamed(start=time.perf_counter())
+    try:
+        async with http.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                detail = (await resp.aread()).decode("utf-8", "replace")
+                streamed.error = f"HTTP {resp.status_code}: {detail}"[:ERROR_CHARS]
+                return streamed
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators and SSE comments
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                now = time.perf_counter()
+                data = json.loads(payload)
+                if "error" in data:
+                    streamed.error = f"stream error: {data['error']}"[:ERROR_CHARS]
+                    return streamed
+                if choices := data.get("choices"):
+                    streamed.chunk_times.append(now)
+                    content = (choices[0].get("delta") or {}).get("content")
+                    if content is not None:
+                        streamed.token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)
+                    if content:
+                        streamed.text.append(content)
+                        if streamed.first_text_at is None:
+                            streamed.first_text_at = now
+                elif usage := data.get("usage"):
+                    streamed.completion_tokens = int(usage.get("completion_tokens") or 0)
+                    streamed.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    except (httpx.HTTPError, ValueError) as exc:
+        streamed.error = _error(exc)
+        return streamed
+    if not streamed.chunk_times:
+        streamed.error = "the stream ended without any chunk"
+    return streamed
+
+
 class RawSender:
     """Streams /v1/chat/completions over plain HTTP and parses the server-sent events itself."""
 
@@ -90,54 +146,21 @@ class RawSender:
             "stream_options": {"include_usage": True},
             **self.sampling.body(request.max_tokens),
         }
+        streamed = await stream_chat(self.http, self.url, self.headers, body)
         result = RequestResult(success=False)
-        start = time.perf_counter()
-        last = start
-        first = True
-        token_chunks = 0
-        try:
-            async with self.http.stream("POST", self.url, json=body, headers=self.headers) as resp:
-                if resp.status_code != 200:
-                    detail = (await resp.aread()).decode("utf-8", "replace")
-                    result.error = f"HTTP {resp.status_code}: {detail}"[:ERROR_CHARS]
-                    return result
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators and SSE comments
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    now = time.perf_counter()
-                    data = json.loads(payload)
-                    if "error" in data:
-                        result.error = f"stream error: {data['error']}"[:ERROR_CHARS]
-                        return result
-                    if choices := data.get("choices"):
-                        content = (choices[0].get("delta") or {}).get("content")
-                        if first:
-                            result.ttft = now - start
-                            first = False
-                        else:
-                            result.itl.append(now - last)
-                        if content is not None:
-                            token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)
-                        if content:
-                            if result.first_text is None:
-                                result.first_text = now - start
-                        last = now
-                    elif usage := data.get("usage"):
-                        result.output_tokens = int(usage.get("completion_tokens") or 0)
-                        result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        except (httpx.HTTPError, ValueError) as exc:
-            result.error = _error(exc)
+        if streamed.error is not None:
+            result.error = streamed.error
             return result
-        if first:
-            result.error = "the stream ended without any chunk"
-            return result
+        times = streamed.chunk_times
         result.success = True
-        result.latency = last - start
-        if not result.output_tokens:
-            result.output_tokens = token_chunks  # a server without usage counts: one token per chunk
+        result.ttft = times[0] - streamed.start
+        result.itl = [later - earlier for earlier, later in pairwise(times)]
+        result.latency = times[-1] - streamed.start
+        if streamed.first_text_at is not None:
+            result.first_text = streamed.first_text_at - streamed.start
+        result.prompt_tokens = streamed.prompt_tokens
+        # A server without usage counts: one token per chunk.
+        result.output_tokens = streamed.completion_tokens or streamed.token_chunks
         return result
 
 

@@ -4,7 +4,8 @@ The input is the run document benchmark.py builds (plain JSON data): "runs" hold
 each dataset and target ("server": plain HTTP to the engine, "app": the app's client path, "hf": HF
 transformers), each figure the median over the rounds with its range in "spread" and the rounds themselves
 in "per_round"; "comparison" the server/HF ratios and "overhead" the app's added latency, each claimed only
-beyond the spread. The tables show "median (min-max)"; the plots draw the range as error bars.
+beyond the spread; "chat" the levels of the chat workload (--workload chat), one record per number of users.
+The tables show "median (min-max)"; the plots draw the range as error bars.
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ FIGURES = (
     ("TPOT P50", "tpot_ms", "p50", 1),
     ("ITL P50", "itl_ms", "p50", 1),
     ("E2EL P50", "e2el_ms", "p50", 0),
+)
+
+
+# The chat workload's table: (column, key, part, digits)
+CHAT_FIGURES = (
+    ("output tok/s", "output_tok_s", None, 1),
+    ("first text P50", "first_text_ms", "p50", 0),
+    ("first text P90", "first_text_ms", "p90", 0),
+    ("first text P99", "first_text_ms", "p99", 0),
+    ("decode tok/s per reply P50", "decode_tok_s", "p50", 1),
+    ("TPOT P50", "tpot_ms", "p50", 1),
+)
+CHAT_DEFINITIONS = (
+    '"First text" is the time from sending a turn to the first streamed chunk carrying text (what the user first '
+    "sees), in ms; decode tok/s is per reply, (output tokens − 1) / (last chunk − first chunk), what one user "
+    "sees; TPOT is its inverse in ms; output tok/s is every output token of the level over its wall time."
 )
 
 
@@ -89,6 +106,37 @@ def _level_row(target: str, lv: dict[str, Any]) -> list[str]:
     ]
 
 
+def _chat_section(chat: dict[str, Any]) -> list[str]:
+    """The chat workload: what the conversations were, then one row per number of users."""
+    shape = chat["shape"]
+    (message_low, message_high), (reply_low, reply_high) = shape["message_tokens"], shape["reply_tokens"]
+    lines = [
+        "",
+        "## Workload: chat",
+        "",
+        f"Conversations of {shape['turns']} turns, each turn sending the whole history (a system line, the earlier "
+        f"turns with the text received) and a new user message of about {message_low}-{message_high} tokens; "
+        f"replies of {reply_low}-{reply_high} tokens (exact: ignore_eos), lengths drawn from seed {shape['seed']}. "
+        "The users start at once, each holding whole conversations one after the other.",
+        "",
+        CHAT_DEFINITIONS,
+        "",
+    ]
+    header = ["users", "turns × rounds", "errors", "prompt tok mean / max", *(f[0] for f in CHAT_FIGURES)]
+
+    def row(lv: dict[str, Any]) -> list[str]:
+        prompts = lv.get("prompt_tokens") or {}
+        return [
+            str(lv["users"]),
+            f"{lv['turns']} × {lv.get('rounds', 1)}",
+            str(lv["errors"]),
+            f"{_num(prompts.get('mean'), 0)} / {_num(prompts.get('max'), 0)}",
+            *(_ranged(level_spread(lv, key, part), digits) for _, key, part, digits in CHAT_FIGURES),
+        ]
+
+    return lines + _table(header, (row(lv) for lv in chat["levels"]))
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The report as Markdown: settings, tables per dataset, the HF comparison, the app overhead."""
     server, machine, settings = doc["server"], doc["machine"], doc["settings"]
@@ -102,13 +150,17 @@ def markdown(doc: dict[str, Any]) -> str:
         + (f", flags `{server['flags']}`" if server.get("flags") else ""),
         f"- Machine: {machine['cpus']} CPUs; load average {machine['load_start']} at start, "
         f"{machine['load_end']} at end (other work on the machine distorts the figures)",
-        f"- Sampling: temperature {settings['temperature']}, top_p {settings['top_p']}, "
-        f"ignore_eos {settings['ignore_eos']}; requests per level and round: {settings['requests_rule']}",
+        f"- Sampling: temperature {settings['temperature']}, "
+        + (f"top_p {settings['top_p']}, " if "top_p" in settings else "")
+        + f"ignore_eos {settings['ignore_eos']}; requests per level and round: {settings['requests_rule']}",
         f"- Rounds: {repeat}, alternated (each round measures every dataset, level and target once); every "
         "figure is the median over the rounds with its range as (min-max); errors are counted over all rounds.",
-        "- Latencies in ms; definitions of `vllm bench serve` "
-        "(TPOT = (E2EL − TTFT) / (output tokens − 1); ITL = gap between streamed chunks).",
     ]
+    if not doc.get("chat"):
+        lines.append(
+            "- Latencies in ms; definitions of `vllm bench serve` "
+            "(TPOT = (E2EL − TTFT) / (output tokens − 1); ITL = gap between streamed chunks)."
+        )
     if doc.get("baseline"):
         base = doc["baseline"]
         lines.append(
@@ -134,6 +186,8 @@ def markdown(doc: dict[str, Any]) -> str:
                 for target, lv in measured
             ),
         )
+    if doc.get("chat"):
+        lines += _chat_section(doc["chat"])
     if doc.get("comparison"):
         lines += [
             "",

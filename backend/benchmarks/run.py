@@ -4,9 +4,11 @@ By default the engine is started as the app starts it (ChatService from the conf
 at the end; --base-url measures a server that already runs. Each level sends synthetic prompts of a
 fixed token length and/or the shipped Chinese prompt set over plain streaming HTTP; chosen levels are
 sent again through the app's own client path (overhead), and the same prompts go through HF
-transformers `generate` in the engine's interpreter (baseline). Every level and target is measured in
---repeat rounds, alternated (backend.benchmarks.plan); each figure is reported as the median of the
-rounds with its min-max range, each round's own figures kept. Results: results/<name>/.
+transformers `generate` in the engine's interpreter (baseline). With --workload chat, each level is
+instead that many users holding conversations whose history grows (backend.benchmarks.chat_workload),
+over plain HTTP only. Every level and target is measured in --repeat rounds, alternated
+(backend.benchmarks.plan); each figure is reported as the median of the rounds with its min-max range,
+each round's own figures kept. Results: results/<name>/.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ import platform
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from backend.benchmarks.baseline import add_baseline, baseline_job, run_baseline
+from backend.benchmarks.chat_workload import ChatShape, run_chat_level
 from backend.benchmarks.comparison import compare
 from backend.benchmarks.loadgen import AppSender, LevelRun, RawSender, Sampling, Sender, run_level
 from backend.benchmarks.memory import PeakSampler
-from backend.benchmarks.plan import TARGETS, requests_per_level, requests_rule, schedule
+from backend.benchmarks.plan import MIN_REQUESTS, TARGETS, requests_per_level, requests_rule, schedule
 from backend.benchmarks.redact import KEY_ENV, masked_command, scrub
 from backend.benchmarks.report import write_report
 from backend.benchmarks.stats import combine_rounds, level_metrics
@@ -57,10 +61,39 @@ def _levels(text: str) -> list[int]:
     return values
 
 
+def _token_range(text: str, option: str) -> tuple[int, int]:
+    """'LOW-HIGH' (or one number N: N-N) as two integers."""
+    try:
+        parts = [int(part) for part in text.split("-")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2):
+        raise BenchmarkError(f"{option} {text!r} is not a range of tokens.", f"Use LOW-HIGH, e.g. {option} 20-80.")
+    return parts[0], parts[-1]
+
+
+def _chat_shape(args: argparse.Namespace) -> ChatShape:
+    message = _token_range(args.message_tokens, "--message-tokens")
+    reply = _token_range(args.reply_tokens, "--reply-tokens")
+    try:
+        return ChatShape(turns=args.turns, message_tokens=message, reply_tokens=reply, seed=args.seed)
+    except ValueError as exc:
+        raise BenchmarkError(
+            f"The chat workload's shape cannot be used: {exc}.",
+            "Give --turns of at least 1, and --message-tokens / --reply-tokens as LOW-HIGH with 1 <= LOW <= HIGH.",
+        ) from exc
+
+
+def chat_turns(level: int, per_user: int, fixed: int | None = None) -> int:
+    """Turns one chat level holds in one round: as requests_per_level, but never fewer than MIN_REQUESTS."""
+    return max(MIN_REQUESTS, requests_per_level(level, per_user, fixed))
+
+
 def check_options(args: argparse.Namespace) -> argparse.Namespace:
     """Check the options of `bench` (backend.cli) and add what follows from them; raise BenchmarkError.
 
-    Adds levels, dataset_names and app_levels, and fills in name, out_dir and api_key (else $ERNIE_BENCH_API_KEY)."""
+    Adds levels, dataset_names, app_levels and chat_shape (None unless --workload chat), and fills in name,
+    out_dir and api_key (else $ERNIE_BENCH_API_KEY)."""
     args.levels = _levels(args.concurrency)
     args.dataset_names = [d.strip() for d in args.datasets.split(",") if d.strip()]
     unknown = set(args.dataset_names) - {"synthetic", "prompts"}
@@ -88,6 +121,15 @@ def check_options(args: argparse.Namespace) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BenchmarkError(f"--{name.replace('_', '-')} must be at least 1.", "Give a positive whole number.")
+    args.chat_shape = None
+    if args.workload == "chat":
+        if args.no_ignore_eos:
+            raise BenchmarkError(
+                "--no-ignore-eos does not apply to --workload chat.",
+                "Chat replies run to their drawn length (--reply-tokens): leave the flag out.",
+            )
+        args.chat_shape = _chat_shape(args)
+        args.app_levels = []  # plain HTTP only: the app's client path measures single requests
     args.api_key = args.api_key or os.environ.get(KEY_ENV) or "EMPTY"
     args.name = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     args.out_dir = (args.out_dir or ROOT / "results" / args.name).resolve()
@@ -122,6 +164,61 @@ async def measure_level(
     for sample in metrics.error_samples:
         tqdm.write(f"  error: {sample}", file=sys.stderr)
     return LevelRun(requests, results, metrics), record
+
+
+async def measure_chat_level(
+    args: argparse.Namespace, server: Server, users: int, temperature: float, desc: str
+) -> dict[str, Any]:
+    """Hold one level of the chat workload with a memory sampler; return its JSON record."""
+    ep = server.endpoint
+    turns = chat_turns(users, args.per_user, args.requests)
+    load_before = os.getloadavg()
+    async with PeakSampler(server.memory) as sampler:
+        level = await run_chat_level(
+            ep.base_url, ep.api_key, ep.model, users, turns, args.chat_shape, temperature, args.timeout
+        )
+    record = level.summary() | {
+        "peak_memory_bytes": sampler.peak,
+        "memory_source": server.memory_source,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    first_text, decode = record["first_text_ms"], record["decode_tok_s"]
+    tqdm.write(
+        f"{desc}: {record['output_tok_s']:.1f} out tok/s, first text P50 "
+        f"{round(first_text['p50']) if first_text else None} ms, decode P50 "
+        f"{round(decode['p50'], 1) if decode else None} tok/s per reply, errors {record['errors']}",
+        file=sys.stderr,
+    )
+    for sample in record["error_samples"]:
+        tqdm.write(f"  error: {sample}", file=sys.stderr)
+    return record
+
+
+def _warmup(tagger: Tagger, count: int) -> list[BenchRequest]:
+    """Unmeasured requests: the server's first requests, and the app client's first connection, are slower."""
+    return [BenchRequest([{"role": "user", "content": tagger.tag() + "你好"}], 16, "warmup")] * count
+
+
+async def chat_sweep(args: argparse.Namespace, server: Server, sampling: Sampling, doc: dict[str, Any]) -> None:
+    """Hold the chat workload at every level, the levels alternated round by round; fill doc['chat']."""
+    shape: ChatShape = args.chat_shape
+    ep = server.endpoint
+    if args.warmup:
+        raw = RawSender(ep.base_url, ep.api_key, ep.model, sampling, args.timeout)
+        try:
+            await run_level(raw, _warmup(Tagger(), args.warmup), 1)
+        finally:
+            await raw.aclose()
+    rounds: dict[int, list[dict[str, Any]]] = {}
+    order = 0
+    for number in range(1, args.repeat + 1):
+        for users in args.levels:
+            order += 1
+            desc = f"chat users={users} round {number}/{args.repeat}"
+            record = await measure_chat_level(args, server, users, sampling.temperature, desc)
+            rounds.setdefault(users, []).append({"round": number, "order": order} | record)
+    doc["chat"] = {"shape": asdict(shape), "levels": [combine_rounds(rounds[users]) for users in args.levels]}
 
 
 def _count_tokens(client: ChatClient) -> Callable[[list[dict[str, str]]], Awaitable[int | None]]:
@@ -164,9 +261,7 @@ async def sweep(
     done: dict[str, dict[int, list[LevelRun]]] = {dataset: {} for dataset in workloads}
     try:
         for send in senders.values() if args.warmup else ():
-            # Unmeasured: the server's first requests, and the app client's first connection, are slower.
-            warm = [BenchRequest([{"role": "user", "content": tagger.tag() + "你好"}], 16, "warmup")] * args.warmup
-            await run_level(send, warm, 1)
+            await run_level(send, _warmup(tagger, args.warmup), 1)
         for order, m in enumerate(schedule(args.repeat, list(workloads), args.levels, args.app_levels), start=1):
             # The prompt set: the same prompts in every round and for both targets (new tags); synthetic: new
             # prompts of the same lengths.
@@ -190,6 +285,34 @@ async def sweep(
 
 
 # ----- the command ---------------------------------------------------------------------------------
+def _settings(args: argparse.Namespace, sampling: Sampling) -> dict[str, Any]:
+    """The run's settings as recorded in results.json: those of the workload chosen."""
+    common = {"workload": args.workload, "concurrency": args.levels, "repeat": args.repeat}
+    if args.chat_shape is not None:
+        fixed = f"{max(MIN_REQUESTS, args.requests)} (fixed)" if args.requests else None
+        turns = f"{fixed or f'max({MIN_REQUESTS}, {args.per_user} x users)'} turns in all"
+        return common | {
+            "requests_rule": turns,
+            "chat": asdict(args.chat_shape),
+            "temperature": sampling.temperature,
+            "ignore_eos": True,
+            "warmup": args.warmup,
+        }
+    return common | {
+        "app_concurrency": args.app_levels,
+        "requests_rule": requests_rule(args.per_user, args.requests),
+        "datasets": args.dataset_names,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "prompts": str(args.prompts),
+        "prompts_output_len": args.prompts_output_len,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "ignore_eos": sampling.ignore_eos,
+        "warmup": args.warmup,
+    }
+
+
 async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python: str) -> dict[str, Any]:
     """Run the whole benchmark and return the run document (also written to args.out_dir).
 
@@ -210,21 +333,7 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
             "python": platform.python_version(),
             "load_start": [round(x, 2) for x in os.getloadavg()],
         },
-        "settings": {
-            "concurrency": args.levels,
-            "app_concurrency": args.app_levels,
-            "requests_rule": requests_rule(args.per_user, args.requests),
-            "repeat": args.repeat,
-            "datasets": args.dataset_names,
-            "input_len": args.input_len,
-            "output_len": args.output_len,
-            "prompts": str(args.prompts),
-            "prompts_output_len": args.prompts_output_len,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "ignore_eos": sampling.ignore_eos,
-            "warmup": args.warmup,
-        },
+        "settings": _settings(args, sampling),
         "datasets": {},
         "runs": [],
         "baseline": None,
@@ -248,7 +357,11 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
                 "model_path": server.model_path,
                 "flags": server.flags,
             }
-            done = await sweep(args, server, sampling, cfg.chat.stream_flush_ms / 1000, doc)
+            if args.chat_shape is None:
+                done = await sweep(args, server, sampling, cfg.chat.stream_flush_ms / 1000, doc)
+            else:
+                done = {}
+                await chat_sweep(args, server, sampling, doc)
     finally:
         if not args.base_url:  # the managed engine is stopped and its key dead: no key file in the results folder
             cfg.paths.engine_state.with_suffix(".key").unlink(missing_ok=True)
@@ -262,14 +375,17 @@ async def run(cfg: AppConfig, args: argparse.Namespace, argv: list[str], python:
         "alternated (each round measures every dataset, level and target once), and a difference is claimed "
         "only where the ranges do not overlap."
     )
-    doc["notes"].append(
-        "TTFT, TPOT and E2EL have one value per request, so P99 over a few requests is close to the maximum; "
-        "ITL pools every gap of the level."
-    )
+    if args.chat_shape is None:
+        doc["notes"].append(
+            "TTFT, TPOT and E2EL have one value per request, so P99 over a few requests is close to the maximum; "
+            "ITL pools every gap of the level."
+        )
     # The server is stopped now (when managed), so the baseline has the CPU to itself.
     hf_model = args.hf_model or server.model_path
     if args.no_baseline:
         pass
+    elif args.chat_shape is not None:
+        doc["notes"].append("No HF baseline for the chat workload: it measures single requests only.")
     elif not hf_model:
         doc["notes"].append("No HF baseline: pass --hf-model with the model folder the server serves.")
     else:
