@@ -33,6 +33,7 @@ from backend.logs import setup_logging
 from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
 from backend.storage.resume import history_from_thread, turn_metadata
+from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
 CHAINLIT_STOP_NOTICE = "Task manually stopped."  # chainlit/socket.py's stop handler sends it
@@ -65,7 +66,7 @@ async def startup() -> None:
     global SERVICE, STARTUP_ERROR
     setup_logging()
     try:
-        SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS)
+        SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS, choose=first_start_choice)
     except ConfigError as exc:
         STARTUP_ERROR = exc
         log.error("%s", exc)

@@ -40,6 +40,7 @@ from backend.serving.hardware import detect_gpus
 from backend.serving.logprob_check import TOLERANCES, check_answers_command
 from backend.serving.preflight import check_flags_command
 from backend.serving.profiles import choose_profile, effective_flags
+from backend.tuning.tuner import tune_command
 
 PROG = "python -m backend"
 Command = Callable[[AppConfig, argparse.Namespace], int]
@@ -61,6 +62,10 @@ def _loadtest(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 def _prepare_model(cfg: AppConfig, args: argparse.Namespace) -> int:
     return prepare_model_command(cfg, engine_python(cfg))
+
+
+def _tune(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return tune_command(cfg, force=args.force, users=args.users)
 
 
 def _check_flags(cfg: AppConfig, args: argparse.Namespace) -> int:
@@ -271,6 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
         "resolve the model now (converts the offline demo model once)",
         _messages(logging.INFO),
     )
+
+    p = command(
+        "tune",
+        _tune,
+        "choose the fastest CPU engine and format by measuring them on this machine (kept; the app's first start "
+        "runs it too)",
+        _messages(logging.INFO),
+    )
+    p.add_argument("--force", action="store_true", help="measure again even if a result for this machine is kept")
+    p.add_argument("--users", type=int, help="chats expected at once (default: tune.users)")
 
     p = command(
         "check-flags",

@@ -24,6 +24,8 @@ ENV_SEPARATOR = "__"
 APP_PORT = 8501
 
 EngineName = Literal["auto", "vllm", "vllm-cpu", "llama.cpp", "external", "trtllm"]
+LlamaFormat = Literal["bf16", "q8_0", "q4_k_m"]  # the formats a model folder is converted to for llama.cpp
+TUNED_FORMATS: tuple[LlamaFormat, ...] = ("q8_0", "q4_k_m")  # tune.formats' default
 
 
 class _Strict(BaseModel):
@@ -180,7 +182,8 @@ class LlamaCppSettings(_Strict):
     """The llama.cpp engine (llama.cpp's own llama-server): which GGUF file and how to run it."""
 
     gguf: str | None = None
-    quantization: Literal["bf16", "q8_0", "q4_k_m"] = "q8_0"
+    # auto: the format the tune measured fastest on this machine (tune.formats), q8_0 where nothing was measured.
+    quantization: Literal["auto", "bf16", "q8_0", "q4_k_m"] = "auto"
     n_ctx: int = Field(4096, ge=256, le=131072)
     parallel: int = Field(8, ge=1, le=256)
     threads: int = Field(0, ge=0, le=1024)
@@ -201,6 +204,19 @@ class CanarySettings(_Strict):
     timeout_s: float = Field(300, gt=0)
     # Where verdicts and computed references are kept. Empty: paths.cache_dir/canary.
     dir: str | None = None
+
+
+class TuneSettings(_Strict):
+    """The engine chosen by measuring on this machine (backend.tuning): candidates, the load and the limits."""
+
+    # Measure at the first start on a CPU when engine.name or llamacpp.quantization is auto; false: no measuring
+    # (llama.cpp q8_0 where it is installed and passes the answer check, else vllm-cpu).
+    enabled: bool = True
+    users: int = Field(4, ge=1, le=64)  # the chats expected at once: the choice favours their speed
+    # The llama.cpp formats the tune may pick (their quality is measured: results/cpu-engines/quality.md).
+    formats: list[LlamaFormat] = Field(default_factory=lambda: list(TUNED_FORMATS), min_length=1)
+    budget_s: float = Field(120, gt=0)  # candidates not yet measured when this is spent are skipped (not chosen)
+    dir: str | None = None  # where results are kept; empty: paths.cache_dir/tune
 
 
 class AuthSettings(_Strict):
@@ -242,6 +258,7 @@ class AppConfig(_Strict):
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     canary: CanarySettings = Field(default_factory=CanarySettings)
+    tune: TuneSettings = Field(default_factory=TuneSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     workshop: WorkshopSettings = Field(default_factory=WorkshopSettings)

@@ -895,6 +895,11 @@ PHRASES: dict[str, PhraseEntry] = {
     "reason.hung": _p(
         "seconds", "stopped answering health checks for {seconds:.0f} s", "在 {seconds:.0f} 秒内没有响应健康检查"
     ),
+    "tune.measuring": _p(
+        "candidate number total",
+        "First start on this machine: measuring which engine answers fastest here: {candidate}, {number} of {total}.",
+        "本机首次启动：正在测量哪个引擎在这里回答最快：{candidate}（第 {number} 个，共 {total} 个）。",
+    ),
     "full_log": _p("path", " (full log: {path})", "（完整日志：{path}）"),
     "trtllm.no_package": _p("", "the tensorrt_llm package", " tensorrt_llm 软件包"),
     "trtllm.no_command": _p("command", "the {command} command", " {command} 命令"),

@@ -40,7 +40,8 @@ def wait_text(event: EngineWait, locale: str) -> str:
         return text
     if event.state == "restarting":
         return t("restarting", locale, elapsed=event.elapsed_s, error=describe(event.problem, locale))
-    return t(event.state, locale, elapsed=event.elapsed_s)
+    text = t(event.state, locale, elapsed=event.elapsed_s)
+    return f"{text}\n\n🔎 {event.progress.text(locale)}" if event.progress else text
 
 
 def reply_text(event: Done, locale: str) -> str:

@@ -41,7 +41,7 @@ from backend.prompts.routing import command as slash_command
 from backend.prompts.schema import RenderedPrompt
 from backend.prompts.store import TemplateStore, UnknownTemplate
 from backend.serving.hardware import gpu_label
-from backend.serving.launch import make_supervisor
+from backend.serving.launch import Chooser, make_supervisor
 from backend.serving.supervisor import State, Supervisor
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,12 @@ class ChatService:
         self._max_model_len: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: AppConfig | None = None, recorder: Recorder | None = None) -> ChatService:
-        """Build the service; nothing starts until start()."""
+    def from_config(
+        cls, cfg: AppConfig | None = None, recorder: Recorder | None = None, choose: Chooser | None = None
+    ) -> ChatService:
+        """Build the service; nothing starts until start(). `choose` decides the engine first (the tune)."""
         cfg = cfg or load_config()
-        supervisor = make_supervisor(cfg)
+        supervisor = make_supervisor(cfg, choose)
         client = ChatClient(
             supervisor.endpoint,
             connect_timeout_s=cfg.timeouts.connect_s,
@@ -261,7 +263,8 @@ class ChatService:
                 return
             origin = st.since if origin is None else min(origin, st.since)
             state: EngineState = "restarting" if st.state == State.RESTARTING else "starting"
-            yield EngineWait(state, time.monotonic() - origin, st.problem if state == "restarting" else None)
+            problem = st.problem if state == "restarting" else None
+            yield EngineWait(state, time.monotonic() - origin, problem, progress=st.progress)
         took = sup.status.since - (origin if origin is not None else started)
         yield EngineWait("ready", max(took, 0.0))
 

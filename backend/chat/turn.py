@@ -14,7 +14,7 @@ from typing import Any, Literal
 from backend.chat.client import StreamStats
 from backend.chat.context import Message
 from backend.chat.request import UserSettings
-from backend.errors import ServiceError
+from backend.errors import Phrase, ServiceError
 
 
 def turn_messages(user_text: str, reply_text: str) -> list[Message]:
@@ -79,6 +79,7 @@ class EngineWait:
     problem: ServiceError | None = None  # what went wrong (restarting, failed)
     log_tail: str = ""
     log_path: Path | None = None
+    progress: Phrase | None = None  # what the start is doing meanwhile (measuring the engines at a first start)
 
 
 @dataclass(frozen=True)

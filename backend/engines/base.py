@@ -169,6 +169,18 @@ class Engine:
         """The number format a candidate computes in: a key of logprob_check.TOLERANCES."""
         return "float32" if variant == "float32" else "bfloat16"
 
+    def tune_formats(self, cfg: AppConfig, model: ResolvedModel, python: str) -> list[str]:
+        """The number formats the tune measures this engine in for `model`, one candidate each."""
+        return [self.number_format(cfg, "auto", model)]
+
+    def format_on_auto(self, cfg: AppConfig) -> bool:
+        """Whether the configuration leaves this engine's format to the tune."""
+        return False
+
+    def in_format(self, cfg: AppConfig, fmt: str) -> AppConfig:
+        """`cfg` set to run this engine in `fmt` (one of tune_formats); a format that is no setting changes nothing."""
+        return cfg
+
     def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
         """What the canary compares the candidate with: the weights it serves, loaded in float32 by transformers."""
         return Weights(resolved.source or resolved.model, None, self.number_format(cfg, variant, resolved))

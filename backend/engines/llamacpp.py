@@ -24,7 +24,7 @@ from backend.child.llamacpp_build import LADDER, cpu_flags
 from backend.config import ROOT, AppConfig, EngineFlags
 from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Note, Target, Weights
 from backend.errors import EngineNotInstalledError, ModelNotFoundError
-from backend.models.gguf import cached_gguf, convert_log, ensure_gguf
+from backend.models.gguf import QUANTS, cached_gguf, convert_log, ensure_gguf, quantization
 from backend.models.resolve import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def resolve_gguf(cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
         return resolved
     if not source.is_dir():
         raise ModelNotFoundError.of("model.needs_local", model=resolved.model)
-    quant = cfg.llamacpp.quantization
+    quant = quantization(cfg)
     if not cached_gguf(cfg, source, quant).is_file():
         note(f"Converting {source.name} to GGUF {quant} for llama.cpp (once; log: {convert_log(cfg)}).")
     tool = quantize_binary(cfg)
@@ -143,6 +143,10 @@ def build_llamacpp_launch(
         "--prio",
         str(ll.priority),
         "--kv-unified",
+        # No RAM prompt cache: it can restore another conversation into a slot (llama.cpp issue #27148, open).
+        "--cache-ram",
+        "0",
+        "--no-cache-idle-slots",
         "--jinja",  # the GGUF's own chat template, rendered as transformers does
         "--metrics",
         "--no-webui",
@@ -193,9 +197,29 @@ class LlamaCpp(Engine):
 
     def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
         if resolved.source:
-            return cfg.llamacpp.quantization
+            return quantization(cfg)
         found = GGUF_FORMAT.search(Path(resolved.model).name)
         return found.group(1).lower() if found else "q4_k_m"  # an unknown GGUF gets the loosest tolerance
+
+    def tune_formats(self, cfg: AppConfig, model: ResolvedModel, python: str) -> list[str]:
+        """A GGUF served as it is has its own format; a converted model is measured in each allowed format."""
+        if cfg.llamacpp.gguf or model.is_demo or Path(model.model).suffix == ".gguf":
+            served = (
+                resolve_gguf(cfg, python, lambda _: None)
+                if not model.is_demo
+                else ResolvedModel(str(demo_gguf(cfg, python)), is_demo=True)
+            )
+            return [self.number_format(cfg, "auto", served)]
+        asked = cfg.llamacpp.quantization
+        return list(cfg.tune.formats) if asked == "auto" else [asked]
+
+    def format_on_auto(self, cfg: AppConfig) -> bool:
+        return cfg.llamacpp.quantization == "auto"
+
+    def in_format(self, cfg: AppConfig, fmt: str) -> AppConfig:
+        if fmt not in QUANTS or not self.format_on_auto(cfg):
+            return cfg
+        return cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"quantization": fmt})})
 
     def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
         if resolved.source is None:  # a GGUF served as it is: the reference loads the same file

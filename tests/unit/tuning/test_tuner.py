@@ -1,0 +1,176 @@
+"""The engine tune's own logic: the rule, the kept result and its key, the candidates, the chat's progress line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.chat.render import wait_text
+from backend.chat.turn import EngineWait
+from backend.config import AppConfig, load_config
+from backend.engines.base import Engine
+from backend.engines.registry import engine, tunable
+from backend.errors import Phrase
+from backend.models.resolve import ResolvedModel
+from backend.tuning import kept, tuner
+from backend.tuning.kept import Measured, TuneResult
+
+
+def config(tmp_path: Path, **overrides: object) -> AppConfig:
+    env = {"ERNIE_PATHS__DATA_DIR": str(tmp_path / "data"), "ERNIE_PATHS__CACHE_DIR": str(tmp_path / "cache")}
+    env.update({f"ERNIE_{k.upper()}": str(v) for k, v in overrides.items()})
+    return load_config(environ=env)
+
+
+def level(decode: float, first_ms: float) -> dict[str, Any]:
+    """A chat level's summary as backend.benchmarks.chat_workload makes it (the fields the tune reads)."""
+    return {"decode_tok_s": {"p50": decode, "min": decode}, "first_text_ms": {"p50": first_ms}, "output_tok_s": decode}
+
+
+def measured(label: str, one: tuple[float, float], many: tuple[float, float]) -> Measured:
+    name, fmt = label.split(" ")
+    return Measured(label, name, fmt, "measured", "passed", 1.0, level(*one), level(*many))
+
+
+def test_the_rule_takes_the_soonest_typical_reply_at_the_expected_users() -> None:
+    a = measured("llama.cpp q8_0", (60, 200), (30, 300))  # 4 users: 0.3 + 200/30 = 6.97 s
+    b = measured("llama.cpp q4_k_m", (80, 180), (35, 280))  # 0.28 + 200/35 = 5.99 s
+    c = measured("vllm-cpu bfloat16", (15, 250), (12, 400))  # 0.4 + 200/12 = 17.1 s
+    assert tuner.choose([a, b, c]) is b
+    assert tuner.reply_s(level(35, 280)) == pytest.approx(0.28 + 200 / 35)
+    slow_to_answer = measured("vllm-cpu bfloat16", (15, 900), (32, 5000))  # decodes faster, answers 5 s later
+    assert tuner.choose([a, slow_to_answer]) is a
+    tie = measured("vllm-cpu bfloat16", (15, 200), (30, 300))  # the same at 4 users, slower at one
+    assert tuner.choose([tie, a]) is a
+
+
+def test_skipped_candidates_are_never_chosen_and_none_measured_means_no_choice() -> None:
+    broken = Measured("llama.cpp q4_k_m", "llama.cpp", "q4_k_m", "skipped: crashed with SIGILL during start-up")
+    ok = measured("vllm-cpu bfloat16", (15, 250), (12, 400))
+    assert tuner.choose([broken, ok]) is ok
+    assert tuner.choose([broken]) is None
+    assert tuner.choose([]) is None
+
+
+def result(cfg: AppConfig, key: str, chosen: str | None = "llama.cpp q8_0") -> TuneResult:
+    m = [measured("llama.cpp q8_0", (60, 200), (30, 300)), Measured("vllm-cpu bfloat16", "vllm-cpu", "bfloat16",
+         "skipped: not ready (failed)")]  # fmt: skip
+    return TuneResult(key, "AMD EPYC [abc]", cfg.tune.users, chosen, tuner.RULE, 42.0, "2026-12-02T05:00:00", m)
+
+
+def test_a_kept_result_reads_back_whole_and_a_broken_file_is_measured_again(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    assert kept.load(cfg, "k1") is None
+    path = kept.save(cfg, result(cfg, "k1"))
+    back = kept.load(cfg, "k1")
+    assert back == result(cfg, "k1") and path.parent == cfg.paths.cache / "tune"
+    summary = back.summary()
+    assert summary["chosen"] == "llama.cpp q8_0" and summary["decode_tok_s_1_user"] == 60
+    assert summary["figures"]["vllm-cpu bfloat16"] == {"outcome": "skipped: not ready (failed)"}
+    json.loads(path.read_text())  # plain JSON a person can read
+    path.write_text("{not json")
+    assert kept.load(cfg, "k1") is None
+
+
+def test_the_key_changes_with_the_cpu_the_builds_the_model_and_the_settings(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    base = kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m")
+    assert base == kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m")
+    others = {
+        kept.tune_key(cfg, "Intel Xeon [2]", ["b1"], "m"),
+        kept.tune_key(cfg, "AMD EPYC [1]", ["b2"], "m"),
+        kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "other model"),
+        kept.tune_key(config(tmp_path, tune__users=8), "AMD EPYC [1]", ["b1"], "m"),
+        kept.tune_key(config(tmp_path, tune__formats="[q8_0]"), "AMD EPYC [1]", ["b1"], "m"),
+    }
+    assert base not in others and len(others) == 5
+
+
+def test_only_what_is_left_on_auto_is_measured(tmp_path: Path) -> None:
+    assert tunable(config(tmp_path))
+    assert tunable(config(tmp_path, engine__name="llama.cpp")), "llama.cpp's format on auto"
+    assert not tunable(config(tmp_path, engine__name="llama.cpp", llamacpp__quantization="q4_k_m"))
+    assert not tunable(config(tmp_path, engine__name="vllm-cpu"))
+
+
+def test_llama_cpp_is_measured_in_each_allowed_format_and_a_shipped_gguf_in_its_own(tmp_path: Path) -> None:
+    folder = ResolvedModel(str(tmp_path / "ernie"))
+    ll: Engine = engine("llama.cpp")
+    assert ll.tune_formats(config(tmp_path), folder, sys.executable) == ["q8_0", "q4_k_m"]
+    assert ll.tune_formats(config(tmp_path, tune__formats="[bf16]"), folder, sys.executable) == ["bf16"]
+    assert ll.tune_formats(config(tmp_path, llamacpp__quantization="q4_k_m"), folder, sys.executable) == ["q4_k_m"]
+    gguf = tmp_path / "x.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert ll.tune_formats(config(tmp_path, llamacpp__gguf=gguf), folder, sys.executable) == ["q4_1"]
+    assert engine("vllm-cpu").tune_formats(config(tmp_path), folder, sys.executable) == ["bfloat16"]
+    chosen = ll.in_format(config(tmp_path), "q4_k_m")
+    assert chosen.llamacpp.quantization == "q4_k_m"
+    pinned = config(tmp_path, llamacpp__quantization="bf16")
+    assert ll.in_format(pinned, "q4_k_m").llamacpp.quantization == "bf16", "a format the user set is kept"
+
+
+def test_each_candidate_runs_alone_on_a_free_port_with_its_own_log(tmp_path: Path) -> None:
+    cfg = config(tmp_path, server__port=8100, server__api_key="secret")
+    one = tuner.candidate_config(cfg, engine("llama.cpp"), "q4_k_m", tmp_path / "t")
+    assert (one.engine.name, one.llamacpp.quantization, one.server.port, one.server.api_key) == (
+        "llama.cpp", "q4_k_m", 0, None)  # fmt: skip
+    assert one.paths.data == tmp_path / "t" and one.paths.cache == cfg.paths.cache, "verdicts and models shared"
+
+
+def test_the_starting_notice_shows_the_tune_progress_in_the_users_language() -> None:
+    step = Phrase("tune.measuring", candidate="llama.cpp q8_0", number=2, total=3)
+    en = wait_text(EngineWait("starting", 12.0, progress=step), "en-US")
+    zh = wait_text(EngineWait("starting", 12.0, progress=step), "zh-CN")
+    assert "llama.cpp q8_0, 2 of 3" in en and "starting" in en
+    assert "llama.cpp q8_0（第 2 个，共 3 个）" in zh
+    assert "llama.cpp" not in wait_text(EngineWait("starting", 12.0), "en-US")
+
+
+def test_a_tune_that_measured_before_is_kept_and_force_measures_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = config(tmp_path)
+    runs: list[str] = []
+
+    async def fake_measure(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> Measured:
+        runs.append(f"{eng.name} {fmt}")
+        return measured(f"{eng.name} {fmt}", (50 + len(runs), 200), (30 + len(runs), 300))
+
+    fake_pairs = [(engine("llama.cpp"), "q8_0"), (engine("llama.cpp"), "q4_k_m")]
+    monkeypatch.setattr(tuner, "measure", fake_measure)
+    monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: fake_pairs)
+    monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
+    steps: list[Phrase | None] = []
+    first = asyncio.run(tuner.tune(cfg, sys.executable, steps.append))
+    assert first is not None and first.chosen == "llama.cpp q4_k_m" and runs == ["llama.cpp q8_0", "llama.cpp q4_k_m"]
+    assert [p.params for p in steps if p] == [
+        {"candidate": "llama.cpp q8_0", "number": 1, "total": 2},
+        {"candidate": "llama.cpp q4_k_m", "number": 2, "total": 2},
+    ]
+    again = asyncio.run(tuner.tune(cfg, sys.executable, steps.append))
+    assert again == first and len(runs) == 2, "kept: nothing measured again"
+    forced = asyncio.run(tuner.tune(cfg, sys.executable, steps.append, force=True))
+    assert forced is not None and len(runs) == 4
+    choice = tuner.applied(cfg, forced)
+    assert choice is not None and choice.engine == "llama.cpp" and choice.cfg.llamacpp.quantization == "q4_k_m"
+
+
+def test_candidates_past_the_budget_are_skipped_not_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(tmp_path, tune__budget_s=0.01)
+
+    async def slow_measure(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> Measured:
+        await asyncio.sleep(0.05)
+        return measured(f"{eng.name} {fmt}", (50, 200), (30, 300))
+
+    monkeypatch.setattr(tuner, "measure", slow_measure)
+    monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: [(engine("llama.cpp"), "q8_0"),
+                        (engine("llama.cpp"), "q4_k_m")])  # fmt: skip
+    monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
+    done = asyncio.run(tuner.tune(cfg, sys.executable, lambda _: None))
+    assert done is not None and done.chosen == "llama.cpp q8_0"
+    assert done.measured[1].outcome.startswith("skipped: the tune's 0 s were spent")
