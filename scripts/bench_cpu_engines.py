@@ -58,13 +58,14 @@ CONFIGS: dict[str, dict[str, str]] = {
 # Per workload: the figures kept of each level, and the report's columns (title, figure, digits).
 FIGURES = {
     "requests": ("output_tokens_per_s", "ttft_ms.p50", "tpot_ms.p50", "e2el_ms.p50"),
-    "chat": ("output_tok_s", "first_text_ms.p50", "decode_tok_s.p50", "tpot_ms.p50"),
+    "chat": ("output_tok_s", "first_text_ms.p50", "decode_tok_s.p50", "tpot_ms.p50", "bunched.p50"),
 }
 COLUMNS = {
     "requests": (("output tok/s", "output_tokens_per_s", 1), ("TTFT P50 ms", "ttft_ms.p50", 0),
                  ("TPOT P50 ms", "tpot_ms.p50", 1)),
     "chat": (("output tok/s", "output_tok_s", 1), ("first text P50 ms", "first_text_ms.p50", 0),
-             ("decode tok/s per reply P50", "decode_tok_s.p50", 1), ("TPOT P50 ms", "tpot_ms.p50", 1)),
+             ("decode tok/s per reply P50", "decode_tok_s.p50", 1), ("TPOT P50 ms", "tpot_ms.p50", 1),
+             ("chunks bunched P50", "bunched.p50", 2)),
 }  # fmt: skip
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 SYSTEM = "You are a helpful assistant."
 ERROR_SAMPLES = 5
+BUNCHED_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class TurnResult:
     decode_tok_s: float | None = None  # (output_tokens - 1) / (time of last chunk - time of first chunk)
     prompt_tokens: int = 0  # from the usage chunk (stream_options include_usage)
     output_tokens: int = 0
+    # Share of the gaps between chunks under BUNCHED_S: chunks that arrived together instead of as they were
+    # decoded (a server thread starved of CPU sends them in bursts, and decode_tok_s then overstates its pace).
+    bunched: float | None = None
 
 
 @dataclass
@@ -98,6 +102,7 @@ class ChatLevel:
         first_text = [t.first_text_s * 1000 for t in done if t.first_text_s is not None]
         decode = [t.decode_tok_s for t in done if t.decode_tok_s]
         prompts = [t.prompt_tokens for t in done]
+        bunched = [t.bunched for t in done if t.bunched is not None]
         errors = [t.error or "failed" for t in self.turns if not t.success]
         return {
             "users": self.users,
@@ -111,6 +116,7 @@ class ChatLevel:
             "decode_tok_s": {"p50": percentile(decode, 50), "min": min(decode)} if decode else None,
             "tpot_ms": {"p50": percentile([1000 / d for d in decode], 50)} if decode else None,
             "prompt_tokens": {"mean": statistics.fmean(prompts), "max": max(prompts)} if prompts else None,
+            "bunched": {"p50": percentile(bunched, 50), "max": max(bunched)} if bunched else None,
             "error_samples": sorted(set(errors))[:ERROR_SAMPLES],
         }
 
@@ -147,7 +153,9 @@ def _turn_result(index: int, turn: int, streamed: Streamed) -> TurnResult:
     output = streamed.completion_tokens or streamed.token_chunks
     first_text = None if streamed.first_text_at is None else streamed.first_text_at - streamed.start
     decode = (output - 1) / (last - first) if output > 1 and last > first else None
-    return TurnResult(index, turn, True, None, first_text, decode, streamed.prompt_tokens, output)
+    gaps = [b - a for a, b in zip(streamed.chunk_times, streamed.chunk_times[1:], strict=False)]
+    bunched = sum(g < BUNCHED_S for g in gaps) / len(gaps) if gaps else None
+    return TurnResult(index, turn, True, None, first_text, decode, streamed.prompt_tokens, output, bunched)
 
 
 async def _hold(

@@ -2,8 +2,8 @@
 
 Layers, lowest first (a module imports its own package and lower layers only):
 errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop →
-ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it imports
-nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
+ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
+imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ class Stub:
 
     url: str = ""
     fail: int | None = None
+    burst: bool = False  # send every chunk at once (a server whose sending thread was starved of CPU)
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -124,10 +125,13 @@ def stub() -> Iterator[Stub]:
             ]
             prompt = sum(len(m["content"].split()) for m in messages)
             events.append({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": body["max_tokens"]}})
+            if state.burst:
+                time.sleep(CHUNK_S * len(events))
             for event in events:
                 self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()
-                time.sleep(CHUNK_S)
+                if not state.burst:
+                    time.sleep(CHUNK_S)
             seen.end = time.monotonic()  # before [DONE]: the client sends its next turn only after it
             self.wfile.write(b"data: [DONE]\n\n")
 
@@ -188,6 +192,14 @@ async def test_turns_of_a_conversation_are_sequential_and_users_run_at_once(stub
         assert mine[0].end <= mine[1].start  # the second turn waits for the first reply
     most = max(sum(1 for s in stub.seen if s.start <= t.start < s.end) for t in stub.seen)
     assert most == 3  # three users at once, never more
+
+
+async def test_chunks_that_arrive_together_are_told_from_chunks_that_stream(stub: Stub) -> None:
+    paced = (await run_chat_level(stub.url, "k", "m", 1, 2, SMALL)).summary()
+    stub.burst = True
+    bunched = (await run_chat_level(stub.url, "k", "m", 1, 2, SMALL)).summary()
+    assert paced["bunched"]["max"] < 0.5, paced["bunched"]
+    assert bunched["bunched"]["p50"] > 0.5, bunched["bunched"]
 
 
 async def test_a_server_error_fails_the_turn_and_ends_its_conversation(stub: Stub) -> None:
