@@ -845,12 +845,32 @@ CATALOG: dict[str, Entry] = {
         ("“{name}”不能用作模板文件名。", "请使用小写字母、数字、“-”或“_”（最多 40 个，以字母或数字开头）。"),
     ),
     "workshop.problems": _e(
-        "count",
+        "count file",
         (
-            "The template has {count} problem(s) and was not saved; the last good version keeps serving.",
+            "The template has {count} problem(s) and was not saved; {file} keeps its current text.",
             "Fix the problems listed under the editor, then save again.",
         ),
-        ("模板有 {count} 个问题，未保存；聊天继续使用上一个正确的版本。", "请修正编辑框下列出的问题后再保存。"),
+        ("模板有 {count} 个问题，未保存；{file} 保持原来的内容。", "请修正编辑框下列出的问题后再保存。"),
+    ),
+    "workshop.problems_new": _e(
+        "count file",
+        (
+            "The template has {count} problem(s) and was not saved: {file} was not written, so the chat does not "
+            "know this template yet.",
+            "Fix the problems listed under the editor, then save again.",
+        ),
+        (
+            "模板有 {count} 个问题，未保存：没有写入 {file}，所以聊天还不知道这个模板。",
+            "请修正编辑框下列出的问题后再保存。",
+        ),
+    ),
+    "workshop.draft_problems": _e(
+        "count",
+        (
+            "The draft has {count} problem(s), so it cannot be tried.",
+            "Fix the problems listed under the editor, then try again.",
+        ),
+        ("草稿有 {count} 个问题，无法试用。", "请修正编辑框下列出的问题后再试。"),
     ),
     "workshop.conflict": _e(
         "name who when",

@@ -8,6 +8,13 @@ simple heuristics below and the means are compared. Runs with the app's interpre
     .venv/bin/python scripts/demo_quality.py run --engine vllm-bf16 --configs f --questions precision
     .venv/bin/python scripts/demo_quality.py run --engine vllm-fp32 --configs f --questions precision
     .venv/bin/python scripts/demo_quality.py report --recommended f [--conclusion FILE.md]
+    .venv/bin/python scripts/demo_quality.py run --threads 1 --configs f2,r0,r1,rx,z1,app   # templates on the demo
+
+Configurations r0, r1, rx and app send each question as the chat itself would on the demo model: the app's own decision
+(backend.chat.decision.decide: routing, the template's system text and sampling, the demo's defaults where the template
+sets none). r0 and r1 let every template route on the demo (r0 without the demo's penalties, r1 with them) and ask only
+the questions that some template catches; rx asks /explain on the code question; app is the decision as shipped (each
+template's route_on_demo field); f2 repeats f (no template) beside them; z1 is an editor's English system prompt.
 
 `run` starts the engine itself (one at a time), sends every question through /v1/chat/completions, stops
 the engine and merges the answers into results/demo-quality/results.json (a later run of the same engine
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -44,6 +52,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import unicodedata
@@ -52,6 +61,12 @@ from typing import Any
 
 import httpx
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend.chat.decision import decide  # the app's own decision, for the "route" configurations
+from backend.chat.request import UserSettings
+from backend.config import AppConfig, load_config
+from backend.prompts.store import TemplateStore
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "results" / "demo-quality"
@@ -206,6 +221,54 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "template": "writing",
         "only": ["en-poem", "zh-poem"],
     },
+    # The app's own decision on the demo model (issue 25): "route" = "all" lets every template route on the demo
+    # (the route_on_demo fields ignored), "shipped" uses the folder as it is. "penalties": False drops the demo's
+    # frequency/presence penalties from requests a template answers. "routed_only": ask only the questions a template
+    # (not the default) catches.
+    "r0": {
+        "label": "every template routes on the demo, its own system text and sampling, no penalties",
+        "route": "all",
+        "penalties": False,
+        "routed_only": True,
+    },
+    "r1": {
+        "label": "every template routes on the demo, its own system text and sampling, demo penalties",
+        "route": "all",
+        "penalties": True,
+        "routed_only": True,
+    },
+    # explain: no question routes to it (en-code says "this Python function"), so it is asked for by name.
+    "rx": {
+        "label": "the explain template asked for with /explain on the code question, demo penalties",
+        "route": "all",
+        "command": "explain",
+        "only": ["en-code"],
+    },
+    # An editor's own English template, as in issue 25: does the demo model follow a template's system prompt?
+    "z1": {
+        "label": "an editor's template: system 'Always begin your answer with the word ZEBRA.', sampling of f",
+        "system": "Always begin your answer with the word ZEBRA.",
+        "only": ["en-fact", "en-explain", "en-poem", "en-code", "en-summary", "en-hello"],
+        **BASE,
+        "max_tokens": 256,
+        "temperature": 0.3,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
+    "f2": {
+        "label": "f again: the chat's demo request before issue 25 (no template), beside r0, r1 and app",
+        "system": SYSTEM_EN,
+        **BASE,
+        "max_tokens": 256,
+        "temperature": 0.3,
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+    },
+    "app": {
+        "label": "the app's decision as shipped (route_on_demo of each template)",
+        "route": "shipped",
+        "penalties": True,
+    },
     "w1": {
         "label": "writing template, sampling of f",
         "template": "writing",
@@ -220,8 +283,42 @@ CONFIGS: dict[str, dict[str, Any]] = {
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty", "repeat_penalty")
 
 
+@functools.cache
+def app_config() -> AppConfig:
+    """The app's configuration, read once (other work may edit config/backend.yaml while a run goes on)."""
+    return load_config(environ={})
+
+
+@functools.cache
+def app_store(route: str) -> TemplateStore:
+    """The prompts folder as the chat reads it ("shipped"), or a copy where every template routes on the demo."""
+    if route == "shipped":
+        return TemplateStore(ROOT / "prompts")
+    folder = Path(tempfile.mkdtemp(prefix="demo-quality-prompts-"))
+    for path in (ROOT / "prompts").glob("*.yaml"):
+        kept = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.startswith("route_on_demo:")]
+        (folder / path.name).write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return TemplateStore(folder)
+
+
+def routed(config: dict[str, Any], question: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, Any], str]:
+    """The messages, sampling and template of the app's own decision for `question` on the demo model."""
+    cfg = app_config()
+    store, settings = app_store(config["route"]), UserSettings.defaults(cfg, True)
+    decision = decide(store, cfg, question["text"], settings, demo=True, command=config.get("command"))
+    sampling = dict(decision.sampling)
+    if not config.get("penalties", True) and decision.template != "default":
+        for key in ("frequency_penalty", "presence_penalty"):
+            sampling.pop(key, None)
+    system = [{"role": "system", "content": decision.system}] if decision.system else []
+    return [*system, {"role": "user", "content": decision.user}], sampling, decision.template
+
+
 def render(config: dict[str, Any], question: dict[str, Any]) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """The messages and sampling the app would send for `question` under `config`."""
+    if config.get("route"):
+        messages, sampling, _ = routed(config, question)
+        return messages, sampling
     sampling = {k: config[k] for k in SAMPLING_KEYS if k in config}
     system = config.get("system")
     user = question["text"]
@@ -449,6 +546,8 @@ async def run_config(url: str, key: str, model: str, name: str, questions: list[
     for q in questions:
         if config.get("only") and q["id"] not in config["only"]:
             continue
+        if config.get("routed_only") and routed(config, q)[2] == "default":
+            continue
         messages, sampling = render(config, q)
         seeds = [None] if sampling.get("temperature", 0) == 0 else list(SEEDS)
         todo += [(q, messages, sampling, s) for s in seeds]
@@ -460,6 +559,7 @@ async def run_config(url: str, key: str, model: str, name: str, questions: list[
         return {
             "question": q["id"],
             "seed": seed,
+            **({"template": routed(config, q)[2]} if config.get("route") else {}),
             **answer,
             "scores": score(answer["text"], answer["finish_reason"], q),
         }
@@ -486,6 +586,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             raise SystemExit(f"unknown configuration {n!r}: {', '.join(CONFIGS)}")
     questions = QUESTIONS if args.questions == "all" else [q for q in QUESTIONS if q["id"] in PRECISION_SUBSET]
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    if any(CONFIGS[n].get("route") for n in names):
+        app_config()  # a configuration that cannot be read stops the run here, before any engine starts
     engine = None
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -520,6 +622,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                 }
             )
             results["configs"][name] = CONFIGS[name]
+            # written after each configuration: what was measured is kept if a later one fails
+            RESULTS.write_text(json.dumps(results, ensure_ascii=False, indent=1), encoding="utf-8")
     finally:
         if engine:
             engine.stop()
@@ -531,6 +635,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             "threads": args.threads,
             "seconds": round(time.monotonic() - started, 1),
             "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cpu_model": cpu_model(),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
@@ -594,6 +699,68 @@ HEADER = (
 SAMPLES = ["en-fact", "en-poem", "zh-poem", "zh-hello"]
 
 
+def partial(name: str) -> bool:
+    """Whether a configuration asks only some of the questions (kept out of the tables over all questions)."""
+    config = CONFIGS.get(name, {})
+    return bool(config.get("only") or config.get("routed_only"))
+
+
+def templates_section(by: dict[tuple[str, str], dict], qtext: dict[str, str]) -> list[str]:
+    """Issue 25: the templates on the demo model, as the app's own decision sends them (r0, r1, app vs f2)."""
+    f2, app = by.get(("llama.cpp", "f2")), by.get(("llama.cpp", "app"))
+    routes = [by[("llama.cpp", n)] for n in ("r0", "r1") if ("llama.cpp", n) in by]
+    if not f2 or not routes:
+        return []
+    caught = {a["question"]: a["template"] for a in routes[0]["answers"]}
+    lines = [
+        "",
+        "## Templates on the demo model (issue 25): the app's own decision",
+        "",
+        "Every question is sent as the chat sends it on the demo model (`backend.chat.decision.decide`): the template "
+        "routing picks, its system text and sampling, the demo's defaults where the template sets none. Questions "
+        f"a template catches: {', '.join(f'{q} → {t}' for q, t in caught.items())}; the others go to `default`, "
+        "which sends exactly f's request. Same machine, same session for f2, r0, r1 and app (see the runs above).",
+        "",
+        "On the questions a template catches:",
+        "",
+        HEADER,
+        row(f"**f2** {CONFIGS['f2']['label']}", means([a for a in f2["answers"] if a["question"] in caught])),
+    ]
+    lines += [row(f"**{r['config']}** {CONFIGS[r['config']]['label']}", means(r["answers"])) for r in routes]
+    lines += ["", "By template (f2: the same questions without their template):", "", HEADER]
+    for template in sorted(set(caught.values())):
+        ids = {q for q, t in caught.items() if t == template}
+        for r in [f2, *routes]:
+            lines.append(row(f"{template}: {r['config']}", means([a for a in r["answers"] if a["question"] in ids])))
+    if ("llama.cpp", "rx") in by:
+        rx = by[("llama.cpp", "rx")]
+        lines += ["", f"explain ({CONFIGS['rx']['label']}), against f2 on the same question:", "", HEADER,
+                  row("explain: f2", means([a for a in f2["answers"] if a["question"] == "en-code"])),
+                  row("explain: rx", means(rx["answers"]))]  # fmt: skip
+        routes = [*routes, rx]
+        caught = {**caught, "en-code": "explain"}
+    if ("llama.cpp", "z1") in by:
+        z1 = by[("llama.cpp", "z1")]["answers"]
+        english = [a for a in f2["answers"] if a["question"].startswith("en-")]
+        zebra = sum(a["text"].lstrip(" *\"'").upper().startswith("ZEBRA") for a in z1)
+        lines += ["", f"An editor's template (z1: {CONFIGS['z1']['label']}), the 6 English questions: {zebra} of "
+                  f"{len(z1)} answers begin with ZEBRA; the same answers otherwise:", "", HEADER,
+                  row("z1", means(z1)), row("f2 (English)", means(english))]  # fmt: skip
+    if app:
+        lines += ["", "All 12 questions, the chat's request before (f2) and after (app, as shipped):", "", HEADER,
+                  row("before (f2)", means(f2["answers"])), row("after (app)", means(app["answers"]))]  # fmt: skip
+    lines += ["", "Sample answers (first seed):", ""]
+    for r in routes:
+        for qid in caught:
+            a = first_answer(r, qid)
+            if a:
+                lines.append(
+                    f"- {r['config']} / {cell(qtext[qid], 50)} → {a['template']} ({a['finish_reason']}, "
+                    f"{a['completion_tokens']} tokens) {cell(a['text'], 220)}"
+                )
+    return lines
+
+
 def first_answer(run: dict, qid: str) -> dict | None:
     return next((a for a in run["answers"] if a["question"] == qid), None)
 
@@ -617,8 +784,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     lines = [
         "# Demo model answer quality: precision, system prompt and sampling defaults",
         "",
-        f"Model: SmolLM2-135M-Instruct (the offline demo model). CPU: {res.get('cpu_model')}. "
-        f"Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.",
+        "Model: SmolLM2-135M-Instruct (the offline demo model). CPU: lscpu's model name is given with each run below. "
+        "Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.",
         "",
     ]
     for name, e in sorted(res.get("engines", {}).items()):
@@ -635,6 +802,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         f"  - {x['date']} {x['engine']} configs {','.join(x['configs'])} ({x['questions']} questions"
         + (f", --threads {x['threads']}" if x["engine"] == "llama.cpp" else "")
         + f"): {x['seconds']:.0f} s, load average {x['loadavg_before'][0]} → {x['loadavg_after'][0]}"
+        + (f", CPU {x['cpu_model']}" if x.get("cpu_model") else "")
         + (f" ({x['note']})" if x.get("note") else "")
         for x in sessions
     ]
@@ -654,12 +822,12 @@ def cmd_report(args: argparse.Namespace) -> None:
     lines += ["## Configurations (llama.cpp, Q4_1 GGUF, all questions)", "", HEADER]
     for r in main:
         c = CONFIGS.get(r["config"], res["configs"].get(r["config"], {}))
-        if c.get("only"):
+        if partial(r["config"]):
             continue
         lines.append(row(f"**{r['config']}** {c.get('label', '')}", means(r["answers"])))
     lines += ["", "By question language (English questions / Chinese questions):", "", HEADER]
     for r in main:
-        if CONFIGS.get(r["config"], {}).get("only"):
+        if partial(r["config"]):
             continue
         for lang in ("en", "zh"):
             lines.append(row(f"{r['config']} {lang}", means(r["answers"], lang)))
@@ -723,7 +891,7 @@ def cmd_report(args: argparse.Namespace) -> None:
             lines.append(f"| {cell(qtext[qid], 60)} | " + " | ".join(cells) + " |")
     lines += ["", "## Sample answers per configuration (llama.cpp, first seed)", ""]
     for r in main:
-        if CONFIGS.get(r["config"], {}).get("only"):
+        if partial(r["config"]):
             continue
         lines += [f"### {r['config']}: {CONFIGS[r['config']]['label']}", ""]
         for qid in SAMPLES:
@@ -760,6 +928,7 @@ def cmd_report(args: argparse.Namespace) -> None:
             row("before (a)", means(before["answers"])),
             row(f"after ({rec})", means(after["answers"])),
         ]
+    lines += templates_section(by, qtext)
     if res.get("conclusion"):
         lines += ["", res["conclusion"]]
     REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")

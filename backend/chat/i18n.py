@@ -63,6 +63,11 @@ MESSAGES: dict[str, dict[str, str]] = {
     "reason_default": {"en": "no rule matched (default)", "zh": "未匹配任何规则（默认模板）"},
     "reason_chosen": {"en": "chosen in ⚙️ settings", "zh": "在 ⚙️ 设置中选择"},
     "reason_command": {"en": "chosen with /name", "zh": "用 /名称 选择"},
+    "reason_demo_off": {
+        "en": "{value} matches, but does not route on the demo model (default)",
+        "zh": "匹配 {value}，但它在演示模型上不自动选用（默认模板）",
+    },
+    # the reason of replies saved before templates routed on the demo model; shown when such a chat is resumed
     "reason_demo": {"en": "demo model: automatic templates are off", "zh": "演示模型：不自动选择模板"},
     "detail_ttft": {"en": "first token {seconds:.2f} s", "zh": "首个 token {seconds:.2f} 秒"},
     "detail_speed": {"en": "{speed:.1f} tokens/s", "zh": "{speed:.1f} token/秒"},
@@ -70,8 +75,9 @@ MESSAGES: dict[str, dict[str, str]] = {
     "detail_prompt_tokens": {"en": "{prompt} prompt tokens", "zh": "输入 {prompt} token"},
     "details_title": {"en": "Reply details", "zh": "回复详情"},
     "template_problems": {
-        "en": "⚠️ Some prompt templates have problems (the last good version stays in use):",
-        "zh": "⚠️ 部分提示模板有错误（继续使用上一个正确的版本）：",
+        "en": "⚠️ Some prompt templates have problems (a file that worked before keeps its last good version in use "
+        "until it is fixed; a new one is not used yet):",
+        "zh": "⚠️ 部分提示模板有错误（之前正常的文件在修好之前继续使用上一个正确的版本；新文件暂不使用）：",
     },
     "storage_failed": {
         "en": "⚠️ Conversation history is unavailable: {error} The chat still works, but is not being saved.",
@@ -133,12 +139,34 @@ MESSAGES: dict[str, dict[str, str]] = {
         "输入 / 可为单条消息选择模板。",
     },
     "template_help_auto_demo": {
-        "en": "auto: the demo model gets your messages as they are; pick a template here, or type / for one message.",
-        "zh": "自动：演示模型会原样收到您的消息；可在这里选择模板，或输入 / 为单条消息选择。",
+        "en": "auto: each message picks its template from its words, also on the demo model, except templates "
+        "that are off for it (route_on_demo: false); the line under each reply says which. Type / to pick one "
+        "for a single message.",
+        "zh": "自动：每条消息按内容选择模板，演示模型也一样，只是不会自动选用对它关闭的模板（route_on_demo: false）；"
+        "回复下方会注明所用模板。输入 / 可为单条消息选择模板。",
     },
     "template_help_chosen": {
         "en": "Every message uses {name}: {description}. Pick auto to let each message choose.",
         "zh": "每条消息都使用 {name}：{description}。选择“自动”可让每条消息自行匹配。",
+    },
+    "workshop_serving": {
+        "en": "Answering in the chat now: {serving} ({state}).",
+        "zh": "聊天现在由 {serving} 回答（{state}）。",
+    },
+    "workshop_routing": {
+        "en": "Templates route by their keywords and patterns; a saved template is used from the chat's next message. "
+        "The preview and the try show exactly what the chat sends to this model.",
+        "zh": "模板按关键词和匹配规则自动选用；保存后的模板从聊天的下一条消息起生效。"
+        "预览和试用显示的正是聊天发给这个模型的内容。",
+    },
+    "workshop_routing_demo": {
+        "en": "This is the offline demo model, not ERNIE. Templates route on it too, by their keywords and patterns, "
+        "each with its own system text, except those whose route_on_demo is false (they are still used when "
+        "chosen with /name or in the settings); a saved template is used from the chat's next message. The preview "
+        "and the try show exactly what the chat sends to this model.",
+        "zh": "这是离线演示模型，不是 ERNIE。模板在它上面同样按关键词和匹配规则自动选用，并使用各自的系统提示；"
+        "route_on_demo 为 false 的模板除外（用 /名字 或在设置中选择时仍会使用）。保存后的模板从聊天的下一条消息起生效。"
+        "预览和试用显示的正是聊天发给这个模型的内容。",
     },
     "settings_saved": {"en": "✓ Settings saved: {changes}", "zh": "✓ 设置已保存：{changes}"},
     "settings_unchanged": {"en": "Settings unchanged", "zh": "设置未改变"},

@@ -12,12 +12,12 @@ from backend.chat.turn import Done, EngineWait, Notice, Refused, Serving
 
 DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
 # The reasons backend.prompts and the service give for a template, as keys of backend.chat.i18n.MESSAGES.
-_RULE = re.compile(r'(keyword|pattern) "(.*)"', re.DOTALL)
+_RULE = re.compile(r'(keyword|pattern|demo_off) "(.*)"', re.DOTALL)  # demo_off: backend.prompts.store.DEMO_OFF
 _REASONS = {
     "no rule matched": "reason_default",
     "chosen": "reason_chosen",
     "command": "reason_command",
-    "demo model: automatic templates are off": "reason_demo",
+    "demo model: automatic templates are off": "reason_demo",  # replies saved before templates routed on the demo
 }
 STARTERS = ("write", "summary", "translation", "explain")  # backend.chat.i18n: starter_<name>, starter_<name>_message
 _CJK = re.compile(r"[\u3400-\u9fff]")

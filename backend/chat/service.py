@@ -9,7 +9,6 @@ the UI would have to know.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
 from backend.chat.context import estimate_tokens, fit_history
+from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
 from backend.chat.turn import (
@@ -37,20 +37,14 @@ from backend.engines.base import Endpoint
 from backend.engines.registry import configured_engine, engine
 from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
 from backend.models.resolve import DEMO_NAME
-from backend.prompts.routing import command as slash_command
-from backend.prompts.schema import RenderedPrompt
-from backend.prompts.store import TemplateStore, UnknownTemplate
+from backend.prompts.store import TemplateStore
 from backend.serving.hardware import gpu_label
 from backend.serving.launch import Chooser, make_supervisor
 from backend.serving.supervisor import State, Supervisor
 
 log = logging.getLogger(__name__)
 
-SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop")
-DEMO_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")
 MIN_REPLY_TOKENS = 64
-DEMO_REASON = "demo model: automatic templates are off"
-COMMAND_REASON = "command"  # the template was asked for by name: /name, or the / menu
 WAIT_STEP_S = 1.0  # how often the "starting" notice is updated
 
 
@@ -113,9 +107,13 @@ class ChatService:
 
     @property
     def serving_demo(self) -> bool:
-        """Whether the offline demo model answers (known once the engine's model is resolved)."""
+        """Whether the offline demo model answers (known once the engine's model is resolved): the demo the engine
+        fell back to, or an external server whose configured model is the demo model (model.id names it)."""
         spec = self.supervisor.spec
-        return spec is not None and spec.demo
+        if spec is None:
+            return False
+        external_demo = not engine(spec.engine).spawns and Path(self.cfg.model.id.rstrip("/")).name == DEMO_NAME
+        return spec.demo or external_demo
 
     @property
     def demo_note(self) -> str | None:
@@ -280,42 +278,20 @@ class ChatService:
         counted = await self.client.count_tokens(messages)
         return counted if counted is not None else estimate_tokens(messages)
 
-    def route(
-        self, text: str, settings: UserSettings, demo: bool = False, command: str | None = None
-    ) -> RenderedPrompt:
-        """Pick the template (a command: picked in the / menu or typed as /name; the session's choice; or routing)
-        and render the message.
-
-        With the demo model, messages no template was asked for go as they are (the default template).
-        An unknown template name, picked or typed, raises UnknownTemplate (an InvalidInputError) naming the others."""
-        name, rest = (command, text) if command else self.templates.split_command(text)
-        if name is None and (typed := slash_command(text)) is not None:
-            raise UnknownTemplate(typed[0], self.templates.names())
-        explicit = name or settings.template
-        if demo and not explicit:
-            return dataclasses.replace(self.templates.route(text, explicit="default"), reason=DEMO_REASON)
-        prompt = self.templates.route(rest if name else text, explicit=explicit)
-        return dataclasses.replace(prompt, reason=COMMAND_REASON) if name else prompt
+    def decide(self, text: str, settings: UserSettings, command: str | None = None) -> Decision:
+        """Which template, system text and sampling `text` is sent with, and why, on the model that serves now
+        (backend.chat.decision: the workshop's preview and try ask the same)."""
+        return decide(self.templates, self.cfg, text, settings, self.serving_demo, command)
 
     async def build_request(
         self, history: list[Message], text: str, settings: UserSettings, command: str | None = None
     ) -> ChatRequest:
-        """Route the message, merge sampling settings and fit the conversation into the context window."""
-        demo = self.serving_demo
-        prompt = self.route(text, settings, demo, command)
-        sampling: dict[str, Any]
-        if demo:
-            # The templates' prompts and sampling are written for ERNIE; the demo model does better without.
-            sampling = {k: getattr(self.cfg.demo, k) for k in DEMO_KEYS}
-            system = self.cfg.demo.system_prompt or self.cfg.chat.system_prompt
-        else:
-            sampling = {k: getattr(self.cfg.chat, k) for k in ("temperature", "top_p", "max_tokens")}
-            sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
-            system = prompt.system or self.cfg.chat.system_prompt
-        sampling.update({k: getattr(settings, k) for k in settings.changed})
+        """Decide how the message is sent (decide) and fit the conversation into the context window."""
+        decision = self.decide(text, settings, command)
+        sampling, system = dict(decision.sampling), decision.system
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
-        new = {"role": "user", "content": prompt.user}
+        new = {"role": "user", "content": decision.user}
         try:
             fitted = await fit_history(history, new, self._count, window - reserve, system)
         except PromptTooLongError as exc:
@@ -328,9 +304,9 @@ class ChatService:
         return ChatRequest(
             messages=fitted.messages,
             sampling=sampling,
-            template=prompt.template,
-            reason=prompt.reason,
-            user_text=prompt.user,
+            template=decision.template,
+            reason=decision.reason,
+            user_text=decision.user,
             prompt_tokens=fitted.prompt_tokens,
             dropped=fitted.dropped,
         )

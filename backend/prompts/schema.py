@@ -38,6 +38,7 @@ _RULES = {
     "top_p": "a number greater than 0 and at most 1",
     "max_tokens": "a whole number from 1 to 32768",
     "stop": "a list of texts",
+    "route_on_demo": "true or false",
 }
 _ITEM_RULES = {"keywords": "text", "patterns": "text", "stop": "text"}
 _YAML_HINTS = {
@@ -65,6 +66,7 @@ class TemplateFile(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1, le=32768)
     stop: list[str] | None = None
+    route_on_demo: bool = True
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class Template:
     variables: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     name_line: int | None = None
+    route_on_demo: bool = True  # whether routing picks it while the offline demo model answers (/name always can)
 
     def match(self, request: str) -> str | None:
         """Return why this template fits the request text (a keyword or pattern), or None."""
@@ -371,4 +374,5 @@ def _build(path: Path, shown: str, model: TemplateFile, lines: _Lines) -> Templa
         variables=variables,
         sampling={key: getattr(model, key) for key in SAMPLING_KEYS if getattr(model, key) is not None},
         name_line=lines.of(("name",)) if model.name is not None else None,
+        route_on_demo=model.route_on_demo,
     )

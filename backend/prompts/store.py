@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from backend.errors import InvalidInputError, render
@@ -29,6 +29,7 @@ from backend.prompts.schema import (
 logger = logging.getLogger(__name__)
 
 SUFFIXES = (".yaml", ".yml")
+DEMO_OFF = "demo_off"  # a reason: 'demo_off "writing"' = writing matched, but does not route on the demo model
 
 
 class UnknownTemplate(InvalidInputError, ValueError):
@@ -173,12 +174,21 @@ class TemplateStore:
             raise UnknownTemplate(name, self.names())
         return template
 
-    def route(self, message: str, explicit: str | None = None) -> RenderedPrompt:
-        """Render the message with the chosen template, or the first one whose rules match it."""
+    def route(self, message: str, explicit: str | None = None, demo: bool = False) -> RenderedPrompt:
+        """Render the message with the chosen template, or the first one whose rules match it.
+
+        With `demo` (the offline demo model answers) routing skips the templates whose route_on_demo is false; when
+        one of them matched first and the message falls through to the default, the reason names it."""
         if explicit and explicit != AUTO:
             return self.get(explicit).render(message, "chosen")
         self.refresh()
-        return pick(self._ordered(), message)
+        ordered = self._ordered()
+        picked = pick(ordered, message)
+        if not demo or picked.template == DEFAULT_NAME or self._templates[picked.template].route_on_demo:
+            return picked
+        skipped = picked.template
+        picked = pick([t for t in ordered[:-1] if t.route_on_demo] + ordered[-1:], message)
+        return replace(picked, reason=f'{DEMO_OFF} "{skipped}"') if picked.template == DEFAULT_NAME else picked
 
     def split_command(self, message: str) -> tuple[str | None, str]:
         """Split "/name rest" into (name, rest) when name is a template; otherwise (None, message)."""

@@ -20,7 +20,8 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, Mount
 
-from backend.chat.render import localized, reason_text
+from backend.chat.i18n import t
+from backend.chat.render import localized, reason_text, serving_status
 from backend.chat.service import ChatService
 from backend.errors import WorkshopError
 from backend.prompts.schema import display_path
@@ -52,6 +53,8 @@ STATUS = {
     "workshop.exists": 409,
     "workshop.conflict": 409,
     "workshop.problems": 422,
+    "workshop.problems_new": 422,
+    "workshop.draft_problems": 422,
     "workshop.engine_not_ready": 503,
     "workshop.write_failed": 500,
 }
@@ -173,6 +176,7 @@ class Workshop:
                 "priority": template.priority if template else None,
                 "keywords": list(template.keywords) if template else [],
                 "patterns": [p.pattern for p in template.patterns] if template else [],
+                "route_on_demo": template.route_on_demo if template else None,
                 "version": tag,
                 "number": self._saved_number(stem, tag),
                 "problems": sum(1 for p in problems if p.path == shown),
@@ -192,13 +196,24 @@ class Workshop:
             problems = [problem_json(p) for p in check.problems]
         return {"yaml": text, "fields": yaml_fields(text), "problems": problems}
 
+    def serving(self, locale: str) -> dict[str, Any]:
+        """Which model answers in the chat now, and what that means for routing, in the editor's language."""
+        serving = self.service.serving()
+        shown = serving_status(serving, locale)
+        return {"model": serving.model, "demo": serving.demo, "state": serving.state,
+                "text": t("workshop_serving", locale, serving=shown["serving"], state=shown["state"]),
+                "routing": t("workshop_routing_demo" if serving.demo else "workshop_routing", locale)}  # fmt: skip
+
     async def preview(self, draft: SampleDraft, locale: str) -> dict[str, Any]:
         text = draft.text(self.files.read(draft.stem))
         with draft_folder(self.folder, draft.stem, text) as check:
             result = await preview(self.service, check, draft.message)
             result["problems"] = [problem_json(p) for p in check.problems]
+        result["serving"] = self.serving(locale)
         routing = result["routing"]  # the reasons as the chat's reply details word them
         routing["reason_shown"] = reason_text(routing["reason"], locale)
+        if "request" in result:
+            result["request"]["reason_shown"] = reason_text(result["request"]["reason"], locale)
         for candidate in routing["candidates"]:
             candidate["reason_shown"] = reason_text(candidate["reason"], locale) if candidate["reason"] else None
         return result
@@ -217,7 +232,7 @@ class Workshop:
                 problem = (
                     WorkshopError.of("workshop.not_found", name=draft.stem)
                     if text is None
-                    else WorkshopError.of("workshop.problems", count=len(check.problems))
+                    else WorkshopError.of("workshop.draft_problems", count=len(check.problems))
                 )
                 message, hint = problem.localized(locale)
                 yield (json.dumps({"error": {"code": problem.code, "message": message, "hint": hint}}) + "\n").encode()
@@ -256,7 +271,7 @@ class Workshop:
             except WorkshopError as exc:
                 return JSONResponse({"may_edit": False, "login": self.access.login, **_error_body(exc, request)})
             return JSONResponse({"may_edit": True, "login": self.access.login, "user": who.name, "role": who.role,
-                                 "demo": self.service.serving_demo})  # fmt: skip
+                                 "serving": self.serving(_locale(request))})  # fmt: skip
 
         @router.get("/templates")
         @guarded

@@ -2,8 +2,8 @@
 
 A draft is judged in the company of the folder's other templates: the draft and copies of the other files are put
 in a temporary folder and read by the same TemplateStore the chat uses (backend.prompts.store), so the problems are
-the very messages `check-prompts` prints (a clash of names included), and routing a sample message goes through
-the chat's own ChatService.route and build_request. Nothing here writes to the prompts folder.
+the very messages `check-prompts` prints (a clash of names included), and a sample message is decided and built by
+the chat's own ChatService.decide and build_request. Nothing here writes to the prompts folder.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from backend.chat.request import UserSettings
+from backend.chat.request import ChatRequest, UserSettings
 from backend.chat.service import ChatService, NoRecorder
 from backend.errors import ServiceError
 from backend.prompts.routing import request_parts
-from backend.prompts.schema import NAME_PATTERN, RenderedPrompt, Template, TemplateFile, TemplateProblem, display_path
+from backend.prompts.schema import NAME_PATTERN, Template, TemplateFile, TemplateProblem, display_path
 from backend.prompts.store import SUFFIXES, TemplateStore
 
 FIELDS = tuple(TemplateFile.model_fields)  # the template file's fields, in the order the schema lists them
@@ -148,52 +148,59 @@ def chat_view(service: ChatService, store: TemplateStore) -> ChatService:
     return ChatService(service.cfg, service.supervisor, service.client, store, NoRecorder())
 
 
-def rendered_json(prompt: RenderedPrompt) -> dict[str, Any]:
-    return {"template": prompt.template, "reason": prompt.reason, "system": prompt.system, "user": prompt.user,
-            "sampling": prompt.sampling}  # fmt: skip
+def chat_settings(service: ChatService) -> UserSettings:
+    """The settings a new chat starts with on the model that serves now (template: auto)."""
+    return UserSettings.defaults(service.cfg, service.serving_demo)
 
 
 def routing(service: ChatService, store: TemplateStore, draft: Template | None, message: str) -> dict[str, Any]:
-    """Which template the chat's rules pick for `message` and why (ChatService.route: a /name command, then the
-    rules), and every template's own verdict in routing order, so a draft that matches but loses to one earlier in
-    the order is visible. The rules are applied even while the demo model answers (the chat then skips them)."""
-    picked = chat_view(service, store).route(message, UserSettings.defaults(service.cfg), demo=False)
+    """Which template a new chat picks for `message` and why (the chat's own decision, ChatService.decide, on the
+    model that serves now), and every template's own verdict in routing order, so a draft that matches but loses to
+    one earlier in the order, or does not route on the demo model, is visible."""
+    decision = chat_view(service, store).decide(message, chat_settings(service))
     parts = request_parts(message)
     candidates = []
     for name in store.names():
         template = store.get(name)
         reason = next((r for part in parts if (r := template.match(part))), None)
         is_draft = draft is not None and template.path == draft.path
-        candidates.append({"name": name, "priority": template.priority, "reason": reason, "draft": is_draft})
+        candidates.append({"name": name, "priority": template.priority, "reason": reason, "draft": is_draft,
+                           "route_on_demo": template.route_on_demo})  # fmt: skip
     mine = next((c for c in candidates if c["draft"]), None)
     if draft is None or mine is None:
         outcome = "no_draft"
-    elif picked.template == draft.name:
+    elif decision.template == draft.name:
         outcome = "draft"
+    elif mine["reason"] and decision.demo and not draft.route_on_demo:
+        outcome = "demo_off"  # the draft matches, but the demo model answers and the draft does not route on it
     elif mine["reason"]:
         outcome = "other_first"  # the draft matches, but a template earlier in routing order matched too
     else:
         outcome = "no_match"
-    return {"picked": picked.template, "reason": picked.reason, "outcome": outcome, "candidates": candidates}
+    return {"picked": decision.template, "reason": decision.reason, "outcome": outcome, "candidates": candidates,
+            "demo": decision.demo}  # fmt: skip
+
+
+def request_json(request: ChatRequest) -> dict[str, Any]:
+    """The request as the engine gets it: template and why, system and user text, sampling, all messages."""
+    first = request.messages[0] if request.messages else None
+    system = first["content"] if first is not None and first["role"] == "system" else None
+    return {"template": request.template, "reason": request.reason, "system": system, "user": request.user_text,
+            "sampling": request.sampling, "messages": request.messages,
+            "prompt_tokens": request.prompt_tokens}  # fmt: skip
 
 
 async def preview(service: ChatService, check: DraftCheck, message: str) -> dict[str, Any]:
-    """For a sample message: routing and why, the draft's rendered text, and what the engine would be sent with
-    the draft chosen (messages and sampling settings, as ChatService.build_request makes them)."""
-    draft = check.template
-    result: dict[str, Any] = {"routing": routing(service, check.store, draft, message), "demo": service.serving_demo}
-    if draft is None:
-        return result
-    result["rendered"] = rendered_json(draft.render(message, "chosen"))
-    settings = UserSettings.defaults(service.cfg, service.serving_demo)
-    settings.template = draft.name
+    """For a sample message: routing and why, and the request a new chat would send the engine for it (system and
+    user text, sampling), both from the chat's own decision (ChatService.build_request) on the model serving now."""
+    found = routing(service, check.store, check.template, message)
+    result: dict[str, Any] = {"routing": found, "demo": found["demo"]}
     try:
-        request = await chat_view(service, check.store).build_request([], message, settings)
+        request = await chat_view(service, check.store).build_request([], message, chat_settings(service))
     except ServiceError as exc:
         result["request_error"] = {"message": exc.message, "hint": exc.hint, "code": exc.code}
         return result
-    result["request"] = {"messages": request.messages, "sampling": request.sampling, "prompt_tokens":
-                         request.prompt_tokens}  # fmt: skip
+    result["request"] = request_json(request)
     return result
 
 

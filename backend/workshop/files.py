@@ -1,9 +1,9 @@
 """The prompts folder as the workshop changes it: save, create, duplicate, delete and restore template files.
 
-Every change is checked first (a draft with problems is refused and the file keeps its last good text), compared
-with the version the editor started from (someone else's newer save is a conflict, never overwritten), written
-atomically, and recorded in the history (backend.workshop.versions). The chat's TemplateStore notices the new file
-on its next message: nothing is restarted.
+Every change is checked first (a draft with problems is refused: the file keeps its text, or a new one is not
+written), compared with the version the editor started from (someone else's newer save is a conflict, never
+overwritten), written atomically, and recorded in the history (backend.workshop.versions). The chat's TemplateStore
+notices the new file on its next message: nothing is restarted.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from backend.errors import WorkshopError
-from backend.prompts.schema import DEFAULT_NAME, TemplateProblem
+from backend.prompts.schema import DEFAULT_NAME, TemplateProblem, display_path
 from backend.workshop.drafts import draft_folder, template_files, valid_stem
 from backend.workshop.versions import ABSENT, Action, Version, VersionStore, atomic_write, version_tag
 
@@ -121,7 +121,9 @@ class TemplateFiles:
         current = self._unchanged_since(stem, base)
         with draft_folder(self.folder, stem, text) as check:
             if check.problems:
-                refused = DraftRefused.of("workshop.problems", count=len(check.problems))
+                # Only an existing file has a text that goes on serving; a new one is simply not there yet.
+                code = "workshop.problems" if current is not None else "workshop.problems_new"
+                refused = DraftRefused.of(code, count=len(check.problems), file=display_path(self.path(stem)))
                 refused.problems = check.problems
                 raise refused
         self.history.note_outside_change(stem, current)

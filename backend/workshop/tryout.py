@@ -1,5 +1,6 @@
 """Try a template against the running engine: one reply to a sample message, streamed, as the chat would ask for it
-with that template chosen (ChatService.build_request, the chat's one client). Nothing is kept or counted as a chat.
+with that template chosen (ChatService.build_request on the model serving now, the chat's one client). Nothing is kept
+or counted as a chat.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
 from backend.errors import ServiceError, WorkshopError
 from backend.prompts.store import TemplateStore
-from backend.workshop.drafts import chat_view
+from backend.workshop.drafts import chat_settings, chat_view, request_json
 
 
 def _error(exc: ServiceError, locale: str | None) -> dict[str, Any]:
@@ -31,14 +32,14 @@ async def try_reply(
         state = service.supervisor.status.state.value
         yield _error(WorkshopError.of("workshop.engine_not_ready", state=state), locale)
         return
-    settings = UserSettings.defaults(service.cfg, service.serving_demo)
+    settings: UserSettings = chat_settings(service)
     settings.template = template
     try:
         request = await chat_view(service, store).build_request([], message, settings)
     except ServiceError as exc:
         yield _error(exc, locale)
         return
-    yield {"request": {"template": request.template, "sampling": request.sampling, "messages": request.messages}}
+    yield {"request": request_json(request)}
     # The reply streams in a task of its own, as a chat turn does in Chainlit's task: the HTTP stream's cancel
     # scopes then never mix with those of the task the web server streams our answer from.
     events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

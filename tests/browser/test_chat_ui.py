@@ -119,7 +119,7 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, 
     page = await open_chat(browser, app, "en-US")
     before = await page.locator(REPLY).count()
     finished = await completed(app)
-    # Asked for by name: the demo model gets messages as they are unless a template is named.
+    # Asked for by name: the writing template's long replies give the stop button time.
     await send(page, "/writing Write a very long story about a robot who learns to paint.")
     reply = page.locator(REPLY).nth(before)
     await reply.wait_for(timeout=60_000)
@@ -131,7 +131,7 @@ async def test_stop_button_ends_the_reply_and_frees_the_engine(app: RunningApp, 
     await page.click("#stop-button")
     await page.wait_for_selector(f"{REPLY} >> nth={before} >> text=Stopped.", timeout=60_000)
     # The engine is no longer working on that reply, and did not complete it: the request was dropped (the reply
-    # was far from its 256 tokens when stopped).
+    # was far from its max_tokens when stopped).
     await assert_engine_idle(app)
     assert await completed(app) == finished
     assert await page.is_visible("#chat-input")
@@ -143,7 +143,7 @@ async def test_chinese_browser_gets_chinese_messages(app: RunningApp, browser) -
     await send(page, "你好")
     await wait_finished(page, before)
     template, reason, *_ = await details_of(page, before)
-    assert (template, reason) == ("default", t("reason_demo", "zh-CN")), "the details in Chinese"
+    assert (template, reason) == ("default", t("reason_default", "zh-CN")), "the details in Chinese"
 
 
 @pytest.mark.parametrize("locale", LOCALES)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from backend.chat.decision import COMMAND_REASON
 from backend.chat.i18n import t
 from backend.chat.render import localized, reason_text, settings_saved
-from backend.chat.service import COMMAND_REASON
 from backend.config import ROOT
 from backend.errors import CATALOG, lang_of
 from backend.prompts.store import TemplateStore

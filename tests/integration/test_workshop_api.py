@@ -136,10 +136,12 @@ async def test_create_use_conflict_restore(site: Site, users: dict[str, httpx.As
     texts = [p["text"] for p in checked["problems"]]
     assert texts == [
         f'{path}, line 7, field "temprature": is not a known field; did you mean "temperature"? known fields: '
-        "name, description, priority, keywords, patterns, system, user, variables, temperature, top_p, max_tokens, stop"
+        "name, description, priority, keywords, patterns, system, user, variables, temperature, top_p, max_tokens, "
+        "stop, route_on_demo"
     ]
     refused = await ed.post(API + "/templates", json={"stem": stem, "yaml": typo})
     assert refused.status_code == 422 and [p["text"] for p in refused.json()["problems"]] == texts
+    assert refused.json()["error"]["code"] == "workshop.problems_new", "never saved: no version of it serves"
     assert not (site.prompts / f"{stem}.yaml").exists()
 
     # created from form fields; the chat routes the next message to it, no restart
@@ -206,7 +208,7 @@ async def test_preview_and_try_a_draft_through_the_app(site: Site, users: dict[s
     draft = {"stem": stem, "yaml": poem(stem, "Tried:", "写") + "temperature: 1.25\n", "message": "写一首诗"}
     shown = (await ed.post(API + "/preview", json=draft)).json()
     assert shown["routing"]["picked"] == stem and shown["routing"]["outcome"] == "draft"  # priority 50 beats writing
-    assert shown["rendered"]["user"] == "Tried:\n写一首诗"
+    assert shown["request"]["user"] == "Tried:\n写一首诗" and shown["request"]["template"] == stem
     assert shown["request"]["sampling"]["temperature"] == 1.25
     low = {**draft, "yaml": draft["yaml"].replace("priority: 50", "priority: 1")}
     lost = (await ed.post(API + "/preview", json=low)).json()["routing"]

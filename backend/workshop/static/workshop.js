@@ -26,9 +26,9 @@ const STRINGS = {
     col_template: "Template",
     col_priority: "Priority",
     col_match: "Matches",
-    rendered_system: "System text",
-    rendered_user: "User text",
-    sampling: "Sampling settings that apply",
+    rendered_system: "System text the model gets",
+    rendered_user: "User text the model gets",
+    sampling: "Sampling settings sent",
     try_draft: "This draft (not saved)",
     try_saved: "The saved version",
     versions: "Versions",
@@ -46,11 +46,16 @@ const STRINGS = {
     need_name: "Type a name above first.",
     confirm_delete: "Delete {name}? Its versions are kept and it can be restored.",
     fix_yaml_first: "The YAML has a problem the form cannot show; fix it in the YAML view first.",
-    outcome_draft: "The chat picks this template ({reason}).",
-    outcome_other_first: "This template matches ({mine}), but {picked} (priority {theirs}) comes first in the routing order, so the chat picks {picked} ({reason}).",
-    outcome_no_match: "This template's rules do not catch this message; the chat picks {picked} ({reason}). Starting the message with /{name} chooses this template.",
-    outcome_no_draft: "Fix the problems to see the preview; the chat picks {picked} ({reason}).",
-    demo_note: "The offline demo model answers now: the chat then sends messages without a template unless one is chosen (/name or the settings). The preview shows what the rules would do with the real model.",
+    outcome_draft: "With {model} answering, the chat picks this template ({reason}).",
+    outcome_other_first: "This template matches ({mine}), but {picked} (priority {theirs}) comes first in the routing order, so with {model} answering the chat picks {picked} ({reason}).",
+    outcome_demo_off: "This template matches ({mine}), but its route_on_demo is false and the demo model {model} answers now, so the chat picks {picked} ({reason}). Starting the message with /{name} chooses this template.",
+    outcome_no_match: "This template's rules do not catch this message; with {model} answering the chat picks {picked} ({reason}). Starting the message with /{name} chooses this template.",
+    outcome_no_draft: "Fix the problems to see the preview; with {model} answering the chat picks {picked} ({reason}).",
+    demo_off_cell: "{reason} (off on the demo model)",
+    demo_off_tag: "off on the demo model",
+    route_default: "(not set: yes)",
+    route_yes: "yes",
+    route_no: "no",
     no_match_cell: "—",
     none: "(none)",
     streaming: "…",
@@ -69,6 +74,7 @@ const STRINGS = {
       top_p: "Choose among the most likely words up to this share, above 0 and at most 1; empty keeps the chat's.",
       max_tokens: "The longest reply in tokens, 1 to 32768; empty keeps the chat's setting.",
       stop: "Texts that end the reply when the model writes them, one per line.",
+      route_on_demo: "Whether messages go to this template by its keywords and patterns while the offline demo model answers. /name and the settings choose it either way.",
     },
   },
   zh: {
@@ -94,9 +100,9 @@ const STRINGS = {
     col_template: "模板",
     col_priority: "优先级",
     col_match: "匹配",
-    rendered_system: "系统提示",
-    rendered_user: "用户消息",
-    sampling: "生效的采样设置",
+    rendered_system: "模型收到的系统提示",
+    rendered_user: "模型收到的用户消息",
+    sampling: "发送的采样设置",
     try_draft: "此草稿（未保存）",
     try_saved: "已保存的版本",
     versions: "版本",
@@ -114,11 +120,16 @@ const STRINGS = {
     need_name: "请先在上方输入名字。",
     confirm_delete: "删除 {name}？它的各个版本会保留，之后可以恢复。",
     fix_yaml_first: "YAML 中有表单无法显示的问题；请先在 YAML 视图中修正。",
-    outcome_draft: "聊天会选用此模板（{reason}）。",
-    outcome_other_first: "此模板匹配（{mine}），但 {picked}（优先级 {theirs}）在路由顺序中排在前面，所以聊天会选用 {picked}（{reason}）。",
-    outcome_no_match: "此模板的规则不匹配这条消息；聊天会选用 {picked}（{reason}）。在消息开头写 /{name} 可以选用此模板。",
-    outcome_no_draft: "请先修正问题再查看预览；聊天会选用 {picked}（{reason}）。",
-    demo_note: "现在由离线演示模型回答：除非选择了模板（/名字 或设置），聊天会直接发送消息而不使用模板。预览显示的是使用真实模型时规则的效果。",
+    outcome_draft: "现在由 {model} 回答，聊天会选用此模板（{reason}）。",
+    outcome_other_first: "此模板匹配（{mine}），但 {picked}（优先级 {theirs}）在路由顺序中排在前面，所以现在由 {model} 回答时聊天会选用 {picked}（{reason}）。",
+    outcome_demo_off: "此模板匹配（{mine}），但它的 route_on_demo 为 false，而现在由演示模型 {model} 回答，所以聊天会选用 {picked}（{reason}）。在消息开头写 /{name} 可以选用此模板。",
+    outcome_no_match: "此模板的规则不匹配这条消息；现在由 {model} 回答，聊天会选用 {picked}（{reason}）。在消息开头写 /{name} 可以选用此模板。",
+    outcome_no_draft: "请先修正问题再查看预览；现在由 {model} 回答，聊天会选用 {picked}（{reason}）。",
+    demo_off_cell: "{reason}（在演示模型上不启用）",
+    demo_off_tag: "在演示模型上不启用",
+    route_default: "（未设置：是）",
+    route_yes: "是",
+    route_no: "否",
     no_match_cell: "—",
     none: "（无）",
     streaming: "…",
@@ -137,6 +148,7 @@ const STRINGS = {
       top_p: "只在可能性最高、累计占比不超过此值的词中选择，大于 0、最大 1；留空则使用聊天的设置。",
       max_tokens: "回复的最大长度（token 数），1 到 32768；留空则使用聊天的设置。",
       stop: "模型写出这些文字时结束回复，每行一个。",
+      route_on_demo: "离线演示模型回答时，是否按关键词和匹配规则把消息交给此模板。用 /名字 或在设置中选择时总会使用它。",
     },
   },
 };
@@ -148,6 +160,7 @@ const FIELDS = [
   ["name", "line"], ["description", "line"], ["priority", "number"], ["keywords", "list"], ["patterns", "list"],
   ["system", "block"], ["user", "block"], ["variables", "mapping"],
   ["temperature", "number"], ["top_p", "number"], ["max_tokens", "number"], ["stop", "list"],
+  ["route_on_demo", "choice"],
 ];
 const CHECK_DELAY_MS = 350;
 
@@ -203,13 +216,22 @@ function buildForm() {
     const label = document.createElement("label");
     label.htmlFor = "field-" + name;
     label.textContent = name;
-    const input = document.createElement(kind === "block" || kind === "list" || kind === "mapping" ? "textarea" : "input");
+    const tag = kind === "block" || kind === "list" || kind === "mapping" ? "textarea" : kind === "choice" ? "select" : "input";
+    const input = document.createElement(tag);
+    if (kind === "choice") {
+      for (const [value, key] of [["", "route_default"], ["true", "route_yes"], ["false", "route_no"]]) {
+        const option = document.createElement("option");
+        option.value = value;
+        option.textContent = t(key);
+        input.append(option);
+      }
+    }
     input.id = "field-" + name;
     input.dataset.kind = kind;
     input.spellcheck = false;
     if (input.tagName === "TEXTAREA") input.rows = kind === "block" ? 5 : 3;
     if (kind === "number") input.inputMode = "decimal";
-    input.addEventListener("input", () => schedule());
+    input.addEventListener(kind === "choice" ? "change" : "input", () => schedule());
     const help = document.createElement("p");
     help.className = "help";
     help.textContent = T.field_help[name];
@@ -229,6 +251,7 @@ function fillForm(fields) {
     if (value === undefined || value === null) shown = "";
     else if (kind === "list") shown = Array.isArray(value) ? value.join("\n") : String(value);
     else if (kind === "mapping") shown = typeof value === "object" ? Object.entries(value).map(([k, v]) => `${k}: ${v}`).join("\n") : String(value);
+    else if (kind === "choice") shown = value === true ? "true" : value === false ? "false" : "";
     else shown = String(value);
     $("field-" + name).value = shown;
   }
@@ -252,6 +275,7 @@ function formFields() {
       }
       fields[name] = mapping;
     } else if (kind === "number") fields[name] = raw.trim() === "" ? null : typed(raw);
+    else if (kind === "choice") fields[name] = raw === "" ? null : raw === "true";
     else fields[name] = raw;
   }
   return fields;
@@ -331,6 +355,12 @@ async function loadList() {
     words.className = "row-keywords";
     words.textContent = row.keywords.slice(0, 6).join(", ");
     item.append(title, description, words);
+    if (row.route_on_demo === false) {
+      const tag = document.createElement("div");
+      tag.className = "row-demo-off";
+      tag.textContent = t("demo_off_tag");
+      item.append(tag);
+    }
     if (row.problems) {
       const badge = document.createElement("span");
       badge.className = "badge";
@@ -506,30 +536,36 @@ async function preview() {
   const routing = data.routing;
   const mine = routing.candidates.find((c) => c.draft);
   const winner = routing.candidates.find((c) => c.name === routing.picked) || { priority: "" };
+  showServing(data.serving);
   const outcome = $("routing-outcome");
   outcome.dataset.outcome = routing.outcome;
   outcome.dataset.picked = routing.picked;
+  outcome.dataset.demo = String(routing.demo);
   outcome.textContent = t("outcome_" + routing.outcome, {
     picked: routing.picked, reason: routing.reason_shown, mine: mine ? mine.reason_shown : "", theirs: winner.priority,
-    name: mine ? mine.name : state.stem,
+    name: mine ? mine.name : state.stem, model: data.serving.model,
   });
   $("demo-note").hidden = !data.demo;
+  $("demo-note").textContent = data.serving.routing;
   const body = $("routing-table").querySelector("tbody");
   body.textContent = "";
   for (const candidate of routing.candidates) {
     const row = document.createElement("tr");
     if (candidate.draft) row.className = "draft";
     if (candidate.name === routing.picked) row.classList.add("picked");
-    for (const value of [candidate.name, candidate.priority, candidate.reason_shown || t("no_match_cell")]) {
+    let verdict = candidate.reason_shown || t("no_match_cell");
+    if (candidate.reason_shown && routing.demo && !candidate.route_on_demo) verdict = t("demo_off_cell", { reason: verdict });
+    for (const value of [candidate.name, candidate.priority, verdict]) {
       const cell = document.createElement("td");
       cell.textContent = String(value);
       row.append(cell);
     }
     body.append(row);
   }
-  const rendered = data.rendered || {};
-  $("rendered-system").textContent = rendered.system ?? t("none");
-  $("rendered-user").textContent = rendered.user ?? "";
+  // exactly the request a new chat sends for this message (the same decision as the headline's)
+  const request = data.request || {};
+  $("rendered-system").textContent = request.system ?? t("none");
+  $("rendered-user").textContent = request.user ?? "";
   $("rendered-sampling").textContent = data.request
     ? JSON.stringify(data.request.sampling, null, 1)
     : data.request_error ? `${data.request_error.message} ${data.request_error.hint}` : "";
@@ -604,6 +640,16 @@ async function tryIt() {
   ]);
 }
 
+// which model answers in the chat now, and what that means for routing (the server words it)
+function showServing(serving) {
+  const box = $("serving");
+  box.hidden = false;
+  box.dataset.demo = String(serving.demo);
+  box.dataset.model = serving.model;
+  $("serving-model").textContent = serving.text;
+  $("serving-routing").textContent = serving.routing;
+}
+
 // ----- start -----------------------------------------------------------------------------------------------------
 async function start() {
   document.documentElement.lang = LANG === "zh" ? "zh-CN" : "en";
@@ -620,6 +666,7 @@ async function start() {
     return;
   }
   $("who").textContent = data.role ? t("who", { user: data.user, role: data.role }) : t("local");
+  showServing(data.serving);
   $("workshop").hidden = false;
   $("view-form").addEventListener("click", () => switchView("form"));
   $("view-yaml").addEventListener("click", () => switchView("yaml"));

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from backend.chat.client import Message, StreamStats
+from backend.chat.decision import COMMAND_REASON
 from backend.chat.request import UserSettings
-from backend.chat.service import COMMAND_REASON, MIN_REPLY_TOKENS, ChatService
+from backend.chat.service import MIN_REPLY_TOKENS, ChatService
 from backend.chat.turn import ChatSession, Done, Notice, Refused, Text
 from backend.config import AppConfig, EngineFlags
 from backend.errors import InvalidInputError, PromptTooLongError

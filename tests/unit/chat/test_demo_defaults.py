@@ -1,15 +1,17 @@
-"""While the offline demo model answers, the chat uses the demo's measured defaults (results/demo-quality/):
-its own sampling and system prompt, and messages as they are unless a template is asked for by name."""
+"""While the offline demo model answers, templates route as with ERNIE (except those whose route_on_demo is false),
+each with its own system prompt; what a template leaves unset comes from the demo's measured defaults
+(results/demo-quality/): its sampling, penalties and system prompt."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend.chat.request import UserSettings
-from backend.chat.service import DEMO_REASON, ChatService
+from backend.chat.service import ChatService
 from backend.chat.turn import Serving
 from backend.config import ROOT, EngineFlags, load_config
 from backend.engines.base import LaunchSpec
@@ -43,12 +45,12 @@ def service(demo: bool) -> ChatService:
     return ChatService(cfg, ServingSupervisor(demo), CountingClient(), templates)  # type: ignore[arg-type]
 
 
-async def test_the_demo_gets_its_own_sampling_and_system_prompt_and_the_plain_message() -> None:
+async def test_a_message_no_template_catches_gets_the_demo_sampling_and_system_prompt() -> None:
     svc = service(demo=True)
     assert svc.serving_demo
     settings = UserSettings.defaults(svc.cfg, demo=True)
     assert (settings.temperature, settings.max_tokens) == (svc.cfg.demo.temperature, svc.cfg.demo.max_tokens)
-    request = await svc.build_request([], "Write a short poem about the sea.", settings)
+    request = await svc.build_request([], "What is the capital of France?", settings)
     demo = svc.cfg.demo
     assert request.sampling == {
         "temperature": demo.temperature,
@@ -58,15 +60,69 @@ async def test_the_demo_gets_its_own_sampling_and_system_prompt_and_the_plain_me
         "presence_penalty": demo.presence_penalty,
     }
     assert request.messages[0] == {"role": "system", "content": demo.system_prompt}
-    assert request.messages[-1] == {"role": "user", "content": "Write a short poem about the sea."}
-    assert (request.template, request.reason) == ("default", DEMO_REASON), "the keyword 'write' routes nothing"
+    assert request.messages[-1] == {"role": "user", "content": "What is the capital of France?"}
+    assert (request.template, request.reason) == ("default", "no rule matched")
 
 
-async def test_a_template_asked_for_by_name_still_applies_with_the_demo_sampling() -> None:
+async def test_the_shipped_templates_state_that_they_do_not_route_on_the_demo() -> None:
+    # measured: the ERNIE-written Chinese templates make the demo model write garbage (results/demo-quality/)
+    svc = service(demo=True)
+    request = await svc.build_request([], "Write a short poem about the sea.", UserSettings.defaults(svc.cfg, True))
+    assert (request.template, request.reason) == ("default", 'demo_off "writing"')
+    assert request.messages[0] == {"role": "system", "content": svc.cfg.demo.system_prompt}
+    assert [n for n in svc.templates.names() if not svc.templates.get(n).route_on_demo] == [
+        "translation", "summary", "writing"
+    ]  # fmt: skip
+    assert svc.templates.get("explain").route_on_demo, "measured: the demo explains code well with it"
+
+
+def write(folder: Path, name: str, text: str) -> None:
+    (folder / f"{name}.yaml").write_text(text, encoding="utf-8")
+
+
+def demo_service(tmp_path: Path) -> ChatService:
+    """The demo model serving a copy of the shipped templates plus a new one (zebra, as an editor would write it)."""
+    folder = Path(shutil.copytree(ROOT / "prompts", tmp_path / "prompts"))
+    write(folder, "zebra", "name: zebra\nkeywords: [zebrakey]\nsystem: Always begin with ZEBRA.\nuser: '{input}'\n")
+    svc = service(demo=True)
+    svc.templates = TemplateStore(folder)
+    return svc
+
+
+async def test_a_saved_template_routes_on_the_demo_with_its_own_system_prompt(tmp_path: Path) -> None:
+    svc = demo_service(tmp_path)
+    request = await svc.build_request([], "zebrakey: tell me a joke", UserSettings.defaults(svc.cfg, demo=True))
+    assert (request.template, request.reason) == ("zebra", 'keyword "zebrakey"')
+    assert request.messages[0] == {"role": "system", "content": "Always begin with ZEBRA."}
+    demo = svc.cfg.demo  # what the template leaves unset: the demo's measured defaults, penalties included
+    assert request.sampling["temperature"] == demo.temperature
+    assert request.sampling["frequency_penalty"] == demo.frequency_penalty
+    decision = svc.decide("zebrakey: tell me a joke", UserSettings.defaults(svc.cfg, demo=True))
+    assert (decision.template, decision.system, decision.sampling) == ("zebra", request.messages[0]["content"],
+                                                                        request.sampling)  # fmt: skip
+
+
+async def test_a_template_that_is_off_on_the_demo_is_skipped_by_routing_but_named(tmp_path: Path) -> None:
+    svc = demo_service(tmp_path)
+    write(svc.templates.folder, "zebra", "name: zebra\nkeywords: [zebrakey]\nroute_on_demo: false\nuser: 'Z {input}'\n")
+    settings = UserSettings.defaults(svc.cfg, demo=True)
+    skipped = await svc.build_request([], "zebrakey please", settings)
+    assert (skipped.template, skipped.reason) == ("default", 'demo_off "zebra"')
+    assert skipped.messages[0] == {"role": "system", "content": svc.cfg.demo.system_prompt}
+    named = await svc.build_request([], "/zebra please", settings)
+    assert (named.template, named.user_text) == ("zebra", "Z please"), "/name chooses it all the same"
+    svc.supervisor.spec = LaunchSpec("vllm", [], {}, "127.0.0.1", 1, "m", "k")  # the real model: routing as always
+    assert (await svc.build_request([], "zebrakey please", UserSettings.defaults(svc.cfg))).template == "zebra"
+
+
+async def test_a_template_asked_for_by_name_sends_its_own_system_prompt_and_sampling_on_the_demo() -> None:
     svc = service(demo=True)
     request = await svc.build_request([], "/writing a poem", UserSettings.defaults(svc.cfg, demo=True))
+    writing = svc.templates.get("writing")
     assert request.template == "writing" and "【任务】" in request.user_text
-    assert request.sampling["temperature"] == svc.cfg.demo.temperature, "not the template's 0.8"
+    assert request.messages[0] == {"role": "system", "content": writing.system}
+    assert request.sampling["temperature"] == writing.sampling["temperature"]
+    assert request.sampling["presence_penalty"] == svc.cfg.demo.presence_penalty, "the template sets none"
 
 
 async def test_the_users_own_choice_wins_over_the_demo_defaults() -> None:

@@ -15,7 +15,6 @@ from backend.chat.render import (
     template_commands,
     template_select,
 )
-from backend.chat.service import DEMO_REASON
 from backend.chat.turn import Done
 from backend.errors import InvalidInputError
 
@@ -44,7 +43,8 @@ def test_reasons_read_in_chinese() -> None:
     assert reason_text('keyword "总结"', "en-US") == 'keyword "总结"'
     assert reason_text('pattern "^def "', "zh-CN") == "匹配规则“^def ”"
     assert reason_text("no rule matched", "zh-CN") == "未匹配任何规则（默认模板）"
-    assert reason_text(DEMO_REASON, "zh-CN") == "演示模型：不自动选择模板"
+    assert reason_text("demo model: automatic templates are off", "zh-CN") == "演示模型：不自动选择模板"  # old replies
+    assert reason_text('demo_off "writing"', "en") == "writing matches, but does not route on the demo model (default)"
     assert reason_text("something new", "zh-CN") == "something new"
 
 

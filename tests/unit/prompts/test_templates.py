@@ -175,6 +175,19 @@ def test_a_template_without_rules_is_only_used_when_chosen(folder: Path) -> None
     assert store.route("hi", explicit="pirate").user == "Say it like a pirate: hi"
 
 
+def test_on_the_demo_routing_skips_templates_that_are_off_for_it_and_names_them(folder: Path) -> None:
+    write(folder, "poem.yaml", template("poem", priority="9", keywords="[poem]", route_on_demo="false"))
+    write(folder, "verse.yaml", template("verse", priority="1", keywords="[verse]"))
+    store = TemplateStore(folder)
+    assert store.get("poem").route_on_demo is False and store.get("verse").route_on_demo is True
+    assert store.route("a poem").template == "poem", "the real model: every template routes"
+    skipped = store.route("a poem", demo=True)
+    assert (skipped.template, skipped.reason) == ("default", 'demo_off "poem"')
+    assert store.route("a poem in verse", demo=True).template == "verse", "the next match answers"
+    assert store.route("a verse", demo=True).reason == 'keyword "verse"', "a template that is on routes as always"
+    assert store.route("a poem", explicit="poem", demo=True).template == "poem", "chosen by name, it is used"
+
+
 def test_explicit_choice_overrides_the_rules(shipped: TemplateStore) -> None:
     prompt = shipped.route("写一首诗", explicit="translation")
     assert (prompt.template, prompt.reason) == ("translation", "chosen")
@@ -235,6 +248,8 @@ BROKEN = [
     ("regex.yaml", 'name: regex\nuser: "{input}"\npatterns:\n  - fine\n  - "(unclosed"\n', 5, "patterns",
      "not a valid regular expression"),
     ("badname.yaml", 'name: My Template\nuser: "{input}"\n', 1, "name", "lowercase letters"),
+    ("demoflag.yaml", 'name: demoflag\nuser: "{input}"\nroute_on_demo: "no"\n', 3, "route_on_demo",
+     'must be true or false (got "no")'),
     ("missing.yaml", "name: missing\ndescription: no user text\n", None, "user", "is required"),
     ("empty.yaml", "", None, None, "the file is empty"),
     ("list.yaml", "- name\n- user\n", 1, None, "`field: value` lines"),

@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backend.chat.service import ChatService
 from backend.config import ROOT
+from backend.engines.base import LaunchSpec
+from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import check_folder
-from backend.workshop.drafts import draft_folder, form_yaml, leading_comments, routing, template_files, yaml_fields
+from backend.workshop.drafts import (
+    chat_view,
+    draft_folder,
+    form_yaml,
+    leading_comments,
+    preview,
+    routing,
+    template_files,
+    yaml_fields,
+)
 from tests.conftest import MakeConfig
 
 
@@ -108,10 +120,63 @@ def test_routing_says_when_the_draft_wins_and_when_another_template_comes_first(
         assert (won["picked"], won["outcome"]) == ("poem", "draft")
 
 
+def serve(service: ChatService, demo: bool) -> None:
+    """Make the service's engine resolved, serving the demo model or not (as the supervisor's start would)."""
+    service.supervisor.spec = LaunchSpec("llama.cpp", [], {}, "127.0.0.1", 1, "m", "k", demo=demo)
+
+
+@pytest.mark.parametrize("demo", [False, True], ids=["real model", "demo model"])
+async def test_the_preview_is_the_request_the_chat_sends_on_the_model_serving(service: ChatService, demo: bool) -> None:
+    serve(service, demo)
+    folder = service.templates.folder
+    text = "name: zebra\npriority: 5\nkeywords: [zebrakey]\nsystem: Always begin with ZEBRA.\nuser: 'Z: {input}'\n"
+    service.client = CountingClient()  # type: ignore[assignment]
+    with draft_folder(folder, "zebra", text) as check:
+        shown = await preview(service, check, "zebrakey about the sea")
+        chat = chat_view(service, check.store)
+        sent = await chat.build_request([], "zebrakey about the sea", chat.new_session().settings)
+    assert (shown["routing"]["outcome"], shown["routing"]["picked"], shown["demo"]) == ("draft", "zebra", demo)
+    request = shown["request"]
+    assert (request["template"], request["reason"]) == (sent.template, sent.reason) == ("zebra", 'keyword "zebrakey"')
+    assert request["system"] == "Always begin with ZEBRA." and request["user"] == "Z: zebrakey about the sea"
+    assert request["messages"] == sent.messages and request["sampling"] == sent.sampling
+    assert ("frequency_penalty" in request["sampling"]) == demo, "the demo's penalties where the template sets none"
+
+
+async def test_the_preview_says_when_a_draft_is_off_on_the_demo(service: ChatService) -> None:
+    serve(service, True)
+    service.client = CountingClient()  # type: ignore[assignment]
+    text = "name: zebra\nkeywords: [zebrakey]\nroute_on_demo: false\nuser: 'Z: {input}'\n"
+    with draft_folder(service.templates.folder, "zebra", text) as check:
+        shown = await preview(service, check, "zebrakey please")
+    assert (shown["routing"]["outcome"], shown["routing"]["picked"]) == ("demo_off", "default")
+    assert shown["request"]["reason"] == 'demo_off "zebra"' and shown["request"]["user"] == "zebrakey please"
+    assert next(c for c in shown["routing"]["candidates"] if c["draft"])["route_on_demo"] is False
+
+
+def test_an_external_server_serving_the_demo_model_is_the_demo(make_config: MakeConfig, folder: Path) -> None:
+    cfg = make_config(paths__prompts_dir=str(folder), engine__name="external", server__base_url="http://127.0.0.1:9/v1",
+                      model__id=f"HuggingFaceTB/{DEMO_NAME}")  # fmt: skip
+    service = ChatService.from_config(cfg)
+    assert not service.serving_demo, "not known before the engine is resolved"
+    service.supervisor.spec = LaunchSpec("external", [], {}, "", 0, "m", "k")
+    assert service.serving_demo and service.serving().model == DEMO_NAME
+
+
+class CountingClient:
+    """Counts tokens by words; nothing is streamed here."""
+
+    async def count_tokens(self, messages: list[dict[str, Any]]) -> int:
+        return sum(len(str(m["content"]).split()) for m in messages) + 4
+
+    async def max_model_len(self) -> int:
+        return 4096
+
+
 def test_the_form_keeps_the_comment_lines_a_file_starts_with(folder: Path) -> None:
     text = (folder / "writing.yaml").read_text(encoding="utf-8")
     header = leading_comments(text)
-    assert header.startswith("# ") and header.count("\n") == 2 and "name:" not in header
+    assert header.startswith("# ") and header.count("\n") == 6 and "name:" not in header
     fields = yaml_fields(text)
     assert fields is not None
     rewritten = form_yaml(fields, header)

@@ -46,14 +46,17 @@ def test_a_draft_with_problems_is_refused_and_the_file_keeps_serving(files: Temp
     chat = TemplateStore(files.folder)
     with pytest.raises(DraftRefused) as refused:
         files.save("poem", "name: poem\nuser: no placeholder\n", saved.tag, "alice")
-    assert refused.value.code == "workshop.problems" and refused.value.params == {"count": 1}
+    assert refused.value.code == "workshop.problems" and refused.value.params["count"] == 1
+    assert refused.value.message.endswith(f"{refused.value.params['file']} keeps its current text.")
     assert [p.field for p in refused.value.problems] == ["user"]
     assert files.read("poem") == POEM
     assert chat.problems() == [] and chat.route("a poem").template == "poem"
     assert [v.number for v in files.history.history("poem")] == [1]
-    with pytest.raises(DraftRefused):
+    with pytest.raises(DraftRefused) as new:
         files.create("other", "user: [\n", "alice")
     assert files.read("other") is None
+    # never saved: no "last good version" to speak of; the message says the chat does not know it yet
+    assert new.value.code == "workshop.problems_new" and "does not know this template yet" in new.value.message
 
 
 def test_a_stale_base_is_a_conflict_naming_who_saved(files: TemplateFiles) -> None:
