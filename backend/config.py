@@ -189,8 +189,9 @@ class LlamaCppSettings(_Strict):
     threads: int = Field(0, ge=0, le=1024)
     threads_batch: int = Field(0, ge=0, le=1024)
     n_batch: int = Field(512, ge=32, le=8192)
-    flash_attn: bool = False
+    flash_attn: bool = True
     priority: int = Field(1, ge=0, le=3)
+    poll: int = Field(0, ge=0, le=100)
     # auto: the best built CPU kernel variant this CPU claims, the next one if it crashes or answers wrong.
     cpu_variant: str = "auto"
     prefix: str | None = None

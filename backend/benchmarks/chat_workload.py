@@ -79,6 +79,7 @@ class TurnResult:
     success: bool
     error: str | None = None
     first_text_s: float | None = None  # from sending to the first chunk with text (what a user first sees)
+    first_chunk_s: float | None = None  # to the first chunk with a token, text or not (random weights: no text)
     decode_tok_s: float | None = None  # (output_tokens - 1) / (time of last chunk - time of first chunk)
     prompt_tokens: int = 0  # from the usage chunk (stream_options include_usage)
     output_tokens: int = 0
@@ -100,6 +101,7 @@ class ChatLevel:
         done = [t for t in self.turns if t.success]
         output = sum(t.output_tokens for t in done)
         first_text = [t.first_text_s * 1000 for t in done if t.first_text_s is not None]
+        first_chunk = [t.first_chunk_s * 1000 for t in done if t.first_chunk_s is not None]
         decode = [t.decode_tok_s for t in done if t.decode_tok_s]
         prompts = [t.prompt_tokens for t in done]
         bunched = [t.bunched for t in done if t.bunched is not None]
@@ -113,6 +115,7 @@ class ChatLevel:
             "output_tokens": output,
             "output_tok_s": output / self.duration_s if self.duration_s > 0 else 0.0,
             "first_text_ms": {f"p{p}": percentile(first_text, p) for p in (50, 90, 99)} if first_text else None,
+            "first_chunk_ms": {"p50": percentile(first_chunk, 50)} if first_chunk else None,
             "decode_tok_s": {"p50": percentile(decode, 50), "min": min(decode)} if decode else None,
             "tpot_ms": {"p50": percentile([1000 / d for d in decode], 50)} if decode else None,
             "prompt_tokens": {"mean": statistics.fmean(prompts), "max": max(prompts)} if prompts else None,
@@ -155,7 +158,9 @@ def _turn_result(index: int, turn: int, streamed: Streamed) -> TurnResult:
     decode = (output - 1) / (last - first) if output > 1 and last > first else None
     gaps = [b - a for a, b in zip(streamed.chunk_times, streamed.chunk_times[1:], strict=False)]
     bunched = sum(g < BUNCHED_S for g in gaps) / len(gaps) if gaps else None
-    return TurnResult(index, turn, True, None, first_text, decode, streamed.prompt_tokens, output, bunched)
+    return TurnResult(
+        index, turn, True, None, first_text, first - streamed.start, decode, streamed.prompt_tokens, output, bunched
+    )
 
 
 async def _hold(

@@ -115,7 +115,10 @@ def build_llamacpp_launch(
 ) -> LaunchSpec:
     """The argument list and environment that start llama-server serving `gguf` on `port` with `variant`."""
     ll = cfg.llamacpp
-    threads = ll.threads or len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    # Decoding leaves a core to llama-server's own HTTP thread, the app and the browser: with every core decoding,
+    # the reply reached the page in bursts on 2 cores (config/backend.yaml, llamacpp.threads). Prompts use them all.
+    threads = ll.threads or max(1, cores - 1)
     argv = [
         str(server),
         "--model",
@@ -128,21 +131,23 @@ def build_llamacpp_launch(
         str(port),
         "--parallel",
         str(ll.parallel),
-        # One KV pool shared by the slots (--kv-unified below), each slot limited to n_ctx: a chat may use
-        # the whole window, and the pool holds parallel x n_ctx tokens.
-        "--kv-unified-per-slot",
-        str(ll.n_ctx),
+        # Each slot its own KV stream of n_ctx tokens (--no-kv-unified below): a step's attention reads only each
+        # chat's own cells; one pool shared by the slots made every chat attend over (and mask) all of them.
+        "--ctx-size",
+        str(ll.parallel * ll.n_ctx),
         "--threads",
         str(threads),
         "--threads-batch",
-        str(ll.threads_batch or threads),
+        str(ll.threads_batch or cores),
         "--batch-size",
         str(ll.n_batch),
         "--flash-attn",
         "on" if ll.flash_attn else "off",
         "--prio",
         str(ll.priority),
-        "--kv-unified",
+        "--poll",
+        str(ll.poll),
+        "--no-kv-unified",
         # No RAM prompt cache: it can restore another conversation into a slot (llama.cpp issue #27148, open).
         "--cache-ram",
         "0",

@@ -105,13 +105,19 @@ async def measure(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Measu
 
 
 def reply_s(level: dict[str, Any]) -> float:
-    """How long a typical reply takes at this level: the first text, then TYPICAL_REPLY tokens at its decode pace."""
-    return float(level["first_text_ms"]["p50"]) / 1000 + TYPICAL_REPLY / float(level["decode_tok_s"]["p50"])
+    """How long a typical reply takes at this level: the first text, then TYPICAL_REPLY tokens at its decode pace.
+
+    A model whose tokens carry no text (random weights) counts from its first token; no figures: never chosen."""
+    first = level.get("first_text_ms") or level.get("first_chunk_ms")
+    decode = level.get("decode_tok_s")
+    if not first or not decode:
+        return float("inf")
+    return float(first["p50"]) / 1000 + TYPICAL_REPLY / float(decode["p50"])
 
 
 def choose(measured: list[Measured]) -> Measured | None:
     """THE RULE (module docstring) applied to the measured candidates; None when none was measured."""
-    ok = [m for m in measured if m.ok]
+    ok = [m for m in measured if m.ok and reply_s(m.many or {}) < float("inf")]
     if not ok:
         return None
     return min(ok, key=lambda m: (reply_s(m.many or {}), reply_s(m.one or {})))

@@ -73,6 +73,14 @@ def test_llamacpp_settings_have_defaults_and_env_overrides(tmp_path: Path) -> No
         config(tmp_path, llamacpp__python="/usr/bin/python3")  # llama-cpp-python's server is gone
 
 
+def test_decoding_leaves_a_core_free_and_prompts_use_them_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for cores, decode in ((1, "1"), (2, "1"), (8, "7")):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        argv = build_llamacpp_launch(config(tmp_path), "/m/x.gguf", 8123, KEY, SERVER, "zen4").argv
+        pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
+        assert (pairs["--threads"], pairs["--threads-batch"]) == (decode, str(cores)), cores
+
+
 def test_the_shipped_config_documents_the_llamacpp_section() -> None:
     cfg = load_config(environ={})
     assert cfg.llamacpp.quantization == "auto" and cfg.llamacpp.gguf is None  # the tune measures the format
@@ -91,10 +99,11 @@ def test_command_line_names_the_model_and_never_the_key(tmp_path: Path) -> None:
     assert argv[0] == str(SERVER)
     pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
     assert pairs["--model"] == "/m/x.gguf" and pairs["--alias"] == cfg.model.served_name
-    assert (pairs["--host"], pairs["--port"], pairs["--kv-unified-per-slot"]) == ("127.0.0.1", "8123", "2048")
+    assert (pairs["--host"], pairs["--port"], pairs["--ctx-size"]) == ("127.0.0.1", "8123", str(8 * 2048))
     assert pairs["--threads"] == pairs["--threads-batch"] == "2"
     assert pairs["--parallel"] == "8", "eight chats are answered at once by default"
-    assert {"--jinja", "--metrics", "--kv-unified"} <= set(argv), "the GGUF's template; /metrics; one KV pool"
+    assert {"--jinja", "--metrics", "--no-kv-unified"} <= set(argv), "the GGUF's template; /metrics; a KV per slot"
+    assert (pairs["--prio"], pairs["--poll"], pairs["--flash-attn"]) == ("1", "0", "on"), "measured: smooth streaming"
     assert argv[argv.index("--cache-ram") + 1] == "0", "no RAM prompt cache: llama.cpp issue #27148"
     assert argv[-2:] == ["--ubatch-size", "256"]
     assert KEY not in " ".join(argv) and spec.env["LLAMA_API_KEY"] == KEY
@@ -104,12 +113,14 @@ def test_command_line_names_the_model_and_never_the_key(tmp_path: Path) -> None:
     assert spec.flags.max_model_len == 2048, "the app's context window is llama.cpp's n_ctx"
 
 
-def test_threads_default_to_every_usable_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A process allowed on CPUs 0, 2 and 3 of a larger machine (a container's cpuset): three usable cores.
+def test_threads_count_the_usable_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process allowed on CPUs 0, 2 and 3 of a larger machine (a container's cpuset): three usable cores, two decode.
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 3})
     spec = build_llamacpp_launch(config(tmp_path), "/x.gguf", 1, KEY, SERVER)
-    assert spec.argv[spec.argv.index("--threads") + 1] == "3"
+    assert spec.argv[spec.argv.index("--threads") + 1] == "2"
     assert spec.argv[spec.argv.index("--threads-batch") + 1] == "3"
+    pinned = build_llamacpp_launch(config(tmp_path, llamacpp__threads=3), "/x.gguf", 1, KEY, SERVER)
+    assert pinned.argv[pinned.argv.index("--threads") + 1] == "3", "a number set in the configuration stands"
 
 
 def test_child_env_drops_inherited_llama_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,6 +49,14 @@ def test_the_rule_takes_the_soonest_typical_reply_at_the_expected_users() -> Non
     assert tuner.choose([tie, a]) is a
 
 
+def test_a_model_without_text_counts_from_its_first_token_and_no_figures_is_never_chosen() -> None:
+    silent = {"decode_tok_s": {"p50": 50.0}, "first_text_ms": None, "first_chunk_ms": {"p50": 300.0}}
+    assert tuner.reply_s(silent) == pytest.approx(0.3 + 200 / 50), "random weights: tokens without text"
+    assert tuner.reply_s({"decode_tok_s": None, "first_text_ms": None}) == float("inf")
+    empty = Measured("llama.cpp q8_0", "llama.cpp", "q8_0", "measured", "passed", 1.0, silent, {"decode_tok_s": None})
+    assert tuner.choose([empty]) is None
+
+
 def test_skipped_candidates_are_never_chosen_and_none_measured_means_no_choice() -> None:
     broken = Measured("llama.cpp q4_k_m", "llama.cpp", "q4_k_m", "skipped: crashed with SIGILL during start-up")
     ok = measured("vllm-cpu bfloat16", (15, 250), (12, 400))
