@@ -126,6 +126,8 @@ def serving_status(serving: Serving, locale: str) -> dict[str, str]:
     model = t("serving_demo", locale, model=serving.model) if serving.demo else serving.model
     parts = [model, serving.engine or t("engine_choosing", locale), serving.device]
     state = t(f"state_{serving.state}", locale, elapsed=serving.elapsed_s)
+    if serving.progress is not None:
+        state += " · " + serving.progress.text(locale)
     return {"serving": " · ".join(p for p in parts if p), "state": state, "code": serving.state,
             "tagline": t("tagline", locale)}  # fmt: skip
 

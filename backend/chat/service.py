@@ -129,7 +129,7 @@ class ChatService:
         if chosen is not None and chosen.spawns:
             device = gpu_label(self.supervisor.gpus) if chosen.on_gpu else "CPU"
         name = chosen.name if chosen is not None else ""
-        return Serving(model, name, device, st.state.value, st.elapsed_s, self.serving_demo)
+        return Serving(model, name, device, st.state.value, st.elapsed_s, self.serving_demo, st.progress)
 
     def start(self) -> None:
         """Start the engine in the background (the chat says 'starting' until it is ready)."""

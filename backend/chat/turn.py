@@ -113,6 +113,7 @@ class Serving:
     state: str  # backend.serving.supervisor.State's value
     elapsed_s: float  # in that state (starting: since the engine began to start)
     demo: bool = False  # the offline demo model answers
+    progress: Phrase | None = None  # what the start is doing meanwhile (the engine tune at a first start)
 
 
 Event = Notice | Refused | EngineWait | Text | Done

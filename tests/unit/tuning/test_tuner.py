@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from backend.chat.render import wait_text
-from backend.chat.turn import EngineWait
+from backend.chat.render import serving_status, wait_text
+from backend.chat.turn import EngineWait, Serving
 from backend.config import AppConfig, load_config
 from backend.engines.base import Engine
 from backend.engines.registry import engine, tunable
@@ -137,6 +137,8 @@ def test_the_starting_notice_shows_the_tune_progress_in_the_users_language() -> 
     assert "llama.cpp q8_0, 2 of 3" in en and "starting" in en
     assert "llama.cpp q8_0（第 2 个，共 3 个）" in zh
     assert "llama.cpp" not in wait_text(EngineWait("starting", 12.0), "en-US")
+    first_page = serving_status(Serving("ERNIE-4.5-0.3B-PT", "", "", "starting", 12.0, progress=step), "zh-CN")
+    assert first_page["state"].startswith("正在启动") and "（第 2 个，共 3 个）" in first_page["state"]
 
 
 def test_a_tune_that_measured_before_is_kept_and_force_measures_again(
