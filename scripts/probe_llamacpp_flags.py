@@ -68,12 +68,28 @@ async def hold(http: httpx.AsyncClient, url: str, chat: Any, salt: int, out: lis
         })  # fmt: skip
 
 
+def engine_totals() -> dict[str, float]:
+    """llama-server's own counters (with --metrics): prompt and decode tokens and seconds, decode calls."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{PORT}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("llamacpp:") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            totals[name.removeprefix("llamacpp:")] = float(value)
+    return totals
+
+
 async def level(users: int, requests: int, shape: ChatShape) -> dict[str, Any]:
     url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
+    before = engine_totals()
     out: list[dict[str, Any]] = []
     salt = random.randrange(10**6)
     queue = iter(conversations(shape, requests))
-    async with httpx.AsyncClient(timeout=600) as http:
+    # no keep-alive: llama-server closes a connection after a few requests (cpp-httplib), which httpx then reuses
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as http:
 
         async def user() -> None:
             for chat in queue:
@@ -88,7 +104,10 @@ async def level(users: int, requests: int, shape: ChatShape) -> dict[str, Any]:
         return round(statistics.median(values), 2) if values else None
 
     first = med("first")
-    return {"users": users, "tok_s": round(sum(o["n"] for o in out) / duration, 1),
+    after = engine_totals()
+    spent = {k: round(after[k] - before.get(k, 0.0), 2) for k in after if k.endswith("_total")}
+    return {"engine": spent, "wall_s": round(duration, 2), "users": users,
+            "tok_s": round(sum(o["n"] for o in out) / duration, 1),
             "first_ms": round(first * 1000) if first is not None else None, "client_dec": med("client_dec"),
             "server_dec": med("server_dec"), "bunched": med("bunched"), "prompt_n": med("prompt_n"),
             "cache_n": med("cache_n")}  # fmt: skip
@@ -100,7 +119,7 @@ def main() -> None:
     env["GGML_BACKEND_PATH"] = str(DEFAULT_PREFIX / "bin" / "cpu" / f"libggml-cpu-{variant}.so")
     argv = [str(DEFAULT_PREFIX / "bin" / "llama-server"), "--model", gguf, "--alias", "m", "--host", "127.0.0.1",
             "--port", str(PORT), "--jinja", "--no-webui", "--cache-ram", "0", *flags]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(os.environ.get("LOG", os.devnull), "w"))
     try:
         for _ in range(600):
             try:

@@ -78,15 +78,16 @@ def figures(m: Measured) -> dict[str, Any]:
         "outcome": m.outcome,
         "check": m.check,
         "decode_tok_s_1": _p50(m.one, "decode_tok_s"),
-        "first_text_ms_1": _p50(m.one, "first_text_ms"),
+        "first_text_ms_1": _p50(m.one, "first_text_ms", "first_chunk_ms"),
         "decode_tok_s_n": _p50(m.many, "decode_tok_s"),
-        "first_text_ms_n": _p50(m.many, "first_text_ms"),
+        "first_text_ms_n": _p50(m.many, "first_text_ms", "first_chunk_ms"),
         "output_tok_s_n": round(float(m.many["output_tok_s"]), 1),
     }
 
 
-def _p50(level: dict[str, Any], name: str) -> float | None:
-    value = level.get(name)
+def _p50(level: dict[str, Any], name: str, instead: str = "") -> float | None:
+    """A figure's P50, or `instead`'s where the level has none (the first token for a model without text)."""
+    value = level.get(name) or level.get(instead)
     return round(float(value["p50"]), 1) if value else None
 
 
