@@ -17,7 +17,7 @@ from backend.config import AppConfig
 
 log = logging.getLogger(__name__)
 
-VERSION = 1  # bump when the workload, the rule or the record's fields change
+VERSION = 2  # bump when the workload, the rule or the record's fields change
 
 
 @dataclass

@@ -6,8 +6,9 @@ first (a candidate that crashes or fails it is skipped with its reason); then it
 (backend.benchmarks.chat_workload: conversations whose history grows, new messages of 20-80 tokens) at one user
 and at tune.users users at once, and is stopped.
 
-THE RULE: the candidate that gives a typical reply (200 tokens) soonest, on average over one user alone and
-tune.users users at once: at each load, median first text + 200 / median decode tokens/s per reply.
+THE RULE: the candidate that gives a typical reply (200 tokens) soonest over one user alone and tune.users users at
+once: the geometric mean of the two reply times (at each load, median first text + 200 / median decode tokens/s
+per reply), so that twice as fast at one load outweighs 1.5 times slower at the other.
 
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
 it at once; `tune --force` measures again. A user who names the engine (engine.name) or the format
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +43,8 @@ SHAPE = ChatShape(turns=2, message_tokens=(20, 80), reply_tokens=(48, 64), seed=
 WARM_UP = ChatShape(turns=1, message_tokens=(20, 40), reply_tokens=(8, 8), seed=1)
 TYPICAL_REPLY = 200  # tokens: the middle of a chat reply's 100-300
 RULE = (
-    f"the soonest whole reply of {TYPICAL_REPLY} tokens on average over one user alone and tune.users chats at once "
-    f"(at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per reply)"
+    f"the soonest whole reply of {TYPICAL_REPLY} tokens over one user alone and tune.users chats at once: the "
+    f"geometric mean of the two (at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per reply)"
 )
 
 
@@ -119,7 +121,7 @@ def choose(measured: list[Measured]) -> Measured | None:
     """THE RULE (module docstring) applied to the measured candidates; None when none was measured."""
 
     def typical(m: Measured) -> float:
-        return (reply_s(m.one or {}) + reply_s(m.many or {})) / 2
+        return math.sqrt(reply_s(m.one or {}) * reply_s(m.many or {}))
 
     ok = [m for m in measured if m.ok and typical(m) < float("inf")]
     return min(ok, key=typical) if ok else None

