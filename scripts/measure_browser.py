@@ -136,8 +136,8 @@ def main() -> None:
         "engine": health["engine"],
         "ttft_s_median": statistics.median(r["ttft_s"] for r in rows),
         "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rows if r["tokens_per_s"]),
-        "engine_tokens_per_s_median": statistics.median(
-            r["engine_tokens_per_s"] for r in rows if r["engine_tokens_per_s"]
+        "engine_tokens_per_s_median": round(
+            statistics.median(r["engine_tokens_per_s"] for r in rows if r["engine_tokens_per_s"]), 2
         ),
         "runs": rows,
     }
