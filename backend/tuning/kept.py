@@ -50,6 +50,9 @@ class TuneResult:
     seconds: float
     when: str
     measured: list[Measured] = field(default_factory=list)
+    # The 1-minute load average before and after: other work on the same cores distorts the figures 2-5x (a tune
+    # measured beside a test run chose differently from the same machine at rest): `tune --force` when quiet.
+    load: tuple[float, float] = (0.0, 0.0)
 
     def winner(self) -> Measured | None:
         return next((m for m in self.measured if m.label == self.chosen), None)
@@ -64,6 +67,7 @@ class TuneResult:
             "when": self.when,
             "seconds": round(self.seconds, 1),
             "rule": self.rule,
+            "load": list(self.load),
             "figures": {m.label: figures(m) for m in self.measured},
             "decode_tok_s_1_user": figures(won)["decode_tok_s_1"] if won else None,
         }
@@ -110,7 +114,8 @@ def load(cfg: AppConfig, key: str) -> TuneResult | None:
     try:
         data = json.loads(path.read_text())
         measured = [Measured(**m) for m in data.pop("measured")]
-        return TuneResult(**data, measured=measured)
+        load = tuple(data.pop("load", (0.0, 0.0)))
+        return TuneResult(**data, measured=measured, load=(float(load[0]), float(load[1])))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError) as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ Progress = Callable[[Phrase | None], None]
 # Brief: two turns per conversation (a fresh chat, then the same chat grown by a turn), replies of 48-64 tokens.
 SHAPE = ChatShape(turns=2, message_tokens=(20, 80), reply_tokens=(48, 64), seed=0)
 WARM_UP = ChatShape(turns=1, message_tokens=(20, 40), reply_tokens=(8, 8), seed=1)
+BUSY_LOAD = 1.5 * len(os.sched_getaffinity(0))  # a load above this during the tune: other work distorted it
 TYPICAL_REPLY = 200  # tokens: the middle of a chat reply's 100-300
 RULE = (
     f"the soonest whole reply of {TYPICAL_REPLY} tokens over one user alone and tune.users chats at once: the "
@@ -141,6 +143,7 @@ async def tune(cfg: AppConfig, python: str, progress: Progress, force: bool = Fa
         log.info("Engine tune kept from %s: %s", kept.when, kept.chosen)
         return kept
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     measured: list[Measured] = []
     root = cfg.paths.data / "tune"  # each candidate's engine log, kept for a look after the tune
     for number, (engine, fmt) in enumerate(pairs, start=1):
@@ -168,7 +171,11 @@ async def tune(cfg: AppConfig, python: str, progress: Progress, force: bool = Fa
         seconds=round(time.monotonic() - started, 1),
         when=time.strftime("%Y-%m-%dT%H:%M:%S"),
         measured=measured,
+        load=(round(load_before, 2), round(os.getloadavg()[0], 2)),
     )
+    if max(result.load) > BUSY_LOAD:
+        log.warning("Engine tune measured on a busy machine (load %.1f -> %.1f): run `tune --force` when it is quiet",
+                    *result.load)  # fmt: skip
     path = save(cfg, result)
     log.info("Engine tune chose %s in %.0f s (kept in %s)", result.chosen, result.seconds, path)
     return result
@@ -203,7 +210,12 @@ async def first_start_choice(cfg: AppConfig, progress: Progress) -> Choice | Non
 
 def describe(result: TuneResult) -> str:
     """The tune's table for a terminal: every candidate's figures, the choice and the rule."""
-    lines = [f"CPU: {result.cpu}; {result.users} users at once for the second level; {result.seconds:.0f} s.", ""]
+    lines = [
+        f"CPU: {result.cpu}; {result.users} users at once for the second level; {result.seconds:.0f} s; load average "
+        f"{result.load[0]} -> {result.load[1]}"
+        + (" (busy: measure again when quiet)" if max(result.load) > BUSY_LOAD else ""),
+        "",
+    ]
     lines.append(
         f"{'candidate':<26} {'1 user tok/s':>12} {'first text':>11} {f'{result.users} users tok/s':>14}  outcome"
     )
