@@ -34,6 +34,7 @@ from backend.errors import Phrase, ServiceError
 from backend.models.resolve import ResolvedModel, demo_model_dir, resolve_model
 from backend.serving.canary import cpu_signature, files_key
 from backend.serving.launch import Choice, make_supervisor
+from backend.serving.supervisor import State
 from backend.tuning.kept import Measured, TuneResult, figures, load, save, tune_key
 
 log = logging.getLogger(__name__)
@@ -88,9 +89,12 @@ async def measure(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Measu
     started = time.monotonic()
     supervisor.start_background()
     try:
-        if not await supervisor.wait_ready(min(cfg.timeouts.startup_s, max(60.0, 2 * cfg.tune.budget_s))):
-            why = supervisor.status.error or f"not ready ({supervisor.status.state.value})"
-            return Measured(label, engine.name, fmt, f"skipped: {why}")
+        deadline = started + min(cfg.timeouts.startup_s, max(60.0, 2 * cfg.tune.budget_s))
+        while not await supervisor.wait_ready(1.0):
+            st = supervisor.status
+            # A candidate whose first start fails is skipped at once: the tune does not wait out restart backoffs.
+            if st.state in (State.FAILED, State.STOPPED, State.RESTARTING) or time.monotonic() > deadline:
+                return Measured(label, engine.name, fmt, f"skipped: {st.error or f'not ready ({st.state.value})'}")
         ready_s = time.monotonic() - started
         guard = supervisor.guard.summary() if supervisor.guard else {}
         check = f"{guard.get('candidate', label)}: {guard.get('check', 'not checked')}"
@@ -227,7 +231,7 @@ def describe(result: TuneResult) -> str:
                 f"{f['decode_tok_s_n'] or 0:>14.1f}  {m.check}"
             )
         else:
-            lines.append(f"{m.label:<26} {'':>12} {'':>11} {'':>14}  {m.outcome}")
+            lines.append(f"{m.label:<26} {'':>12} {'':>11} {'':>14}  {m.outcome.splitlines()[0]}")
     lines += ["", f"Chosen: {result.chosen or 'none (no candidate served)'}", f"Rule: {result.rule}."]
     return "\n".join(lines)
 
