@@ -43,6 +43,14 @@ async def open_page(browser: Any, url: str, locale: str, ready: str = READY) -> 
     return page
 
 
+async def open_workshop(browser: Any, url: str, locale: str) -> Any:
+    """The template workshop of the app at `url` in a browser whose language is `locale`, once its page is ready."""
+    page = await (await browser.new_context(locale=locale)).new_page()
+    await page.goto(url + "/workshop")
+    await page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+    return page
+
+
 async def send(page: Any, text: str) -> None:
     await page.click("#chat-input")
     await page.keyboard.type(text)

@@ -31,7 +31,7 @@ from backend.errors import render
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.schema import display_path
 from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app, wait_until
-from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, send
+from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -73,13 +73,6 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             app.kill()
 
 
-async def open_workshop(browser: Any, site: Site, locale: str) -> Any:
-    page = await (await browser.new_context(locale=locale)).new_page()
-    await page.goto(site.app.url + "/workshop")
-    await page.wait_for_selector("body[data-ready=true]", timeout=60_000)
-    return page
-
-
 async def status_after(page: Any, kind: str) -> str:
     """The status line's text once it is of `kind`."""
     await page.wait_for_selector(f'#status-message[data-kind="{kind}"]:not([hidden])', timeout=WAIT_MS)
@@ -90,7 +83,7 @@ async def status_after(page: Any, kind: str) -> str:
 async def test_the_preview_the_try_and_the_chat_agree_on_this_model(browser, site: Site, locale: str) -> None:  # type: ignore[no-untyped-def]
     stem = f"zebra-{uuid.uuid4().hex[:6]}"
     keyword = f"zq{uuid.uuid4().hex[:6]}"
-    page = await open_workshop(browser, site, locale)
+    page = await open_workshop(browser, site.app.url, locale)
 
     # the header says which model answers and what that means for routing
     serving = page.locator("#serving")

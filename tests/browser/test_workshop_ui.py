@@ -28,7 +28,7 @@ from backend.config import ROOT
 from backend.errors import render
 from backend.prompts.schema import display_path
 from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
-from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, send
+from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -57,13 +57,6 @@ def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Site(app, prompts)
     finally:
         app.kill()
-
-
-async def open_workshop(browser: Any, site: Site, locale: str) -> Any:
-    page = await (await browser.new_context(locale=locale)).new_page()
-    await page.goto(site.app.url + "/workshop")
-    await page.wait_for_selector("body[data-ready=true]", timeout=60_000)
-    return page
 
 
 async def problems(page: Any) -> list[str]:
@@ -116,7 +109,7 @@ def template_text(site: Site, stem: str) -> str:
 async def test_create_check_preview_try_save_use_restore(browser, site: Site, locale: str) -> None:  # type: ignore[no-untyped-def]
     stem = f"poem-{uuid.uuid4().hex[:6]}"
     keyword = f"qz{uuid.uuid4().hex[:6]}"
-    page = await open_workshop(browser, site, locale)
+    page = await open_workshop(browser, site.app.url, locale)
 
     # a new template, from the form
     await page.fill("#new-stem", stem)
@@ -206,7 +199,10 @@ async def test_a_second_editor_gets_the_conflict_message(browser, site: Site, lo
     async with httpx.AsyncClient(base_url=site.app.url, trust_env=False) as http:
         created = await http.post("/workshop/api/templates", json={"stem": stem, "yaml": text})
         assert created.status_code == 201, created.text
-    first, second = await open_workshop(browser, site, locale), await open_workshop(browser, site, locale)
+    first, second = (
+        await open_workshop(browser, site.app.url, locale),
+        await open_workshop(browser, site.app.url, locale),
+    )
     for page in (first, second):
         await page.click(f'.template-row[data-stem="{stem}"]')
         await page.wait_for_selector('#versions li.version[data-number="1"]')
