@@ -119,7 +119,8 @@ def main() -> None:
     env["GGML_BACKEND_PATH"] = str(DEFAULT_PREFIX / "bin" / "cpu" / f"libggml-cpu-{variant}.so")
     argv = [str(DEFAULT_PREFIX / "bin" / "llama-server"), "--model", gguf, "--alias", "m", "--host", "127.0.0.1",
             "--port", str(PORT), "--jinja", "--no-webui", "--cache-ram", "0", *flags]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=open(os.environ.get("LOG", os.devnull), "w"))
+    log = open(os.environ.get("LOG", os.devnull), "w")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
         for _ in range(600):
             try:
