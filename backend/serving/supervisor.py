@@ -206,7 +206,11 @@ class Supervisor:
         policy = RestartPolicy(self.cfg.restart)
         if self.before_start is not None:
             before, self.before_start = self.before_start, None
-            await before()
+            try:
+                await before()
+            except Exception:  # a failed tune must not keep the engine from starting as configured
+                log.exception("Choosing the engine before the first start failed; starting as configured")
+                self.status.progress = None
         while not self._stopping:
             try:
                 self.status.attempt = policy.failures + 1

@@ -83,6 +83,23 @@ async def test_ready_then_stop_leaves_no_process(tmp_path: Path) -> None:
     assert not alive(pid) and not alive(child_pid), "the whole process group must be gone"
 
 
+async def test_a_choice_before_the_first_start_that_fails_leaves_the_configured_engine_starting(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path, "--ready-after", "0.2")
+    asked: list[str] = []
+
+    async def broken_tune() -> None:
+        asked.append("tune")
+        raise RuntimeError("the tune broke")
+
+    sup.before_start = broken_tune
+    sup.start_background()
+    try:
+        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert asked == ["tune"] and sup.before_start is None, "asked once, before the first start"
+    finally:
+        await sup.stop()
+
+
 async def test_exit_during_startup_is_reported_at_once_with_code_and_tail(tmp_path: Path) -> None:
     # A start-up timeout far beyond the wait below: only noticing the exit itself can end the wait in time.
     sup, _ = make(tmp_path, "--exit-at-start", "3", ERNIE_RESTART__MAX_ATTEMPTS="2", ERNIE_TIMEOUTS__STARTUP_S="3600")
