@@ -6,7 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backend.config import AppConfig, EngineName
+from backend.config import AppConfig, EngineFlags, EngineName
 from backend.engines.base import Endpoint, Engine, LaunchSpec, Target, engine_python
 from backend.engines.registry import configured_engine, engine, engines_to_try
 from backend.errors import Phrase
@@ -50,7 +50,7 @@ def make_supervisor(cfg: AppConfig, choose: Chooser | None = None) -> Supervisor
     gpus = detect_gpus()
     port = cfg.server.port or free_port(cfg.server.host)
     endpoint = Endpoint(f"http://{cfg.server.host}:{port}", api_key, cfg.model.served_name)
-    supervisor = Supervisor(cfg, lambda: _unwired(), endpoint, effective_flags(cfg, "cpu"))
+    supervisor = Supervisor(cfg, lambda: _unwired(), endpoint, EngineFlags())  # wired on the next line
     supervisor.gpus = gpus
     _wire(supervisor, cfg, None, python, gpus, port)
     if choose is not None and not gpus:

@@ -133,10 +133,13 @@ def choose(measured: list[Measured]) -> Measured | None:
     return min(ok, key=typical) if ok else None
 
 
-async def tune(cfg: AppConfig, python: str, progress: Progress, force: bool = False) -> TuneResult | None:
+async def tune(
+    cfg: AppConfig, python: str, progress: Progress, force: bool = False, measure_missing: bool = True
+) -> TuneResult | None:
     """The kept result for this machine, or measure every candidate now, keep and return the result.
 
-    None when there is nothing to choose from (no CPU engine installed)."""
+    None when there is nothing to choose from (no CPU engine installed), or nothing is kept and `measure_missing`
+    is false (tune.enabled false)."""
     model = await asyncio.to_thread(model_of, cfg, python)
     pairs = await asyncio.to_thread(candidates, cfg, python, model)
     if not pairs:
@@ -146,6 +149,8 @@ async def tune(cfg: AppConfig, python: str, progress: Progress, force: bool = Fa
     if kept is not None:
         log.info("Engine tune kept from %s: %s", kept.when, kept.chosen)
         return kept
+    if not measure_missing:
+        return None
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     measured: list[Measured] = []
@@ -200,12 +205,7 @@ async def first_start_choice(cfg: AppConfig, progress: Progress) -> Choice | Non
         return None
     python = engine_python(cfg)
     try:
-        if not cfg.tune.enabled:
-            model = await asyncio.to_thread(model_of, cfg, python)
-            engines = cpu_engines(cfg, python)
-            kept = load(cfg, key_for(cfg, python, model, sorted(engines, key=lambda e: e.name)))
-        else:
-            kept = await tune(cfg, python, progress)
+        kept = await tune(cfg, python, progress, measure_missing=cfg.tune.enabled)
     except ServiceError as exc:  # no model, say: the engine's own start says so in the chat
         log.warning("Engine tune not run: %s", exc.message)
         return None
@@ -256,5 +256,6 @@ def tune_command(cfg: AppConfig, force: bool, users: int | None) -> int:
         return 1
     took = time.monotonic() - started
     print(describe(result))
-    print(f"\n{'Measured' if result.seconds and took > 5 else 'Kept from ' + result.when}: {took:.1f} s this time.")
+    measured_now = took >= result.seconds  # a kept result returns at once; a measurement lasts its own seconds
+    print(f"\n{'Measured' if measured_now else 'Kept from ' + result.when}: {took:.1f} s this time.")
     return 0 if result.chosen else 1

@@ -173,6 +173,25 @@ def test_a_tune_that_measured_before_is_kept_and_force_measures_again(
     assert choice is not None and choice.engine == "llama.cpp" and choice.cfg.llamacpp.quantization == "q4_k_m"
 
 
+def test_with_the_tune_off_a_kept_choice_stands_and_nothing_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[str] = []
+
+    async def fake_measure(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> Measured:
+        runs.append(fmt)
+        return measured(f"{eng.name} {fmt}", (60, 200), (30, 300))
+
+    monkeypatch.setattr(tuner, "measure", fake_measure)
+    monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: [(engine("llama.cpp"), "q4_k_m")])
+    monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
+    off = config(tmp_path, tune__enabled="false")
+    assert asyncio.run(tuner.first_start_choice(off, lambda _: None)) is None and runs == [], "off: nothing measured"
+    asyncio.run(tuner.tune(config(tmp_path), sys.executable, lambda _: None))  # `python -m backend tune`, say
+    choice = asyncio.run(tuner.first_start_choice(off, lambda _: None))
+    assert choice is not None and choice.cfg.llamacpp.quantization == "q4_k_m" and runs == ["q4_k_m"]
+
+
 def test_candidates_past_the_budget_are_skipped_not_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config(tmp_path, tune__budget_s=0.01)
 
