@@ -183,6 +183,13 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         metavar="LOW-HIGH",
         help="chat: reply length in tokens, exact (ignore_eos; default %(default)s)",
     )
+    p.add_argument(
+        "--pin-slots",
+        type=int,
+        default=0,
+        metavar="N",
+        help="chat, llama-server: send conversation i to slot i %% N (id_slot); 0 (default): the server chooses",
+    )
     p.add_argument("--datasets", default="synthetic,prompts", help="synthetic and/or prompts (default both)")
     p.add_argument("--input-len", type=int, default=256, help="synthetic prompt tokens, template included")
     p.add_argument("--output-len", type=int, default=128, help="synthetic output tokens")

@@ -82,9 +82,17 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_MODEL__ID": str(SPM),
         "ERNIE_ENGINE__FLAGS__ENFORCE_EAGER": "false",
     },
+    # Each conversation on the slot that holds its history (llama-server's id_slot; see PINNED).
+    "ernie llama.cpp q4_k_m pinned": {
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        "ERNIE_MODEL__ID": str(SPM),
+        "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
+    },
     "demo vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
     "demo llama.cpp Q4_1": {"ERNIE_ENGINE__NAME": "llama.cpp", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
 }
+# Configurations whose chat workload sends each conversation to one slot (bench --pin-slots llamacpp.parallel).
+PINNED = {"ernie llama.cpp q4_k_m pinned"}
 # Per workload: the figures kept of each level, and the report's columns (title, figure, digits).
 FIGURES = {
     "requests": ("output_tokens_per_s", "ttft_ms.p50", "tpot_ms.p50", "e2el_ms.p50"),
@@ -160,7 +168,8 @@ async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out:
         cmd = [
             sys.executable, "-m", "backend", "bench", "--out-dir", str(run_dir), "--base-url", ep.base_url,
             "--model", ep.model, "--concurrency", args.levels, "--requests", str(args.requests),
-            *workload_options(args), "--app-concurrency", "none", "--no-baseline", "--no-progress",
+            *workload_options(args), *(["--pin-slots", str(cfg.llamacpp.parallel)] if name in PINNED else []),
+            "--app-concurrency", "none", "--no-baseline", "--no-progress",
             "--temperature", "0", "--repeat", "1",  # this script alternates the engines itself, a round per call
         ]  # fmt: skip
         load_before = load()

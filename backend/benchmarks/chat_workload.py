@@ -44,8 +44,13 @@ class ChatShape:
     message_tokens: tuple[int, int] = (20, 80)  # new user message (approximate: words of the WORDS filler)
     reply_tokens: tuple[int, int] = (100, 300)  # reply (exact: ignore_eos)
     seed: int = 0
+    # llama-server: send conversation i to slot i % pin_slots (its id_slot), so its history stays where it was
+    # cached; 0 lets the server choose (the slot whose cached prompt shares most with the new one, else the oldest).
+    pin_slots: int = 0
 
     def __post_init__(self) -> None:
+        if self.pin_slots < 0:
+            raise ValueError(f"pin_slots must be 0 or more, not {self.pin_slots}")
         if self.turns < 1:
             raise ValueError(f"turns must be at least 1, not {self.turns}")
         for name in ("message_tokens", "reply_tokens"):
@@ -173,7 +178,7 @@ def _turn_result(index: int, turn: int, streamed: Streamed) -> TurnResult:
 
 async def _hold(
     http: httpx.AsyncClient, url: str, headers: dict[str, str], model: str, chat: Conversation, salt: int,
-    temperature: float,
+    temperature: float, pin_slots: int = 0,
 ) -> list[TurnResult]:  # fmt: skip
     """One conversation's turns in order, each with the history so far; a failed turn ends it."""
     history: list[Message] = [{"role": "system", "content": SYSTEM}]
@@ -191,6 +196,8 @@ async def _hold(
             "min_tokens": turn.reply_tokens,
             "ignore_eos": True,
         }
+        if pin_slots:
+            body["id_slot"] = chat.index % pin_slots
         streamed = await stream_chat(http, url, headers, body)
         results.append(_turn_result(chat.index, number, streamed))
         if streamed.error is not None:
@@ -224,7 +231,7 @@ async def run_chat_level(
 
         async def user() -> None:
             for chat in queue:
-                turns.extend(await _hold(http, url, headers, model, chat, salt, temperature))
+                turns.extend(await _hold(http, url, headers, model, chat, salt, temperature, shape.pin_slots))
 
         start = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(max(1, users))))

@@ -41,11 +41,14 @@ CHAT_FIGURES = (
     ("first text P99", "first_text_ms", "p99", 0),
     ("decode tok/s per reply P50", "decode_tok_s", "p50", 1),
     ("TPOT P50", "tpot_ms", "p50", 1),
+    ("history cached", "history_cached", None, 2),
 )
 CHAT_DEFINITIONS = (
     '"First text" is the time from sending a turn to the first streamed chunk carrying text (what the user first '
     "sees), in ms; decode tok/s is per reply, (output tokens − 1) / (last chunk − first chunk), what one user "
-    "sees; TPOT is its inverse in ms; output tok/s is every output token of the level over its wall time."
+    "sees; TPOT is its inverse in ms; output tok/s is every output token of the level over its wall time; "
+    "history cached is the share of later turns' prompt tokens the server took from its prefix cache (where it "
+    "says: llama-server does)."
 )
 
 
@@ -117,7 +120,12 @@ def _chat_section(chat: dict[str, Any]) -> list[str]:
         f"Conversations of {shape['turns']} turns, each turn sending the whole history (a system line, the earlier "
         f"turns with the text received) and a new user message of about {message_low}-{message_high} tokens; "
         f"replies of {reply_low}-{reply_high} tokens (exact: ignore_eos), lengths drawn from seed {shape['seed']}. "
-        "The users start at once, each holding whole conversations one after the other.",
+        "The users start at once, each holding whole conversations one after the other."
+        + (
+            f" Conversation i is sent to llama-server's slot i % {shape['pin_slots']} (id_slot)."
+            if shape.get("pin_slots")
+            else ""
+        ),
         "",
         CHAT_DEFINITIONS,
         "",

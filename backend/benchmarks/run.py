@@ -76,11 +76,14 @@ def _chat_shape(args: argparse.Namespace) -> ChatShape:
     message = _token_range(args.message_tokens, "--message-tokens")
     reply = _token_range(args.reply_tokens, "--reply-tokens")
     try:
-        return ChatShape(turns=args.turns, message_tokens=message, reply_tokens=reply, seed=args.seed)
+        return ChatShape(
+            turns=args.turns, message_tokens=message, reply_tokens=reply, seed=args.seed, pin_slots=args.pin_slots
+        )
     except ValueError as exc:
         raise BenchmarkError(
             f"The chat workload's shape cannot be used: {exc}.",
-            "Give --turns of at least 1, and --message-tokens / --reply-tokens as LOW-HIGH with 1 <= LOW <= HIGH.",
+            "Give --turns of at least 1, --message-tokens / --reply-tokens as LOW-HIGH with 1 <= LOW <= HIGH, "
+            "and --pin-slots of 0 or more.",
         ) from exc
 
 

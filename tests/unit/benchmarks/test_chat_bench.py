@@ -61,7 +61,13 @@ def test_a_chat_run_is_written_as_a_table_per_level(stub_engine: str, tmp_path: 
     doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert doc["runs"] == [] and doc["comparison"] == [] and doc["overhead"] == []
     assert doc["settings"]["workload"] == "chat"
-    assert doc["settings"]["chat"] == {"turns": 2, "message_tokens": [20, 80], "reply_tokens": [4, 8], "seed": 0}
+    assert doc["settings"]["chat"] == {
+        "turns": 2,
+        "message_tokens": [20, 80],
+        "reply_tokens": [4, 8],
+        "seed": 0,
+        "pin_slots": 0,
+    }
     assert doc["chat"]["shape"] == doc["settings"]["chat"]
     levels = doc["chat"]["levels"]
     assert [lv["users"] for lv in levels] == [1, 2]

@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -188,6 +188,17 @@ async def test_each_turn_sends_the_history_with_the_text_received(stub: Stub) ->
             len(chats[result.conversation].turns[result.turn].message.split()) if result.turn else result.prompt_tokens
         )
         assert result.cached_tokens == result.prompt_tokens - new, result
+
+
+async def test_pinned_conversations_name_their_slot_and_others_let_the_server_choose(stub: Stub) -> None:
+    await run_chat_level(stub.url, "k", "m", users=3, requests=12, shape=SMALL)
+    assert all("id_slot" not in seen.body for seen in stub.seen)
+    stub.seen.clear()
+    pinned = replace(SMALL, pin_slots=2)
+    await run_chat_level(stub.url, "k", "m", users=3, requests=12, shape=pinned)
+    assert stub.seen and all(seen.body["id_slot"] == seen.conversation % 2 for seen in stub.seen)
+    with pytest.raises(ValueError, match="pin_slots"):
+        replace(SMALL, pin_slots=-1)
 
 
 async def test_turns_of_a_conversation_are_sequential_and_users_run_at_once(stub: Stub) -> None:
