@@ -61,7 +61,7 @@ def _major(name: str) -> int:
     return int(name) if name.isdigit() else 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -120,7 +120,7 @@ class ThrowawayServer:
         pwfile.unlink()
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
-        self.port = _free_port()
+        self.port = free_port()
         cmd = [str(self.binaries / "postgres"), "-D", str(self.data), "-p", str(self.port)]
         cmd += ["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="]
         for key, value in SETTINGS.items():

@@ -18,13 +18,14 @@ from chainlit.context import init_http_context
 from chainlit.types import Feedback, Pagination, ThreadFilter
 from chainlit.user import User
 from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 
 from backend.storage.database import HistoryStore, StorageError, redact
 from backend.storage.persistence import Persistence, database_url
 from backend.storage.resume import history_from_thread, turn_metadata
 from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, create_tables
 from tests.conftest import MakeConfig
-from tests.postgres_server import PostgresForTests
+from tests.postgres_server import PostgresForTests, free_port
 
 
 def sqlite_url(path: Path) -> str:
@@ -182,7 +183,8 @@ async def test_chainlit_data_layer_round_trip(store: HistoryStore, db_url: str) 
     again = await reopened.get_thread(thread)
     assert again is not None and again["name"] == "Arithmetic" and len(again["steps"]) == 3
     rated = next(s for s in again["steps"] if s["id"] == reply["id"])
-    assert rated.get("feedback") and rated["feedback"]["value"] == 0 and rated["feedback"]["comment"] == "wrong"
+    feedback = rated.get("feedback")
+    assert feedback is not None and feedback["value"] == 0 and feedback["comment"] == "wrong"
     await reopened.close()
 
     await store.delete_thread(thread)
@@ -312,5 +314,29 @@ def test_database_url_default_and_redaction(make_config: MakeConfig, tmp_path: P
     url = "postgresql+asyncpg://chat:hunter2@db/chat"
     cfg = make_config(storage__database_url=url)
     assert database_url(cfg) == url
+    for plain in ("postgres://chat:pw@db/chat", "postgresql://chat:pw@db/chat"):  # a hosting service's DATABASE_URL
+        assert database_url(make_config(storage__database_url=plain)) == "postgresql+asyncpg://chat:pw@db/chat"
+    assert (
+        database_url(make_config(storage__database_url="sqlite:////srv/chat.db")) == "sqlite+aiosqlite:////srv/chat.db"
+    )
     assert "hunter2" not in str(cfg.model_dump(mode="json"))
     assert redact(url) == "postgresql+asyncpg://chat:***@db/chat"
+
+
+async def test_an_unreachable_or_refusing_server_says_what_to_check(
+    postgres: PostgresForTests, make_config: MakeConfig
+) -> None:
+    url = make_url(postgres.new_database())
+    closed = url.set(port=free_port())  # nothing listens there
+    for wrong, code, words in [
+        (closed, "storage.unreachable", "is running and reachable"),
+        (url.set(password="not-the-password"), "storage.refused", "password authentication failed"),
+        (url.set(database="no_such_database"), "storage.refused", '"no_such_database" does not exist'),
+    ]:
+        persistence = Persistence()
+        cfg = make_config(storage__database_url=wrong.render_as_string(hide_password=False))
+        assert await persistence.open(cfg, login=True) is None, "the chat goes on without history"
+        problem = persistence.problem
+        assert problem is not None and problem.code == code and words in str(problem), str(problem)
+        assert "not-the-password" not in str(problem) and str(url.password) not in str(problem)
+        assert problem.text("zh-CN").startswith("对话数据库（postgresql+asyncpg://")
