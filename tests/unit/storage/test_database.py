@@ -284,6 +284,7 @@ async def test_errors_do_not_carry_chat_text(store: HistoryStore, caplog: pytest
     await store.execute_sql("INSERT INTO nowhere (a) VALUES (:a)", {"a": "my private message"})
     missing = "no such table: nowhere" if store.dialect == "sqlite" else 'relation "nowhere" does not exist'
     assert store.problem is not None and missing in str(store.problem)
+    assert store.problem.code == "storage.failed", "a missing table is no login problem (storage.refused)"
     assert "my private message" not in caplog.text and "my private message" not in str(store.problem)
 
 
