@@ -239,7 +239,7 @@ class StorageSettings(_Strict):
     """Where conversations are kept (only with login: Chainlit lists and resumes threads per user)."""
 
     enabled: bool = True
-    # Empty: SQLite in paths.data_dir/chat.db. Several app instances: postgresql+asyncpg://user:pw@host/db
+    # Empty: SQLite in paths.data_dir/chat.db. Several app instances: postgresql://user:pw@host/db (+asyncpg added)
     database_url: SecretStr | None = None
 
 

@@ -734,6 +734,32 @@ CATALOG: dict[str, Entry] = {
         ),
         (_DB_FAILED[1], "请确认应用可以创建并写入 {where}（文件夹存在、权限、磁盘剩余空间）。"),
     ),
+    "storage.unreachable": _e(
+        "where doing reason",
+        (
+            _DB_FAILED[0],
+            "Check that the PostgreSQL server in storage.database_url is running and reachable from this machine "
+            "(host, port, firewall), then start again.",
+        ),
+        (
+            _DB_FAILED[1],
+            "请确认 storage.database_url 中的 PostgreSQL 服务器正在运行，且本机可以连到它（主机、端口、防火墙），"
+            "然后重新启动。",
+        ),
+    ),
+    "storage.refused": _e(
+        "where doing reason",
+        (
+            _DB_FAILED[0],
+            "Check the user, password and database name in storage.database_url: the database must exist (createdb) "
+            "and the user must be allowed to create tables in it.",
+        ),
+        (
+            _DB_FAILED[1],
+            "请检查 storage.database_url 中的用户名、密码和数据库名：数据库必须已存在（createdb），"
+            "且该用户可以在其中建表。",
+        ),
+    ),
     "storage.check_failed": _e(
         "where rows",
         ("The conversation database ({where}) is damaged: {rows}.", _DAMAGED[0]),

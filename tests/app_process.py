@@ -206,37 +206,13 @@ def start_app(data: Path, **overrides: str) -> RunningApp:
     return launch_app(env, data / "app.log")
 
 
-POSTGRES_URL = os.environ.get("ERNIE_TEST_POSTGRES_URL", "")
-
-
-def reset_postgres() -> None:
-    """Empty the test PostgreSQL database (ERNIE_TEST_POSTGRES_URL), when there is one."""
-    if not POSTGRES_URL:
-        return
-    import asyncio
-
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    from backend.storage.schema import TABLES, VERSION_TABLE
-
-    async def drop() -> None:
-        engine = create_async_engine(POSTGRES_URL)
-        async with engine.begin() as conn:
-            for table in [*reversed(TABLES), VERSION_TABLE]:
-                await conn.execute(text(f"DROP TABLE IF EXISTS {table} CASCADE"))
-        await engine.dispose()
-
-    asyncio.run(drop())
-
-
-def login_env(data: Path, model: Path, users_file: Path) -> dict[str, str]:
+def login_env(data: Path, model: Path, users_file: Path, database_url: str = "") -> dict[str, str]:
     """ERNIE_* settings for an app with login and saved conversations, serving `model` with short replies.
 
-    The conversations go to SQLite in `data`, or to PostgreSQL when ERNIE_TEST_POSTGRES_URL is set."""
+    The conversations go to `database_url` (the app_db_url fixture gives one on each database), or by default to
+    the SQLite file in `data`."""
     cache = os.environ.get("ERNIE_PATHS__CACHE_DIR")
     canary = os.environ.get("ERNIE_CANARY__DIR")
-    reset_postgres()
     return {
         "ERNIE_PATHS__DATA_DIR": str(data),
         "ERNIE_SERVER__PORT": "0",
@@ -248,7 +224,7 @@ def login_env(data: Path, model: Path, users_file: Path) -> dict[str, str]:
         "ERNIE_CHAT__TEMPERATURE": "0",
         **({"ERNIE_PATHS__CACHE_DIR": cache} if cache else {}),
         **({"ERNIE_CANARY__DIR": canary} if canary else {}),
-        **({"ERNIE_STORAGE__DATABASE_URL": POSTGRES_URL} if POSTGRES_URL else {}),
+        **({"ERNIE_STORAGE__DATABASE_URL": database_url} if database_url else {}),
     }
 
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import engine_python
 from backend.models.resolve import prepare_demo_model
+from tests.postgres_server import PostgresForTests, postgres_for_tests
 
 CACHE = ROOT / ".cache" / "test-models"
 
@@ -64,6 +65,35 @@ def make_config(tmp_path: Path) -> MakeConfig:
         return load_config(environ=env)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresForTests]:
+    """A PostgreSQL server for the session: a throwaway one, or ERNIE_TEST_POSTGRES_URL's (tests/postgres_server.py)."""
+    with postgres_for_tests() as server:
+        yield server
+
+
+DATABASES = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty conversation database of one test: an SQLite file in tmp_path, then a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'chat.db'}"
+    postgres: PostgresForTests = request.getfixturevalue("postgres")
+    return postgres.new_database()
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def app_db_url(request: pytest.FixtureRequest) -> str:
+    """The database of a module's app process: "" (the app's default SQLite file in its data folder), then a new
+    PostgreSQL database."""
+    if request.param == "sqlite":
+        return ""
+    postgres: PostgresForTests = request.getfixturevalue("postgres")
+    return postgres.new_database()
 
 
 def inherited_env() -> dict[str, str]:

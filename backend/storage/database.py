@@ -23,6 +23,17 @@ log = logging.getLogger(__name__)
 SQLITE_BUSY_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 10.0
 DOING = ("opening", "creating", "saving")  # what storage_error's `doing` may be (Phrases storage.<doing>)
+# A database server's (asyncpg's, the resolver's) words for: no server there; a server that will not let us in.
+UNREACHABLE = (
+    "connect call failed",
+    "connection refused",
+    "name or service not known",
+    "name resolution",
+    "no route to host",
+    "timed out",
+    "timeout",
+)
+REFUSED = ("authentication failed", "no pg_hba.conf entry", "not permitted to log in")
 
 
 def redact(url: str) -> str:
@@ -48,6 +59,10 @@ def _kind(reason: str) -> str:
         return "storage.damaged"
     if "unable to open" in low or "permission" in low or "read-only" in low or "readonly" in low:
         return "storage.no_access"
+    if any(words in low for words in UNREACHABLE):
+        return "storage.unreachable"
+    if any(words in low for words in REFUSED) or (low.startswith(("database ", "role ")) and "does not exist" in low):
+        return "storage.refused"
     return "storage.failed"
 
 

@@ -21,11 +21,17 @@ log = logging.getLogger(__name__)
 DB_FILE = "chat.db"
 
 
+# A URL without a driver (the DATABASE_URL of most hosting services: postgres://...) gets the one this app installs.
+DRIVERS = {"postgres": "postgresql+asyncpg", "postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
+
+
 def database_url(cfg: AppConfig) -> str:
-    """The configured database URL, or the SQLite file in the data folder."""
-    if cfg.storage.database_url is not None and cfg.storage.database_url.get_secret_value().strip():
-        return cfg.storage.database_url.get_secret_value().strip()
-    return f"sqlite+aiosqlite:///{cfg.paths.data / DB_FILE}"
+    """The configured database URL (with the app's async driver where it names none), or the data folder's SQLite."""
+    configured = cfg.storage.database_url.get_secret_value().strip() if cfg.storage.database_url else ""
+    if not configured:
+        return f"sqlite+aiosqlite:///{cfg.paths.data / DB_FILE}"
+    scheme, sep, rest = configured.partition("://")
+    return f"{DRIVERS[scheme]}://{rest}" if sep and scheme in DRIVERS else configured
 
 
 def _create_sqlite_file(url: str) -> None:

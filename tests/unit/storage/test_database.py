@@ -1,26 +1,31 @@
-"""The conversation database on a real SQLite file: schema and migrations, Chainlit's data layer calls,
-and a damaged or locked file (the chat goes on without history, with one clear message)."""
+"""The conversation database, on a real SQLite file and on a real PostgreSQL server (tests/postgres_server.py):
+schema and migrations, Chainlit's data layer calls; and a damaged or locked SQLite file (the chat goes on without
+history, with one clear message)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import stat
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from chainlit.context import init_http_context
 from chainlit.types import Feedback, Pagination, ThreadFilter
 from chainlit.user import User
-from sqlalchemy import text
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 
 from backend.storage.database import HistoryStore, StorageError, redact
 from backend.storage.persistence import Persistence, database_url
 from backend.storage.resume import history_from_thread, turn_metadata
 from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, create_tables
 from tests.conftest import MakeConfig
+from tests.postgres_server import PostgresForTests, free_port
 
 
 def sqlite_url(path: Path) -> str:
@@ -28,17 +33,51 @@ def sqlite_url(path: Path) -> str:
 
 
 @pytest_asyncio.fixture
-async def store(tmp_path: Path) -> AsyncIterator[HistoryStore]:
+async def store(db_url: str) -> AsyncIterator[HistoryStore]:
+    """A prepared, empty store: once on SQLite, once on PostgreSQL."""
     init_http_context()  # Chainlit's data layer methods look at the current session
+    db = HistoryStore(db_url, busy_timeout_s=0.2)
+    assert await db.prepare() == LATEST
+    yield db
+    await db.close()
+
+
+@pytest_asyncio.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[HistoryStore]:
+    """A prepared store on an SQLite file (tmp_path/chat.db), for what only a file can show (locks)."""
+    init_http_context()
     db = HistoryStore(sqlite_url(tmp_path / "chat.db"), busy_timeout_s=0.2)
     assert await db.prepare() == LATEST
     yield db
     await db.close()
 
 
-def columns(path: Path, table: str) -> set[str]:
-    with sqlite3.connect(path) as conn:
-        return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+async def query(url: str, sql: str) -> list[Any]:
+    """The first column of each row `sql` returns, through a connection of its own (as another process would)."""
+    db = HistoryStore(url)
+    try:
+        async with db.engine.connect() as conn:
+            return list((await conn.execute(text(sql))).scalars().all())
+    finally:
+        await db.close()
+
+
+async def columns(url: str, table: str) -> set[str]:
+    db = HistoryStore(url)
+    try:
+        async with db.engine.connect() as conn:
+            return await conn.run_sync(lambda c: {col["name"] for col in inspect(c).get_columns(table)})
+    finally:
+        await db.close()
+
+
+async def tables(url: str) -> set[str]:
+    db = HistoryStore(url)
+    try:
+        async with db.engine.connect() as conn:
+            return await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+    finally:
+        await db.close()
 
 
 def test_ddl_is_generated_for_both_dialects() -> None:
@@ -48,47 +87,54 @@ def test_ddl_is_generated_for_both_dialects() -> None:
     assert '"tags" TEXT[]' in postgres[1] and '"id" UUID PRIMARY KEY' in postgres[2]
 
 
-async def test_schema_is_created_and_recorded_once(store: HistoryStore, tmp_path: Path) -> None:
-    db = tmp_path / "chat.db"
+async def test_schema_is_created_and_recorded_once(store: HistoryStore, db_url: str) -> None:
     for table, cols in TABLES.items():
-        assert columns(db, table) == {c.split('"')[1] for c in cols}
+        assert await columns(db_url, table) == {c.split('"')[1] for c in cols}
     # every key Chainlit writes for a step has a column
     from chainlit.step import StepDict
 
-    assert set(StepDict.__annotations__) - {"feedback"} <= columns(db, "steps")
+    assert set(StepDict.__annotations__) - {"feedback"} <= await columns(db_url, "steps")
     # a second start finds the schema done
-    again = HistoryStore(sqlite_url(db))
+    again = HistoryStore(db_url)
     assert await again.prepare() == LATEST
     await again.close()
-    with sqlite3.connect(db) as conn:
-        assert conn.execute(f"SELECT version FROM {VERSION_TABLE}").fetchall() == [(LATEST,)]
-        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE}") == [LATEST]
+    if store.dialect == "sqlite":
+        assert await query(db_url, "PRAGMA journal_mode") == ["wal"]
 
 
-async def test_a_database_from_a_newer_app_is_refused(tmp_path: Path) -> None:
-    db = tmp_path / "chat.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute(f"CREATE TABLE {VERSION_TABLE} (version INTEGER NOT NULL, applied_at TEXT NOT NULL)")
-        conn.execute(f"INSERT INTO {VERSION_TABLE} VALUES ({LATEST + 1}, 'later')")
-    store = HistoryStore(sqlite_url(db))
+async def test_a_database_from_a_newer_app_is_refused(db_url: str) -> None:
+    db = HistoryStore(db_url)
+    async with db.engine.begin() as conn:
+        await conn.execute(text(f"CREATE TABLE {VERSION_TABLE} (version INTEGER NOT NULL, applied_at TEXT NOT NULL)"))
+        await conn.execute(text(f"INSERT INTO {VERSION_TABLE} VALUES ({LATEST + 1}, 'later')"))
     with pytest.raises(StorageError, match="newer version of the app") as err:
-        await store.prepare()
-    await store.close()
-    assert err.value.code == "storage.newer_schema" and str(db) in str(err.value)
-    assert err.value.text("zh-CN").startswith(f"无法使用对话数据库（{db}）：它的结构版本为 {LATEST + 1}")
+        await db.prepare()
+    await db.close()
+    assert err.value.code == "storage.newer_schema" and db.where in str(err.value)
+    assert err.value.text("zh-CN").startswith(f"无法使用对话数据库（{db.where}）：它的结构版本为 {LATEST + 1}")
+    assert db.dialect == "sqlite" or ":***@" in db.where, "the password stays out of the message"
 
 
-async def test_migration_is_one_transaction(tmp_path: Path) -> None:
-    db = tmp_path / "chat.db"
-    with sqlite3.connect(db) as conn:  # a table in the way with the wrong shape: the migration fails midway
-        conn.execute("CREATE TABLE steps (x INTEGER)")
-    store = HistoryStore(sqlite_url(db))
+async def test_migration_is_one_transaction(db_url: str) -> None:
+    db = HistoryStore(db_url)
+    async with db.engine.begin() as conn:  # a table in the way with the wrong shape: the migration fails midway
+        await conn.execute(text("CREATE TABLE steps (x INTEGER)"))
     with pytest.raises(StorageError):
-        await store.prepare()
-    await store.close()
-    with sqlite3.connect(db) as conn:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"steps"}, "nothing of the failed migration is left behind"
+        await db.prepare()
+    await db.close()
+    assert await tables(db_url) == {"steps"}, "nothing of the failed migration is left behind"
+
+
+async def test_instances_starting_together_migrate_once(postgres: PostgresForTests) -> None:
+    """Several app instances on one PostgreSQL database (an advisory lock): one migrates, the others find it done."""
+    url = postgres.new_database()
+    stores = [HistoryStore(url) for _ in range(4)]
+    versions = await asyncio.gather(*(s.prepare() for s in stores))
+    for each in stores:
+        await each.close()
+    assert versions == [LATEST] * 4
+    assert await query(url, f"SELECT version FROM {VERSION_TABLE}") == [LATEST]
 
 
 async def save_turn(store: HistoryStore, thread_id: str, user_id: str, question: str, answer: str) -> None:
@@ -109,7 +155,7 @@ async def save_turn(store: HistoryStore, thread_id: str, user_id: str, question:
     )
 
 
-async def test_chainlit_data_layer_round_trip(store: HistoryStore, tmp_path: Path) -> None:
+async def test_chainlit_data_layer_round_trip(store: HistoryStore, db_url: str) -> None:
     alice = await store.create_user(User(identifier="alice"))
     bob = await store.create_user(User(identifier="bob"))
     assert alice and bob and alice.id != bob.id
@@ -128,22 +174,28 @@ async def test_chainlit_data_layer_round_trip(store: HistoryStore, tmp_path: Pat
     saved = await store.get_thread(thread)
     assert saved is not None and saved["name"] == "What is 2+2?"
     assert history_from_thread(saved) == turn_metadata("What is 2+2?", "4")["ernie_turn"]
+    reply = next(s for s in saved["steps"] if s["type"] == "assistant_message" and s["name"] == "Assistant")
 
+    await store.upsert_feedback(Feedback(forId=reply["id"], value=0, threadId=thread, comment="wrong"))
     await store.update_thread(thread, name="Arithmetic")
-    reopened = HistoryStore(sqlite_url(tmp_path / "chat.db"))  # as after a restart
+    reopened = HistoryStore(db_url)  # as after a restart
     assert await reopened.prepare() == LATEST
     again = await reopened.get_thread(thread)
     assert again is not None and again["name"] == "Arithmetic" and len(again["steps"]) == 3
+    rated = next(s for s in again["steps"] if s["id"] == reply["id"])
+    feedback = rated.get("feedback")
+    assert feedback is not None and feedback["value"] == 0 and feedback["comment"] == "wrong"
     await reopened.close()
 
     await store.delete_thread(thread)
     assert await store.get_thread(thread) is None
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        assert conn.execute("SELECT COUNT(*) FROM steps").fetchone() == (0,)
+    assert await query(db_url, "SELECT COUNT(*) FROM steps") == [0]
+    assert await query(db_url, "SELECT COUNT(*) FROM feedbacks") == [0]
+    assert store.failures == 0, store.problem
 
 
 async def test_a_reply_saved_after_its_thread_was_deleted_neither_brings_it_back_nor_breaks_history(
-    store: HistoryStore, tmp_path: Path
+    store: HistoryStore, db_url: str
 ) -> None:
     """Chainlit saves a reply's steps in tasks of their own: the page's delete can come first."""
     thread = str(uuid.uuid4())
@@ -153,21 +205,19 @@ async def test_a_reply_saved_after_its_thread_was_deleted_neither_brings_it_back
     await store.create_step({**late, "output": "a late reply", "streaming": False, "createdAt": None})
     await store.update_step({**late, "output": "a late reply, updated", "streaming": False, "createdAt": None})
     await store.upsert_feedback(Feedback(forId=late["id"], value=1, threadId=thread))
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        assert conn.execute("SELECT COUNT(*) FROM threads").fetchone() == (0,), "the thread stays deleted"
-        assert conn.execute("SELECT COUNT(*) FROM steps").fetchone() == (0,)
+    assert await query(db_url, "SELECT COUNT(*) FROM threads") == [0], "the thread stays deleted"
+    assert await query(db_url, "SELECT COUNT(*) FROM steps") == [0]
     assert store.failures == 0 and store.problem is None
 
 
 async def test_a_write_for_a_thread_another_process_deleted_is_no_storage_failure(
-    store: HistoryStore, tmp_path: Path
+    store: HistoryStore, db_url: str
 ) -> None:
     """Its foreign key fails (the thread is gone); the chat is told nothing, since nothing is broken."""
     gone = str(uuid.uuid4())  # never created here: as if another app process had deleted it
     await store.upsert_feedback(Feedback(forId=str(uuid.uuid4()), value=0, threadId=gone))
     assert store.failures == 0 and store.problem is None
-    with sqlite3.connect(tmp_path / "chat.db") as conn:
-        assert conn.execute("SELECT COUNT(*) FROM feedbacks").fetchone() == (0,)
+    assert await query(db_url, "SELECT COUNT(*) FROM feedbacks") == [0]
 
 
 async def test_damaged_file_gives_a_clear_error_and_no_history(make_config: MakeConfig, tmp_path: Path) -> None:
@@ -204,7 +254,8 @@ async def test_locked_file_at_start(make_config: MakeConfig, tmp_path: Path) -> 
         holder.close()
 
 
-async def test_failures_while_running_are_reported_once_per_chat(store: HistoryStore, tmp_path: Path) -> None:
+async def test_failures_while_running_are_reported_once_per_chat(sqlite_store: HistoryStore, tmp_path: Path) -> None:
+    store = sqlite_store
     persistence = Persistence()
     persistence.store = store
     mark = persistence.mark()
@@ -231,7 +282,9 @@ async def test_failures_while_running_are_reported_once_per_chat(store: HistoryS
 
 async def test_errors_do_not_carry_chat_text(store: HistoryStore, caplog: pytest.LogCaptureFixture) -> None:
     await store.execute_sql("INSERT INTO nowhere (a) VALUES (:a)", {"a": "my private message"})
-    assert store.problem is not None and "no such table: nowhere" in str(store.problem)
+    missing = "no such table: nowhere" if store.dialect == "sqlite" else 'relation "nowhere" does not exist'
+    assert store.problem is not None and missing in str(store.problem)
+    assert store.problem.code == "storage.failed", "a missing table is no login problem (storage.refused)"
     assert "my private message" not in caplog.text and "my private message" not in str(store.problem)
 
 
@@ -262,5 +315,29 @@ def test_database_url_default_and_redaction(make_config: MakeConfig, tmp_path: P
     url = "postgresql+asyncpg://chat:hunter2@db/chat"
     cfg = make_config(storage__database_url=url)
     assert database_url(cfg) == url
+    for plain in ("postgres://chat:pw@db/chat", "postgresql://chat:pw@db/chat"):  # a hosting service's DATABASE_URL
+        assert database_url(make_config(storage__database_url=plain)) == "postgresql+asyncpg://chat:pw@db/chat"
+    assert (
+        database_url(make_config(storage__database_url="sqlite:////srv/chat.db")) == "sqlite+aiosqlite:////srv/chat.db"
+    )
     assert "hunter2" not in str(cfg.model_dump(mode="json"))
     assert redact(url) == "postgresql+asyncpg://chat:***@db/chat"
+
+
+async def test_an_unreachable_or_refusing_server_says_what_to_check(
+    postgres: PostgresForTests, make_config: MakeConfig
+) -> None:
+    url = make_url(postgres.new_database())
+    closed = url.set(port=free_port())  # nothing listens there
+    for wrong, code, words in [
+        (closed, "storage.unreachable", "is running and reachable"),
+        (url.set(password="not-the-password"), "storage.refused", "password authentication failed"),
+        (url.set(database="no_such_database"), "storage.refused", '"no_such_database" does not exist'),
+    ]:
+        persistence = Persistence()
+        cfg = make_config(storage__database_url=wrong.render_as_string(hide_password=False))
+        assert await persistence.open(cfg, login=True) is None, "the chat goes on without history"
+        problem = persistence.problem
+        assert problem is not None and problem.code == code and words in str(problem), str(problem)
+        assert "not-the-password" not in str(problem) and str(url.password) not in str(problem)
+        assert problem.text("zh-CN").startswith("对话数据库（postgresql+asyncpg://")
