@@ -64,6 +64,9 @@ class ChatRequest:
     user_text: str  # the rendered user message, as kept in the history
     prompt_tokens: int
     dropped: int
+    system: str | None = None  # the system text sent first (its template's)
+    history_tokens: list[int] = field(default_factory=list)  # every history message's count (backend.chat.context)
+    user_tokens: int = 0  # what the user message adds to later prompts
 
 
 def _invisible(ch: str) -> bool:
