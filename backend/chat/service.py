@@ -320,6 +320,7 @@ class ChatService:
         key = self.counter_id()
         if self._accounting is None or self._accounting[0] != key:
             self._accounting = (key, Accounting(self._count))
+            self.client.forget_templates()
         return self._accounting[1]
 
     def decide(self, text: str, settings: UserSettings, command: str | None = None) -> Decision:

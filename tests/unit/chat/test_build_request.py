@@ -48,6 +48,9 @@ class CharClient:
     async def count_tokens(self, messages: list[Message]) -> int:
         return sum(len(m["content"]) for m in messages)
 
+    def forget_templates(self) -> None:
+        return None
+
     async def max_model_len(self) -> int:
         return self.window
 
