@@ -202,14 +202,15 @@ def loadtest_command(
 ) -> int:
     """`loadtest`: each kind of chat at each session count in turn; write <out>/load.json (one entry a level),
     print the summaries; 1 when a reply failed or a level got none."""
-    levels = []
+    levels: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    out.mkdir(parents=True, exist_ok=True)
     for kind in chats or ["growing"]:
         for count in sessions:
             report = asyncio.run(run(url, count, duration_s, max_tokens, app_pid, kind))
-            summary = report.summary()
+            summaries.append(summary := report.summary())
             levels.append({"summary": summary, "replies": [asdict(r) for r in report.replies], "memory": report.memory})
             print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "load.json").write_text(json.dumps({"levels": levels}, indent=2, ensure_ascii=False))
-    summaries = [level["summary"] for level in levels]
+            # written after each run: a later one that breaks leaves the earlier ones on disk
+            (out / "load.json").write_text(json.dumps({"levels": levels}, indent=2, ensure_ascii=False))
     return 0 if all(s["replies_failed"] == 0 and s["replies_ok"] > 0 for s in summaries) else 1

@@ -101,6 +101,14 @@ class ChatService:
         templates = TemplateStore(cfg.paths.resolve(cfg.paths.prompts_dir))
         return cls(cfg, supervisor, client, templates, recorder)
 
+    def with_templates(self, templates: TemplateStore) -> ChatService:
+        """This service with other templates (the workshop's drafts): the same engine, client and token accounting
+        (the template's fixed parts are not measured again); it records nothing."""
+        view = ChatService(self.cfg, self.supervisor, self.client, templates, NoRecorder())
+        view._accounting = (self.counter_id(), self.accounting())
+        view._max_model_len = self._max_model_len
+        return view
+
     # ----- life cycle -------------------------------------------------------------------------
     @property
     def endpoint(self) -> Endpoint:

@@ -4,13 +4,15 @@ percentiles, and chats that grow or start fresh with every message."""
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from backend.benchmarks import loadtest
-from backend.benchmarks.loadtest import FIRST_TEXT, Reply, Report, first_text_at, one_session, run
+from backend.benchmarks.loadtest import FIRST_TEXT, Reply, Report, first_text_at, loadtest_command, one_session, run
 
 
 def test_the_first_text_is_the_replys_stream_start_not_its_first_stream_token() -> None:
@@ -84,3 +86,25 @@ async def test_a_growing_chat_keeps_its_chat_and_a_fresh_one_opens_one_per_messa
 async def test_an_unknown_kind_of_chat_is_refused() -> None:
     with pytest.raises(ValueError, match="fresh, growing"):
         await run("http://app", 1, 1.0, 16, None, "old")
+
+
+def test_each_kind_of_chat_runs_at_each_session_count_in_turn(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[tuple[str, int]] = []
+
+    async def fake_run(url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, chats: str):
+        ran.append((chats, sessions))
+        report = Report(sessions, duration_s, chats)
+        report.replies = [Reply(0, (chats, sessions) != ("growing", 16) or ok, 1.0, 0.1, 5)]
+        return report
+
+    monkeypatch.setattr(loadtest, "run", fake_run)
+    ok = True
+    assert loadtest_command("http://app", [1, 16], 5.0, 16, None, tmp_path, ["fresh", "growing"]) == 0
+    assert ran == [("fresh", 1), ("fresh", 16), ("growing", 1), ("growing", 16)]
+    levels = json.loads((tmp_path / "load.json").read_text())["levels"]
+    assert [(lv["summary"]["chats"], lv["summary"]["sessions"]) for lv in levels] == ran
+    assert capsys.readouterr().out.count('"first_text_s"') == 4, "a summary printed per run"
+    ok = False
+    assert loadtest_command("http://app", [16], 5.0, 16, None, tmp_path, ["growing"]) == 1, "a failed reply"

@@ -361,3 +361,15 @@ async def test_kept_counts_of_another_model_are_counted_again(build: Build) -> N
     client.counted.clear()
     [e async for e in svc.reply(kept, "hello")]
     assert turn(1) not in client.counted
+
+
+async def test_the_workshops_view_shares_the_token_accounting(build: Build, prompts: Path) -> None:
+    svc, _ = build(window=1000)
+    client = TemplateClient(1000)
+    svc.client = client  # type: ignore[assignment]
+    await svc.build_request([], "hello", defaults(svc))
+    view = svc.with_templates(TemplateStore(prompts))
+    assert view.accounting() is svc.accounting() and view.client is svc.client
+    client.counted.clear()
+    await view.build_request([], "hello", defaults(view))
+    assert client.counted == [[{"role": "user", "content": "hello"}]], "the fixed parts are not measured again"
