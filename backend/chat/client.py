@@ -317,8 +317,8 @@ class ChatClient:
 
         A head is the system text of one-message conversations (the chat's one count per message); its probe is
         rendered once, the first time, and kept (a few heads: the templates' system texts)."""
-        if len(messages) > 2:
-            return None  # a whole turn of an older history: counted once, not worth a probe
+        if messages[-1]["role"] != "user" or any(m["role"] != "system" for m in messages[:-1]):
+            return None  # a turn of an older history, counted once: not worth a probe
         key = json.dumps(messages[:-1], ensure_ascii=False)
         if key not in self._probed:
             headers = {"Authorization": f"Bearer {self.endpoint.api_key}"}

@@ -157,13 +157,13 @@ class ChatService:
         history: list[Message],
         saved_settings: dict[str, Any],
         turn_ids: list[str] | None = None,
-        counts: tuple[Counts, str] = ([], ""),
+        counts: tuple[Counts, str] | None = None,
     ) -> ChatSession:
         """A saved chat's state: its history, the ids of the messages that asked its latest turns, its settings,
         the counts kept with its turns and the model and engine that counted them."""
         session = self.new_session()
         session.history = history
-        session.tokens, session.counted_by = counts
+        session.tokens, session.counted_by = counts or ([], "")
         session.turn_ids = (turn_ids or [])[-(len(history) // 2) :] if len(history) >= 2 else []
         session.settings.update(saved_settings, self.cfg, self.serving_demo)
         return session

@@ -75,7 +75,9 @@ async def test_longer_conversations_and_another_template_go_the_two_step_way() -
     turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
     assert await client.count_tokens(turn) == len(chatml(turn).split())
     assert server.paths == ["/apply-template", "/tokenize"]
-    await client.count_tokens(turn[:1])
+    server.paths.clear()
+    await client.count_tokens(turn[:2])  # a turn of an older history: no probe of it
+    assert server.paths == ["/apply-template", "/tokenize"]
     client.forget_templates()
     server.paths.clear()
     await client.count_tokens([{"role": "user", "content": "again"}])
