@@ -42,15 +42,6 @@ class Fitted:
     new_tokens: int = 0  # what the new message adds to the next prompts, as a message of the history
 
 
-@dataclass(frozen=True)
-class Measured:
-    """A conversation's counts before fitting: the new message with the system text alone, and each history message."""
-
-    alone: int  # count(system + [new]): overhead + the new message
-    overhead: int
-    tokens: list[int]  # per history message
-
-
 def estimate_tokens(messages: list[Message]) -> int:
     """A conservative token count for servers that cannot count: ~1 token per CJK char, ~3 chars otherwise."""
     total = 0
@@ -67,6 +58,11 @@ def turn_starts(history: list[Message]) -> list[int]:
     return starts if starts and starts[0] == 0 else [0, *starts]
 
 
+def reply_tokens(completion_tokens: int | None, frame: Frame) -> int | None:
+    """A reply's count from the engine's usage figure (None when the engine gave none)."""
+    return None if completion_tokens is None else completion_tokens + frame.reply
+
+
 def head_of(system: str | None) -> list[Message]:
     """The system message a prompt begins with (none without a system text)."""
     return [{"role": "system", "content": system}] if system else []
@@ -78,6 +74,19 @@ class Frame:
 
     overhead: int  # once per prompt: BOS, the system block (or the template's default one), the generation prompt
     reply: int  # around each assistant message: its role and end markers
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A conversation's counts before fitting: the new message with the system text alone, and each history message."""
+
+    alone: int  # count(system + [new]): overhead + the new message
+    frame: Frame  # the template's fixed parts with this system text
+    tokens: list[int]  # per history message
+
+    @property
+    def overhead(self) -> int:
+        return self.frame.overhead
 
 
 class Accounting:
@@ -99,18 +108,13 @@ class Accounting:
             self._frames[system] = Frame(max(0, asked - (again - answered)), max(0, answered - asked))
         return self._frames[system]
 
-    async def reply_tokens(self, completion_tokens: int | None, system: str | None = None) -> int | None:
-        """A reply's count from the engine's usage figure (None when the engine gave none)."""
-        if completion_tokens is None:
-            return None
-        return completion_tokens + (await self.frame(system)).reply
-
     async def measure(
         self, history: list[Message], kept: Sequence[int | None], new_message: Message, system: str | None = None
     ) -> Measured:
         """Count the new message (one count) and the history's turns whose counts are not kept (one each, once)."""
         head = head_of(system)
-        overhead = (await self.frame(system)).overhead
+        frame = await self.frame(system)
+        overhead = frame.overhead
         alone = await self.count([*head, new_message])
         tokens = [*kept[: len(history)], *[None] * (len(history) - len(kept))]
         bounds = [*turn_starts(history), len(history)] if history else [0]
@@ -122,7 +126,7 @@ class Accounting:
             rest = max(0, await self.count([*head, *history[start:end]]) - overhead - known)
             for i in unknown:  # a turn's count may sit on its first unknown message: trimming is by whole turns
                 tokens[i] = rest if i == unknown[0] else 0
-        return Measured(alone, overhead, [t or 0 for t in tokens])
+        return Measured(alone, frame, [t or 0 for t in tokens])
 
 
 def fit(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
-from backend.chat.context import Accounting, Counts, estimate_tokens, fit
+from backend.chat.context import Accounting, Counts, estimate_tokens, fit, reply_tokens
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
@@ -248,7 +248,7 @@ class ChatService:
         tokens: tuple[int | None, int | None] = (None, None)
         if text:
             completion = stream.stats.completion_tokens if ending == "finished" else None
-            tokens = (request.user_tokens, await self.accounting().reply_tokens(completion, request.system))
+            tokens = (request.user_tokens, reply_tokens(completion, request.frame))
             session.add_turn(request.user_text, text, message_id, tokens)
         yield Done(
             text,
@@ -369,7 +369,7 @@ class ChatService:
             user_text=decision.user,
             prompt_tokens=fitted.prompt_tokens,
             dropped=fitted.dropped,
-            system=system,
             history_tokens=measured.tokens,
+            frame=measured.frame,
             user_tokens=fitted.new_tokens,
         )

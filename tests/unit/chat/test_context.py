@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from backend.chat.context import Accounting, Frame, estimate_tokens, fit, fit_history, turn_starts
+from backend.chat.context import (
+    Accounting,
+    Frame,
+    estimate_tokens,
+    fit,
+    fit_history,
+    reply_tokens,
+    turn_starts,
+)
 from backend.errors import PromptTooLongError
 
 Message = dict[str, str]
@@ -93,8 +101,8 @@ async def test_the_frame_is_measured_once_and_holds_the_default_system_text() ->
     await accounting.frame(None)
     await accounting.frame("be brief")
     assert len(template.asked) == asked == 6, "three counts per system text, once"
-    assert await accounting.reply_tokens(None) is None
-    assert await accounting.reply_tokens(10) == 13
+    assert reply_tokens(None, await accounting.frame(None)) is None
+    assert reply_tokens(10, await accounting.frame(None)) == 13
 
 
 async def test_kept_counts_make_a_long_conversation_cost_one_small_count() -> None:
