@@ -84,6 +84,7 @@ class ChatService:
         self.recorder: Recorder = recorder or NoRecorder()
         self._max_model_len: int | None = None
         self._accounting: tuple[str, Accounting] | None = None  # the counts' model and engine, and the accounting
+        self._estimating = False  # the engine cannot count: the counts are estimates (estimate_tokens)
 
     @classmethod
     def from_config(
@@ -263,14 +264,14 @@ class ChatService:
             session.counted_by,
         )
 
-    @staticmethod
-    def _correct(session: ChatSession, request: ChatRequest, prompt_tokens: int | None) -> None:
+    def _correct(self, session: ChatSession, request: ChatRequest, prompt_tokens: int | None) -> None:
         """Make the kept counts agree with the engine's own count of the prompt it was sent (its usage figure).
 
         The only estimate among them is the newest reply's (completion tokens + the template's frame): a
-        difference goes to it, so the next fit is exact on the counts the engine itself reported."""
+        difference goes to it, so the next fit is exact on the counts the engine itself reported. (An engine that
+        cannot count gets conservative estimates throughout, left as they are.)"""
         kept = len(request.history_tokens) - request.dropped
-        if prompt_tokens is None or kept <= 0 or prompt_tokens == request.prompt_tokens:
+        if prompt_tokens is None or kept <= 0 or prompt_tokens == request.prompt_tokens or self._estimating:
             return
         if len(session.tokens) != len(request.history_tokens):
             return  # the history changed meanwhile (an edit): nothing to correct
@@ -315,6 +316,7 @@ class ChatService:
 
     async def _count(self, messages: list[Message]) -> int:
         counted = await self.client.count_tokens(messages)
+        self._estimating = counted is None
         return counted if counted is not None else estimate_tokens(messages)
 
     def counter_id(self) -> str:

@@ -373,3 +373,21 @@ async def test_the_workshops_view_shares_the_token_accounting(build: Build, prom
     client.counted.clear()
     await view.build_request([], "hello", defaults(view))
     assert client.counted == [[{"role": "user", "content": "hello"}]], "the fixed parts are not measured again"
+
+
+async def test_an_engine_that_cannot_count_keeps_its_estimates(build: Build) -> None:
+    """No /tokenize (the client counts None): the conservative estimates stay, whatever the usage says."""
+    svc, _ = build(window=100_000, max_tokens=40)
+    client = TemplateClient(100_000, reply="fine")
+
+    async def cannot_count(messages: list[Message]) -> None:
+        return None
+
+    client.count_tokens = cannot_count  # type: ignore[method-assign,assignment]
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    for i in range(3):
+        [e async for e in svc.reply(session, f"message {i}")]
+    frame = await svc.accounting().frame(None)
+    assert session.tokens[1::2] == [len("fine") + 1 + frame.reply] * 3, "the replies' counts: usage + frame"
+    assert all(t is not None and t > 0 for t in session.tokens)
