@@ -32,7 +32,7 @@ from backend.errors import ConfigError
 from backend.logs import setup_logging
 from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
-from backend.storage.resume import history_from_thread, turn_metadata
+from backend.storage.resume import counts_from_thread, history_from_thread, turn_metadata
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
@@ -112,7 +112,8 @@ async def chat_start() -> None:
 @cl.on_chat_resume
 async def chat_resume(thread: ThreadDict) -> None:
     saved, asked = cl.context.session.chat_settings or {}, asked_ids(list(thread.get("steps") or []))
-    await _open(SERVICE.resumed_session(history_from_thread(thread), saved, asked) if SERVICE else None, greet=False)
+    history, counts = history_from_thread(thread), counts_from_thread(thread)
+    await _open(SERVICE.resumed_session(history, saved, asked, counts) if SERVICE else None, greet=False)
 
 
 @cl.on_stop

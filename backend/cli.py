@@ -18,7 +18,7 @@ from pathlib import Path
 from backend.accounts.login import add_user_command
 from backend.accounts.users import ROLES
 from backend.benchmarks.chat_workload import ChatShape
-from backend.benchmarks.loadtest import loadtest_command
+from backend.benchmarks.loadtest import CHATS, loadtest_command
 from backend.benchmarks.plan import MIN_REQUESTS
 from backend.benchmarks.redact import KEY_ENV
 from backend.benchmarks.report import report_command
@@ -57,7 +57,27 @@ def _check_config(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 def _loadtest(cfg: AppConfig, args: argparse.Namespace) -> int:
     url = args.url or cfg.app.url
-    return loadtest_command(url, args.sessions, args.duration, args.max_tokens, args.app_pid, Path(args.out))
+    out = Path(args.out)
+    return loadtest_command(url, args.sessions, args.duration, args.max_tokens, args.app_pid, out, args.chats)
+
+
+def _session_counts(text: str) -> list[int]:
+    """ "1,16,1,16": session counts, run in that order."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"session counts separated by commas (1,16), not {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"session counts of at least 1, not {text!r}")
+    return counts
+
+
+def _chat_kinds(text: str) -> list[str]:
+    """ "fresh,growing": the kinds of chat, run in that order."""
+    kinds = [part.strip() for part in text.split(",") if part.strip()]
+    if not kinds or any(kind not in CHATS for kind in kinds):
+        raise argparse.ArgumentTypeError(f"kinds of chat among {', '.join(CHATS)}, not {text!r}")
+    return kinds
 
 
 def _prepare_model(cfg: AppConfig, args: argparse.Namespace) -> int:
@@ -271,8 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("loadtest", _loadtest, "many chat sessions at once through the app's websocket")
     p.add_argument("--url", help=f"the app's address (default http://127.0.0.1:<app.port>, {APP_PORT} as make run)")
-    p.add_argument("--sessions", type=int, default=64)
-    p.add_argument("--duration", type=float, default=120, help="seconds to keep sending")
+    p.add_argument("--sessions", type=_session_counts, default=[64], help="session counts, each a run: 1,16")
+    p.add_argument(
+        "--chats",
+        type=_chat_kinds,
+        default=["growing"],
+        help="fresh (each message in a new chat), growing (one chat per session), or both: fresh,growing",
+    )
+    p.add_argument("--duration", type=float, default=120, help="seconds to keep sending, per run")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--app-pid", type=int, help="the app's pid, to sample memory")
     p.add_argument("--out", default="results/load")

@@ -66,12 +66,13 @@ open(sys.argv[2], "wb").write(body) if len(sys.argv) > 2 else None; print(code)'
   done
   echo "[chat] /healthz $code after $SECONDS s: $(cat "$OUT/healthz.json" 2>/dev/null | head -c 600)"
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+  # CHAT_KINDS: growing (default), fresh, or fresh,growing (backend/benchmarks/loadtest.py).
   # CHAT_SESSIONS: one load run per entry, in that order (e.g. "1 16 1 16 1 16" alternates); CHAT_WARMUP_S first,
   # unmeasured, at the largest entry (the engine's first requests after it is ready take seconds: new shapes).
   read -r -a LOADS <<< "${CHAT_SESSIONS:-16}"
   load() {  # SESSIONS SECONDS OUT_DIR
     PYTHONPATH="$APPSITE:$SITE:$PWD" python3 -m backend loadtest --url http://127.0.0.1:8501 --sessions "$1" \
-      --duration "$2" --max-tokens 256 --app-pid $APP --out "$3" 2>&1 | tail -40
+      --duration "$2" --max-tokens 256 --app-pid $APP --out "$3" --chats "${CHAT_KINDS:-growing}" 2>&1 | tail -60
     echo "[chat] loadtest $1 sessions exit ${PIPESTATUS[0]}"
   }
   [ "${CHAT_WARMUP_S:-0}" -gt 0 ] && load "$(printf '%s\n' "${LOADS[@]}" | sort -n | tail -1)" "$CHAT_WARMUP_S" /tmp/warmup

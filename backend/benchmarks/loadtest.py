@@ -1,10 +1,16 @@
 """Many chat sessions at once through the app's real Chainlit websocket (Socket.IO), as browsers would.
 
-    python -m backend loadtest --url http://127.0.0.1:8501 --sessions 64 --duration 120 --out results/load
+    python -m backend loadtest --url http://127.0.0.1:8501 --sessions 1,16 --chats fresh,growing --duration 120
 
 Each session connects like the web page, sends a message, reads the streamed reply to its end, and
-repeats until the time is up (a reply under way is finished). It reports completed and failed
-replies, latency percentiles, and the memory (RSS) of the app and its engine sampled over time.
+repeats until the time is up (a reply under way is finished): in one chat that grows with every turn
+(`growing`), or each message in a new chat (`fresh`, the chat opened before the clock starts). Each kind of
+chat runs at each session count in turn, for `duration` seconds each. It reports completed and failed replies,
+the first text and whole-reply latencies (P50/P90/P99), and the memory (RSS) of the app and its engine sampled
+over time.
+
+"First text" is when the page gets the reply's first text: Chainlit's `stream_start` event, which carries the
+first piece (the `stream_token`s that follow carry the rest, so the first of those is one update late).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 from backend.benchmarks.chat_socket import ChatSocket, reply_finished
 from backend.benchmarks.memory import tree_rss_bytes
+from backend.benchmarks.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -31,41 +38,50 @@ PROMPTS = [
 ]
 
 
+CHATS = ("fresh", "growing")  # each message in a new chat; one chat per session, growing with every turn
+FIRST_TEXT = "when the page gets the reply's first text (Chainlit's stream_start), from the send"
+
+
 @dataclass
 class Reply:
     session: int
     ok: bool
     seconds: float
-    ttft_s: float | None
+    first_text_s: float | None  # FIRST_TEXT
     chars: int
     error: str = ""
+    turn: int = 0  # the message's place in its chat (0: a chat's first)
 
 
 @dataclass
 class Report:
     sessions: int
     duration_s: float
+    chats: str = "growing"
     replies: list[Reply] = field(default_factory=list)
     memory: list[dict[str, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         done = [r for r in self.replies if r.ok]
-        lat = sorted(r.seconds for r in done)
-        ttft = sorted(r.ttft_s for r in done if r.ttft_s is not None)
+        lat = [r.seconds for r in done]
+        first = [r.first_text_s for r in done if r.first_text_s is not None]
 
-        def pct(values: list[float], p: float) -> float | None:
-            return round(values[min(len(values) - 1, int(p / 100 * len(values)))], 3) if values else None
+        def pct(values: list[float], *ps: float) -> dict[str, float | None]:
+            return {f"p{p:g}": round(percentile(values, p), 4) if values else None for p in ps}
 
         rss = [m["app_mib"] + m["engine_mib"] for m in self.memory]
         third = max(1, len(rss) // 3)
         return {
+            "chats": self.chats,
             "sessions": self.sessions,
             "duration_s": self.duration_s,
             "replies_ok": len(done),
             "replies_failed": len(self.replies) - len(done),
             "errors": sorted({r.error for r in self.replies if not r.ok}),
-            "latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "max": pct(lat, 100)},
-            "ttft_s": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+            "first_text": FIRST_TEXT,
+            "first_text_s": pct(first, 50, 90, 99),
+            "latency_s": pct(lat, 50, 90, 99, 100),
+            "turns_max": max((r.turn for r in done), default=0) + 1 if done else 0,
             "memory_mib": {
                 "first_third_mean": round(statistics.mean(rss[:third]), 1) if rss else None,
                 "last_third_mean": round(statistics.mean(rss[-third:]), 1) if rss else None,
@@ -79,32 +95,61 @@ def tree_rss_mib(pid: int) -> float:
     return tree_rss_bytes(pid) / 2**20
 
 
-async def one_session(index: int, url: str, deadline: float, max_tokens: int, report: Report) -> None:
+def first_text_at(events: list[tuple[str, Any]], times: list[float], start: int, end: int) -> float | None:
+    """When the page got the reply's first text between events `start` and `end`: the reply's `stream_start`
+    (Chainlit sends the first piece with it; an app notice is never streamed, but is left out all the same)."""
+    for i in range(start, end):
+        event, data = events[i]
+        if event == "stream_start" and not (isinstance(data, dict) and data.get("name") == "system"):
+            return times[i]
+    return None
+
+
+async def open_chat(url: str, max_tokens: int) -> ChatSocket:
+    """A new chat, started (on_chat_start ran) with the reply length set (acknowledged once applied)."""
     chat = ChatSocket(url, None)
+    await chat.connect()
+    await chat.change_settings({"max_tokens": max_tokens})
+    return chat
+
+
+async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
+    """Send `text` in `chat`, read the reply to its end; what the page saw, timed from the send."""
+    start, started = len(chat.events), time.monotonic()
+    await chat.send(text)
+    end = await chat.wait_for("task_end", await chat.wait_for("task_start", start))
+    first = first_text_at(chat.events, chat.times, start, end)
+    steps = chat.reply_steps(start)
+    # Finished: the reply's details in its metadata and its text alone (not the model's words: a
+    # stopped, interrupted or failed reply has an ending line, a reply with no text shows none).
+    ok = bool(steps) and reply_finished(steps[-1])
+    output = str(steps[-1].get("output", "")) if steps else ""
+    problem = "" if ok else (output[-200:] or " / ".join(chat.notices(start))[-200:] or "no reply")
+    seconds = chat.times[end] - started
+    return Reply(index, ok, seconds, None if first is None else first - started, len(output), problem, turn)
+
+
+async def one_session(
+    index: int, url: str, deadline: float, max_tokens: int, report: Report, chats: str = "growing"
+) -> None:
+    """One session's messages until the deadline: in one growing chat, or each in a fresh chat."""
+    chat: ChatSocket | None = None
     try:
-        await chat.connect()  # returns once the chat has started (on_chat_start ran)
-        await chat.change_settings({"max_tokens": max_tokens})  # acknowledged once applied
         turn = 0
         while time.monotonic() < deadline:
+            if chat is None:
+                chat = await open_chat(url, max_tokens)
             text = PROMPTS[(index + turn) % len(PROMPTS)]
+            report.replies.append(await ask(chat, index, turn if chats == "growing" else 0, text))
             turn += 1
-            start, started = len(chat.events), time.monotonic()
-            await chat.send(text)
-            end = await chat.wait_for("task_end", await chat.wait_for("task_start", start))
-            first = next((chat.times[i] for i in range(start, end) if chat.events[i][0] == "stream_token"), None)
-            steps = chat.reply_steps(start)
-            # Finished: the reply's details in its metadata and its text alone (not the model's words: a
-            # stopped, interrupted or failed reply has an ending line, a reply with no text shows none).
-            ok = bool(steps) and reply_finished(steps[-1])
-            output = str(steps[-1].get("output", "")) if steps else ""
-            problem = "" if ok else (output[-200:] or " / ".join(chat.notices(start))[-200:] or "no reply")
-            report.replies.append(
-                Reply(index, ok, chat.times[end] - started, first and first - started, len(output), problem)
-            )
+            if chats == "fresh":
+                await chat.close()
+                chat = None
     except Exception as exc:  # a dropped connection or a timeout is a failed reply, reported
         report.replies.append(Reply(index, False, 0.0, None, 0, f"{type(exc).__name__}: {exc}"))
     finally:
-        await chat.close()
+        if chat is not None:
+            await chat.close()
 
 
 async def sample_memory(app_pid: int, engine_pid: int, report: Report, stop: asyncio.Event) -> None:
@@ -123,18 +168,23 @@ async def sample_memory(app_pid: int, engine_pid: int, report: Report, stop: asy
             pass
 
 
-async def run(url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None) -> Report:
+async def run(
+    url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, chats: str = "growing"
+) -> Report:
+    """`sessions` sessions at once for `duration_s` seconds, in chats of the kind `chats` (CHATS)."""
     import httpx
 
+    if chats not in CHATS:
+        raise ValueError(f"chats: one of {', '.join(CHATS)}, not {chats!r}")
     async with httpx.AsyncClient(trust_env=False) as http:
         health = (await http.get(url + "/healthz", timeout=10)).json()
-    report = Report(sessions, duration_s)
+    report = Report(sessions, duration_s, chats)
     stop = asyncio.Event()
     sampler = None
     if app_pid:
         sampler = asyncio.create_task(sample_memory(app_pid, health["engine"]["pid"], report, stop))
     deadline = time.monotonic() + duration_s
-    await asyncio.gather(*(one_session(i, url, deadline, max_tokens, report) for i in range(sessions)))
+    await asyncio.gather(*(one_session(i, url, deadline, max_tokens, report, chats) for i in range(sessions)))
     stop.set()
     if sampler:
         await sampler
@@ -142,18 +192,25 @@ async def run(url: str, sessions: int, duration_s: float, max_tokens: int, app_p
 
 
 def loadtest_command(
-    url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, out: Path
+    url: str,
+    sessions: list[int],
+    duration_s: float,
+    max_tokens: int,
+    app_pid: int | None,
+    out: Path,
+    chats: list[str] | None = None,
 ) -> int:
-    """`loadtest`: run the sessions, write <out>/load.json, print the summary; 1 when a reply failed or none came."""
-    report = asyncio.run(run(url, sessions, duration_s, max_tokens, app_pid))
-    summary = report.summary()
+    """`loadtest`: each kind of chat at each session count in turn; write <out>/load.json (one entry a level),
+    print the summaries; 1 when a reply failed or a level got none."""
+    levels: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
     out.mkdir(parents=True, exist_ok=True)
-    (out / "load.json").write_text(
-        json.dumps(
-            {"summary": summary, "replies": [asdict(r) for r in report.replies], "memory": report.memory},
-            indent=2,
-            ensure_ascii=False,
-        )
-    )
-    print(json.dumps(summary, indent=2, ensure_ascii=False))
-    return 0 if summary["replies_failed"] == 0 and summary["replies_ok"] > 0 else 1
+    for kind in chats or ["growing"]:
+        for count in sessions:
+            report = asyncio.run(run(url, count, duration_s, max_tokens, app_pid, kind))
+            summaries.append(summary := report.summary())
+            levels.append({"summary": summary, "replies": [asdict(r) for r in report.replies], "memory": report.memory})
+            print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
+            # written after each run: a later one that breaks leaves the earlier ones on disk
+            (out / "load.json").write_text(json.dumps({"levels": levels}, indent=2, ensure_ascii=False))
+    return 0 if all(s["replies_failed"] == 0 and s["replies_ok"] > 0 for s in summaries) else 1

@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from backend.engines.base import Api, Endpoint
+from backend.engines.llamacpp import render_from_probe, with_probe
 from backend.errors import BackendError, PromptTooLongError, ServiceError
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,8 @@ class ChatClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=32),
             trust_env=False,  # the engine is on loopback: never route it through a proxy
         )
+        # llama-server: a conversation head (JSON) -> its template rendered with the probe last ("": not usable)
+        self._probed: dict[str, str] = {}
         # max_retries=0: retries live in one layer only (ChatStream), and only before the first token.
         self.openai = AsyncOpenAI(
             base_url=endpoint.base_url + "/v1",
@@ -283,10 +286,15 @@ class ChatClient:
         url = self.endpoint.base_url
         try:
             if self.endpoint.api is Api.LLAMACPP:
-                # llama-server renders the chat template and tokenizes in two steps.
-                resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
-                if resp.status_code == 200:
-                    body = {"content": resp.json()["prompt"], "add_special": True, "parse_special": True}
+                # llama-server renders the chat template and tokenizes in two steps; a message after a head it
+                # rendered before costs one (the template rendered here from the probe, backend.engines.llamacpp).
+                prompt = await self._llamacpp_prompt(messages) if messages else None
+                if prompt is None:
+                    resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
+                    if resp.status_code == 200:
+                        prompt = str(resp.json()["prompt"])
+                if prompt is not None:
+                    body = {"content": prompt, "add_special": True, "parse_special": True}
                     resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
             else:
                 body = {"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True}
@@ -299,6 +307,29 @@ class ChatClient:
             raise BackendError.of("backend.count_failed", status=resp.status_code, detail=resp.text[:200])
         data = resp.json()
         return int(data["count"]) if "count" in data else len(data["tokens"])
+
+    def forget_templates(self) -> None:
+        """Drop the rendered probes (another model, another template, answers now)."""
+        self._probed.clear()
+
+    async def _llamacpp_prompt(self, messages: list[Message]) -> str | None:
+        """llama-server's prompt for `messages` rendered from its head's probe (None: the template is asked).
+
+        A head is the system text of one-message conversations (the chat's one count per message); its probe is
+        rendered once, the first time, and kept (a few heads: the templates' system texts)."""
+        if messages[-1]["role"] != "user" or any(m["role"] != "system" for m in messages[:-1]):
+            return None  # a turn of an older history, counted once: not worth a probe
+        key = json.dumps(messages[:-1], ensure_ascii=False)
+        if key not in self._probed:
+            headers = {"Authorization": f"Bearer {self.endpoint.api_key}"}
+            body = {"messages": with_probe(messages)}
+            resp = await self.http.post(self.endpoint.base_url + "/apply-template", json=body, headers=headers)
+            if resp.status_code != 200:
+                return None  # the two-step path reports the error
+            if len(self._probed) >= 64:
+                self._probed.clear()
+            self._probed[key] = str(resp.json()["prompt"])
+        return render_from_probe(self._probed[key], messages[-1]["content"]) if self._probed[key] else None
 
     async def max_model_len(self) -> int | None:
         """The context window the server reports for our model (vLLM's /v1/models), if it says."""

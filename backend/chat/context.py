@@ -1,14 +1,34 @@
-"""Fitting a conversation into the model's context window: oldest turns go first, the newest message never."""
+"""Fitting a conversation into the model's context window: oldest turns go first, the newest message never.
+
+The accounting. A chat template renders each message on its own between its markers, so a prompt's size is
+
+    tokens(system + history + new) = overhead(system) + sum(cost(m) for m in history) + cost(new)
+
+where `overhead` is what the template adds once (the BOS token, the system block or the template's default system
+text, the generation prompt) and `cost(m)` what one message adds (its role markers, its text, its end marker).
+So the history's messages are counted once and their counts kept with the history (`ChatSession.tokens`, saved
+with each turn); a message costs one count, of itself alone (`count(system + [new])` = overhead + cost(new)), and
+trimming is arithmetic on the kept counts. The template's fixed parts (`Frame`) are measured once per system text
+with empty messages. A reply is not counted at all: its cost is the engine's usage figure (`completion_tokens`)
+plus `Frame.reply`, the markers the template puts around an assistant message (when the model generated the end
+marker itself it is counted twice: the estimate errs by one token on the safe side). The next reply's
+`prompt_tokens`, the engine's exact count of what was sent, corrects that estimate (ChatService.reply). A message
+whose count is unknown (no usage, a thread saved before counts were kept, another model) is counted with its turn,
+once. Where a template is not additive (it merges text across messages) the engine's usage figure keeps the
+counts right for the turns kept: the difference goes to the newest reply.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from backend.errors import PromptTooLongError
 
 Message = dict[str, str]
 TokenCounter = Callable[[list[Message]], Awaitable[int]]
+Counts = list[int | None]  # per message of a history: what it adds to a prompt (None: not counted yet)
 
 
 @dataclass(frozen=True)
@@ -18,6 +38,8 @@ class Fitted:
     messages: list[Message]
     prompt_tokens: int
     dropped: int
+    tokens: list[int] | None = None  # every history message's count (the kept ones, and those counted now)
+    new_tokens: int = 0  # what the new message adds to the next prompts, as a message of the history
 
 
 def estimate_tokens(messages: list[Message]) -> int:
@@ -36,40 +58,106 @@ def turn_starts(history: list[Message]) -> list[int]:
     return starts if starts and starts[0] == 0 else [0, *starts]
 
 
+def reply_tokens(completion_tokens: int | None, frame: Frame) -> int | None:
+    """A reply's count from the engine's usage figure (None when the engine gave none)."""
+    return None if completion_tokens is None else completion_tokens + frame.reply
+
+
+def head_of(system: str | None) -> list[Message]:
+    """The system message a prompt begins with (none without a system text)."""
+    return [{"role": "system", "content": system}] if system else []
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What the chat template adds beside the messages' texts, for one system text."""
+
+    overhead: int  # once per prompt: BOS, the system block (or the template's default one), the generation prompt
+    reply: int  # around each assistant message: its role and end markers
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A conversation's counts before fitting: the new message with the system text alone, and each history message."""
+
+    alone: int  # count(system + [new]): overhead + the new message
+    frame: Frame  # the template's fixed parts with this system text
+    tokens: list[int]  # per history message
+
+    @property
+    def overhead(self) -> int:
+        return self.frame.overhead
+
+
+class Accounting:
+    """The template's fixed parts (Frame, per system text: three counts of empty messages, once) and the counts of
+    a history's messages. One per model and engine: another model has another tokenizer and template."""
+
+    def __init__(self, count: TokenCounter) -> None:
+        self.count = count
+        self._frames: dict[str | None, Frame] = {}
+
+    async def frame(self, system: str | None) -> Frame:
+        """The template's fixed parts with this system text. Measured on non-empty conversations (a template may
+        add a default system text before the first message only: it belongs to the overhead)."""
+        if system not in self._frames:
+            head, user, reply = head_of(system), {"role": "user", "content": ""}, {"role": "assistant", "content": ""}
+            asked = await self.count([*head, user])  # overhead + user
+            answered = await self.count([*head, user, reply])  # overhead + user + reply
+            again = await self.count([*head, user, reply, user])  # overhead + 2 user + reply
+            self._frames[system] = Frame(max(0, asked - (again - answered)), max(0, answered - asked))
+        return self._frames[system]
+
+    async def measure(
+        self, history: list[Message], kept: Sequence[int | None], new_message: Message, system: str | None = None
+    ) -> Measured:
+        """Count the new message (one count) and the history's turns whose counts are not kept (one each, once)."""
+        head = head_of(system)
+        frame = await self.frame(system)
+        overhead = frame.overhead
+        alone = await self.count([*head, new_message])
+        tokens = [*kept[: len(history)], *[None] * (len(history) - len(kept))]
+        bounds = [*turn_starts(history), len(history)] if history else [0]
+        for start, end in pairwise(bounds):
+            unknown = [i for i in range(start, end) if tokens[i] is None]
+            if not unknown:
+                continue
+            known = sum(t or 0 for t in tokens[start:end])
+            rest = max(0, await self.count([*head, *history[start:end]]) - overhead - known)
+            for i in unknown:  # a turn's count may sit on its first unknown message: trimming is by whole turns
+                tokens[i] = rest if i == unknown[0] else 0
+        return Measured(alone, frame, [t or 0 for t in tokens])
+
+
+def fit(
+    history: list[Message], new_message: Message, measured: Measured, budget: int, system: str | None = None
+) -> Fitted:
+    """Return system + the longest recent part of `history` (whole turns) + `new_message` within `budget`.
+
+    Raises PromptTooLongError when the new message (with the system text) alone is over budget."""
+    if measured.alone > budget:
+        raise PromptTooLongError.of("context.too_long", tokens=measured.alone, budget=budget)
+    cut, total = len(history), measured.alone
+    ends = [*turn_starts(history), len(history)] if history else [0]
+    # From the newest turn back: keep each whole turn while it fits (counts only grow as the cut moves earlier).
+    for start, end in reversed(list(pairwise(ends))):
+        more = sum(measured.tokens[start:end])
+        if total + more > budget:
+            break
+        cut, total = start, total + more
+    new_tokens = measured.alone - measured.overhead
+    messages = [*head_of(system), *history[cut:], new_message]
+    return Fitted(messages, total, cut, measured.tokens, new_tokens)
+
+
 async def fit_history(
     history: list[Message],
     new_message: Message,
     count: TokenCounter,
     budget: int,
     system: str | None = None,
+    kept: Sequence[int | None] = (),
 ) -> Fitted:
-    """Return system + the longest recent part of `history` (whole turns) + `new_message` within `budget`.
-
-    Raises PromptTooLongError when the new message (with the system text) alone is over budget."""
-    head = [{"role": "system", "content": system}] if system else []
-    tail = [new_message]
-    starts = turn_starts(history) if history else []
-    # Candidate cut points, from keeping everything to keeping nothing of the history.
-    cuts = [*starts, len(history)]
-
-    async def tokens_for(cut: int) -> int:
-        return await count(head + history[cut:] + tail)
-
-    full = await tokens_for(cuts[0])
-    if full <= budget:
-        return Fitted(head + history + tail, full, 0)
-    alone = await tokens_for(len(history))
-    if alone > budget:
-        raise PromptTooLongError.of("context.too_long", tokens=alone, budget=budget)
-    # Binary search for the earliest cut that fits: token counts only shrink as the cut moves later.
-    lo, hi, best = 1, len(cuts) - 1, len(cuts) - 1
-    best_tokens = alone
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        tokens = await tokens_for(cuts[mid])
-        if tokens <= budget:
-            best, best_tokens, hi = mid, tokens, mid - 1
-        else:
-            lo = mid + 1
-    cut = cuts[best]
-    return Fitted(head + history[cut:] + tail, best_tokens, cut)
+    """measure then fit, for a conversation with the counts `kept` (none: every turn is counted once)."""
+    measured = await Accounting(count).measure(history, kept, new_message, system)
+    return fit(history, new_message, measured, budget, system)

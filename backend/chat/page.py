@@ -32,6 +32,8 @@ SYSTEM_AUTHOR = "system"  # the app's own notices (backend.storage.resume leaves
 DETAILS_ELEMENT = "ReplyDetails"  # public/elements/ReplyDetails.jsx
 ASKED_KEY = "ernie_asked"  # a kept turn's reply metadata: the page's id of the user message that asked it
 REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py's action callbacks)
+# The metadata that keeps a finished turn (backend.storage.resume.turn_metadata): its texts, counts, their counter.
+Keep = Callable[[str, str, tuple[int | None, int | None], str], dict[str, Any]]
 
 
 async def say(text: str) -> cl.Message:
@@ -59,9 +61,7 @@ class TurnPage:
     `describe` gives a template's description; `keep` the metadata that keeps a finished turn with its reply;
     `asked` is the page's id of the user message."""
 
-    def __init__(
-        self, lang: str, describe: Callable[[str], str], keep: Callable[[str, str], dict[str, Any]], asked: str
-    ) -> None:
+    def __init__(self, lang: str, describe: Callable[[str], str], keep: Keep, asked: str) -> None:
         self.lang, self.describe, self.keep, self.asked = lang, describe, keep, asked
         self.note: cl.Message | None = None
         self.finished = False  # the reply was shown with its details (not refused, not waiting in vain)
@@ -86,7 +86,8 @@ class TurnPage:
         self.reply.content = reply_text(event, self.lang)
         props, self.reply.metadata = details_element(event, self.lang, self.describe(event.template))
         if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
-            self.reply.metadata |= self.keep(event.user_text, event.text) | {ASKED_KEY: self.asked}
+            kept = self.keep(event.user_text, event.text, event.tokens, event.counted_by)
+            self.reply.metadata |= kept | {ASKED_KEY: self.asked}
         await (self.reply.update() if event.text else self.reply.send())
         # last: the details under the reply tell the page (and the tests) that the reply is finished
         details = cl.CustomElement(name=DETAILS_ELEMENT, props=props, display="inline")

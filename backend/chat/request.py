@@ -7,7 +7,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.chat.context import Message
+from backend.chat.context import Frame, Message
 from backend.config import AppConfig
 from backend.errors import InvalidInputError
 
@@ -64,6 +64,10 @@ class ChatRequest:
     user_text: str  # the rendered user message, as kept in the history
     prompt_tokens: int
     dropped: int
+    history_tokens: list[int] = field(default_factory=list)  # every history message's count (backend.chat.context)
+    user_tokens: int = 0  # what the user message adds to later prompts
+    # the template's fixed parts with the system text sent (a reply's count: its usage + frame.reply)
+    frame: Frame = field(default_factory=lambda: Frame(0, 0))
 
 
 def _invisible(ch: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
-from backend.chat.context import estimate_tokens, fit_history
+from backend.chat.context import Accounting, Counts, estimate_tokens, fit, reply_tokens
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
@@ -83,6 +83,8 @@ class ChatService:
         self.templates = templates
         self.recorder: Recorder = recorder or NoRecorder()
         self._max_model_len: int | None = None
+        self._accounting: tuple[str, Accounting] | None = None  # the counts' model and engine, and the accounting
+        self._estimating = False  # the engine cannot count: the counts are estimates (estimate_tokens)
 
     @classmethod
     def from_config(
@@ -99,6 +101,14 @@ class ChatService:
         )
         templates = TemplateStore(cfg.paths.resolve(cfg.paths.prompts_dir))
         return cls(cfg, supervisor, client, templates, recorder)
+
+    def with_templates(self, templates: TemplateStore) -> ChatService:
+        """This service with other templates (the workshop's drafts): the same engine, client and token accounting
+        (the template's fixed parts are not measured again); it records nothing."""
+        view = ChatService(self.cfg, self.supervisor, self.client, templates, NoRecorder())
+        view._accounting = (self.counter_id(), self.accounting())
+        view._max_model_len = self._max_model_len
+        return view
 
     # ----- life cycle -------------------------------------------------------------------------
     @property
@@ -144,11 +154,17 @@ class ChatService:
         return ChatSession(UserSettings.defaults(self.cfg, self.serving_demo))
 
     def resumed_session(
-        self, history: list[Message], saved_settings: dict[str, Any], turn_ids: list[str] | None = None
+        self,
+        history: list[Message],
+        saved_settings: dict[str, Any],
+        turn_ids: list[str] | None = None,
+        counts: tuple[Counts, str] | None = None,
     ) -> ChatSession:
-        """A saved chat's state: its history, the ids of the messages that asked its latest turns, its settings."""
+        """A saved chat's state: its history, the ids of the messages that asked its latest turns, its settings,
+        the counts kept with its turns and the model and engine that counted them."""
         session = self.new_session()
         session.history = history
+        session.tokens, session.counted_by = counts or ([], "")
         session.turn_ids = (turn_ids or [])[-(len(history) // 2) :] if len(history) >= 2 else []
         session.settings.update(saved_settings, self.cfg, self.serving_demo)
         return session
@@ -198,12 +214,15 @@ class ChatService:
         if self.serving_demo and not session.demo_told:  # known once the engine is resolved: told at the first turn
             session.demo_told = True
             yield Notice("demo", {"note": self.demo_note or ""})
+        if session.counted_by != self.counter_id():  # counts of another model or engine: counted again, once
+            session.tokens, session.counted_by = [], self.counter_id()
         try:
-            request = await self.build_request(session.history, text, session.settings, command)
+            request = await self.build_request(session.history, text, session.settings, command, session.kept_tokens())
         except ServiceError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
             return
+        session.tokens = list(request.history_tokens)  # those counted now are kept (a stop or a failure included)
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
         # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
@@ -225,9 +244,13 @@ class ChatService:
             log.warning("Reply failed: %s", exc)
             failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
         self.recorder.reply_finished(stream.stats, failure)
+        self._correct(session, request, stream.stats.prompt_tokens)
         text = "".join(parts)
+        tokens: tuple[int | None, int | None] = (None, None)
         if text:
-            session.add_turn(request.user_text, text, message_id)
+            completion = stream.stats.completion_tokens if ending == "finished" else None
+            tokens = (request.user_tokens, reply_tokens(completion, request.frame))
+            session.add_turn(request.user_text, text, message_id, tokens)
         yield Done(
             text,
             request.template,
@@ -237,7 +260,24 @@ class ChatService:
             error,
             stream.stats,
             request.prompt_tokens,
+            tokens,
+            session.counted_by,
         )
+
+    def _correct(self, session: ChatSession, request: ChatRequest, prompt_tokens: int | None) -> None:
+        """Make the kept counts agree with the engine's own count of the prompt it was sent (its usage figure).
+
+        The only estimate among them is the newest reply's (completion tokens + the template's frame): a
+        difference goes to it, so the next fit is exact on the counts the engine itself reported. (An engine that
+        cannot count gets conservative estimates throughout, left as they are.)"""
+        kept = len(request.history_tokens) - request.dropped
+        if prompt_tokens is None or kept <= 0 or prompt_tokens == request.prompt_tokens or self._estimating:
+            return
+        if len(session.tokens) != len(request.history_tokens):
+            return  # the history changed meanwhile (an edit): nothing to correct
+        newest = session.tokens[-1] or 0
+        session.tokens[-1] = max(0, newest + prompt_tokens - request.prompt_tokens)
+        log.debug("Kept count of the newest reply corrected by %d tokens", prompt_tokens - request.prompt_tokens)
 
     async def wait_for_engine(self) -> AsyncIterator[EngineWait]:
         """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow.
@@ -276,7 +316,22 @@ class ChatService:
 
     async def _count(self, messages: list[Message]) -> int:
         counted = await self.client.count_tokens(messages)
+        self._estimating = counted is None
         return counted if counted is not None else estimate_tokens(messages)
+
+    def counter_id(self) -> str:
+        """The model and engine that count the tokens (kept counts of another pair are counted again)."""
+        spec = self.supervisor.spec
+        model = DEMO_NAME if self.serving_demo else Path(self.cfg.model.id.rstrip("/")).name
+        return f"{model}@{spec.engine if spec is not None else ''}"
+
+    def accounting(self) -> Accounting:
+        """The token accounting of the model and engine that serve now (the template's fixed parts, kept)."""
+        key = self.counter_id()
+        if self._accounting is None or self._accounting[0] != key:
+            self._accounting = (key, Accounting(self._count))
+            self.client.forget_templates()
+        return self._accounting[1]
 
     def decide(self, text: str, settings: UserSettings, command: str | None = None) -> Decision:
         """Which template, system text and sampling `text` is sent with, and why, on the model that serves now
@@ -284,22 +339,29 @@ class ChatService:
         return decide(self.templates, self.cfg, text, settings, self.serving_demo, command)
 
     async def build_request(
-        self, history: list[Message], text: str, settings: UserSettings, command: str | None = None
+        self,
+        history: list[Message],
+        text: str,
+        settings: UserSettings,
+        command: str | None = None,
+        kept: Counts | None = None,
     ) -> ChatRequest:
-        """Decide how the message is sent (decide) and fit the conversation into the context window."""
+        """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
+        the new message, the history's from `kept` (those missing are counted once; backend.chat.context)."""
         decision = self.decide(text, settings, command)
         sampling, system = dict(decision.sampling), decision.system
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
         new = {"role": "user", "content": decision.user}
+        measured = await self.accounting().measure(history, kept or [], new, system)
         try:
-            fitted = await fit_history(history, new, self._count, window - reserve, system)
+            fitted = fit(history, new, measured, window - reserve, system)
         except PromptTooLongError as exc:
             # A long message still goes through with a shorter reply, as long as some reply fits.
             least = min(MIN_REPLY_TOKENS, reserve)
             if int(str(exc.params.get("tokens", window))) > window - least:
                 raise
-            fitted = await fit_history(history, new, self._count, window - least, system)
+            fitted = fit(history, new, measured, window - least, system)
         sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - fitted.prompt_tokens))
         return ChatRequest(
             messages=fitted.messages,
@@ -309,4 +371,7 @@ class ChatService:
             user_text=decision.user,
             prompt_tokens=fitted.prompt_tokens,
             dropped=fitted.dropped,
+            history_tokens=measured.tokens,
+            frame=measured.frame,
+            user_tokens=fitted.new_tokens,
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from backend.chat.client import StreamStats
-from backend.chat.context import Message
+from backend.chat.context import Counts, Message
 from backend.chat.request import UserSettings
 from backend.errors import Phrase, ServiceError
 
@@ -33,11 +33,27 @@ class ChatSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reply at a time: sends queue up
     # The page's id of the user message of each of the latest turns (a resumed chat's earlier turns have none).
     turn_ids: list[str] = field(default_factory=list)
+    # What each message of the history adds to a prompt (backend.chat.context), as `counted_by` counted it.
+    tokens: Counts = field(default_factory=list)
+    counted_by: str = ""
 
-    def add_turn(self, user_text: str, reply_text: str, message_id: str = "") -> None:
-        """Keep a finished turn, as the model saw it, with the id of the user message that asked it."""
+    def add_turn(
+        self,
+        user_text: str,
+        reply_text: str,
+        message_id: str = "",
+        tokens: tuple[int | None, int | None] = (None, None),
+    ) -> None:
+        """Keep a finished turn, as the model saw it, with the id of the user message that asked it and the counts
+        of its two messages (None: not known)."""
+        self.tokens = self.kept_tokens() + list(tokens)
         self.history += turn_messages(user_text, reply_text)
         self.turn_ids.append(message_id)
+
+    def kept_tokens(self) -> Counts:
+        """The counts kept for the history, one per message (None where none is kept)."""
+        known = self.tokens[: len(self.history)]
+        return [*known, *[None] * (len(self.history) - len(known))]
 
     def forget_from(self, message_id: str) -> int:
         """Drop the turn asked by `message_id` and every later one (the message was edited, or its reply is asked
@@ -46,6 +62,7 @@ class ChatSession:
             return 0
         dropped = len(self.turn_ids) - self.turn_ids.index(message_id)
         self.history = self.history[: len(self.history) - 2 * dropped]
+        self.tokens = self.tokens[: len(self.history)]
         del self.turn_ids[-dropped:]
         return dropped
 
@@ -101,6 +118,8 @@ class Done:
     error: ServiceError | None = None
     stats: StreamStats | None = None  # what the stream measured (timings, the engine's token counts)
     prompt_tokens: int = 0  # the prompt's size as the request counted it (when the engine reports no usage)
+    tokens: tuple[int | None, int | None] = (None, None)  # what the turn's two messages add to later prompts
+    counted_by: str = ""  # the model and engine those counts are of (ChatService.counter_id)
 
 
 @dataclass(frozen=True)

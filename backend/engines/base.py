@@ -28,7 +28,7 @@ class Api(enum.StrEnum):
     """Which extras a server has beside the OpenAI API (token counting and log-probabilities differ)."""
 
     VLLM = "vllm"  # vLLM and servers like it: /tokenize takes messages, prompt_logprobs
-    LLAMACPP = "llama.cpp"  # llama-server: /apply-template then /tokenize, log-probabilities per position
+    LLAMACPP = "llama.cpp"  # llama-server: /apply-template then /tokenize (a probe saves the first: llamacpp.PROBE)
 
 
 @dataclass

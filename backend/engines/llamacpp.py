@@ -30,8 +30,26 @@ from backend.models.resolve import ResolvedModel, resolve_model
 log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health"
+# Counting a prompt: llama-server renders a chat template (/apply-template) and tokenizes text (/tokenize) in two
+# requests. A conversation's head rendered once with this text in place of its last message shows where the
+# template puts that text: a new message is then rendered here and counted with one /tokenize.
+PROBE = " \u2063ernie-chat-message\u2063 "
 DEFAULT_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
 GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|bf16|f16|f32)", re.IGNORECASE)
+
+
+def with_probe(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """`messages` with the last one's text replaced by PROBE (to render through /apply-template once)."""
+    return [*messages[:-1], {**messages[-1], "content": PROBE}]
+
+
+def render_from_probe(rendered: str, content: str) -> str | None:
+    """The prompt the template renders for the probed messages with `content` as the last text, or None where the
+    template changed the probe (trimmed it, escaped it, put it twice): that template is asked every time."""
+    if rendered.count(PROBE) != 1:
+        return None
+    before, after = rendered.split(PROBE)
+    return before + content + after
 
 
 def install_prefix(cfg: AppConfig) -> Path:

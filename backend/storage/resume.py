@@ -3,7 +3,9 @@
 Each finished reply carries, in its message metadata, the turn exactly as the model saw it (the user
 text after the prompt template, the reply without the ending line a stopped or broken reply shows). A
 resumed thread gives the model those turns in order; the app's own notices (author "system"), Chainlit's messages and
-replies that produced no text are left out, as they are in a live chat."""
+replies that produced no text are left out, as they are in a live chat. The same metadata keeps what the turn's
+two messages add to a prompt (backend.chat.context) and which model and engine counted them: a resumed chat fits its
+history into the context window without counting it again."""
 
 from __future__ import annotations
 
@@ -12,18 +14,25 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from backend.chat.context import Message
+from backend.chat.context import Counts, Message
 from backend.chat.turn import turn_messages
 
 log = logging.getLogger(__name__)
 
 TURN_KEY = "ernie_turn"
+TOKENS_KEY = "ernie_tokens"  # {"by": the model and engine that counted, "counts": [user, reply]}
 SYSTEM_AUTHOR = "system"
 
 
-def turn_metadata(user_text: str, reply_text: str) -> dict[str, list[Message]]:
-    """Metadata for a reply message: the user and assistant messages this turn adds to the history."""
-    return {TURN_KEY: turn_messages(user_text, reply_text)}
+def turn_metadata(
+    user_text: str, reply_text: str, tokens: tuple[int | None, int | None] = (None, None), counted_by: str = ""
+) -> dict[str, Any]:
+    """Metadata for a reply message: the user and assistant messages this turn adds to the history, and their
+    counts when known."""
+    metadata: dict[str, Any] = {TURN_KEY: turn_messages(user_text, reply_text)}
+    if counted_by and any(t is not None for t in tokens):
+        metadata[TOKENS_KEY] = {"by": counted_by, "counts": list(tokens)}
+    return metadata
 
 
 def _metadata(step: Mapping[str, Any]) -> dict[str, Any]:
@@ -48,15 +57,42 @@ def _turn(step: Mapping[str, Any]) -> list[Message]:
     return messages if len(messages) == len(turn) else []
 
 
+def _counts(step: Mapping[str, Any], size: int) -> tuple[Counts, str]:
+    """The counts kept with a turn of `size` messages, and who counted them (([None...], "") if none are)."""
+    kept = _metadata(step).get(TOKENS_KEY)
+    if isinstance(kept, dict) and isinstance(kept.get("by"), str) and isinstance(kept.get("counts"), list):
+        counts = kept["counts"]
+        if len(counts) == size and all(c is None or (isinstance(c, int) and c >= 0) for c in counts):
+            return list(counts), kept["by"]
+    return [None] * size, ""
+
+
+def _saved_turns(steps: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The replies that keep a turn, oldest first."""
+    ordered = sorted(steps, key=lambda s: str(s.get("createdAt") or ""))
+    return [
+        step
+        for step in ordered
+        if step.get("type") == "assistant_message" and step.get("name") != SYSTEM_AUTHOR and _turn(step)
+    ]
+
+
 def history_from_steps(steps: Iterable[Mapping[str, Any]]) -> list[Message]:
     """The model-facing history of a saved thread, oldest first."""
-    ordered = sorted(steps, key=lambda s: str(s.get("createdAt") or ""))
-    history: list[Message] = []
-    for step in ordered:
-        if step.get("type") != "assistant_message" or step.get("name") == SYSTEM_AUTHOR:
-            continue
-        history += _turn(step)
-    return history
+    return [message for step in _saved_turns(steps) for message in _turn(step)]
+
+
+def counts_from_steps(steps: Iterable[Mapping[str, Any]]) -> tuple[Counts, str]:
+    """The counts kept with history_from_steps' messages (None where none are, or another model's), and the model
+    and engine that counted them: the newest turn's."""
+    turns = [(_turn(step), *_counts(step, len(_turn(step)))) for step in _saved_turns(steps)]
+    by = turns[-1][2] if turns else ""
+    return [c for messages, counts, who in turns for c in (counts if who == by else [None] * len(messages))], by
+
+
+def counts_from_thread(thread: Mapping[str, Any]) -> tuple[Counts, str]:
+    """counts_from_steps for a Chainlit ThreadDict."""
+    return counts_from_steps(thread.get("steps") or [])
 
 
 def history_from_thread(thread: Mapping[str, Any]) -> list[Message]:

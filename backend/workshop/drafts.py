@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from backend.chat.request import ChatRequest, UserSettings
-from backend.chat.service import ChatService, NoRecorder
+from backend.chat.service import ChatService
 from backend.errors import ServiceError
 from backend.prompts.routing import request_parts
 from backend.prompts.schema import NAME_PATTERN, Template, TemplateFile, TemplateProblem, display_path
@@ -145,7 +145,7 @@ def draft_folder(folder: Path, stem: str, text: str | None) -> Iterator[DraftChe
 # ----- preview: what the chat would do with a message ----------------------------------------------------------
 def chat_view(service: ChatService, store: TemplateStore) -> ChatService:
     """The chat service as it would be with `store`'s templates: the same engine, the same one client."""
-    return ChatService(service.cfg, service.supervisor, service.client, store, NoRecorder())
+    return service.with_templates(store)
 
 
 def chat_settings(service: ChatService) -> UserSettings:

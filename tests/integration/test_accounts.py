@@ -20,6 +20,7 @@ import socketio
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
+from backend.storage.resume import counts_from_thread
 from tests.app_process import RunningApp, launch_app, login_env, wait_until
 from tests.chat_api import ChatSocket, login, rendered_finished
 
@@ -157,6 +158,10 @@ async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Si
     thread = (await alice.get(f"/project/thread/{tid}")).json()
     assert thread["name"] == FIRST
     assert [s["output"] for s in thread["steps"] if s["type"] == "user_message"] == [FIRST]
+    # the turn keeps its two messages' token counts, and which model and engine counted them: a resumed chat
+    # fits its history without counting it again (backend.chat.context)
+    counts, counted_by = counts_from_thread(thread)
+    assert counted_by and len(counts) == 2 and all(isinstance(c, int) and c > 0 for c in counts), (counts, counted_by)
     name = f"Capitals {uuid.uuid4()}"
     assert (await alice.put("/project/thread", json={"threadId": tid, "name": name})).status_code == 200
 

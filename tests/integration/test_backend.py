@@ -20,6 +20,7 @@ import pytest_asyncio
 from backend.benchmarks.memory import alive, process_tree
 from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
+from backend.chat.turn import Done
 from backend.errors import BackendError, EngineStartError, Phrase, PromptTooLongError, ServiceError
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.supervisor import State, Status
@@ -175,6 +176,44 @@ async def test_long_history_is_trimmed_with_real_token_counts(service: ChatServi
     assert request.messages[0]["content"] == history[request.dropped]["content"], "the oldest turns go first"
     assert request.prompt_tokens == await service.client.count_tokens(request.messages)
     assert request.prompt_tokens + request.sampling["max_tokens"] <= window
+
+
+async def test_a_growing_chat_is_fitted_on_kept_counts_with_one_count_a_message(service: ChatService) -> None:
+    """Each message costs one count of itself alone (backend.chat.context); the kept counts agree with the engine's
+    own count of what was sent: exactly, but for the newest reply's estimate (usage + the template's frame, over
+    by at most its end token), which the next reply's usage corrects."""
+    counted: list[list[dict[str, str]]] = []
+    count = service.client.count_tokens
+
+    async def recording(messages: list[dict[str, str]]) -> int | None:
+        counted.append(messages)
+        return await count(messages)
+
+    session = service.new_session()
+    session.settings.update({"max_tokens": 16}, service.cfg)
+    service.client.count_tokens = recording  # type: ignore[method-assign]
+    try:
+        for i in range(6):
+            before = len(counted)
+            events = [e async for e in service.reply(session, f"question {i}: tell me about the sea and the sky")]
+            done = events[-1]
+            assert isinstance(done, Done) and done.ending == "finished", done
+            if i > 0:
+                assert [len(m) for m in counted[before:]] == [1], "one count, of the new message alone"
+            assert done.stats is not None and done.stats.prompt_tokens is not None
+            if i == 0:  # nothing estimated yet: the engine's own count of what it was sent
+                assert done.prompt_tokens == done.stats.prompt_tokens
+            # The kept counts: the newest reply's an estimate (its text as generated; the random model's may
+            # tokenize otherwise when counted), every earlier one corrected by the usage of the reply after it.
+            kept = session.kept_tokens()
+            assert None not in kept
+            new = {"role": "user", "content": "next"}
+            alone = await count([new])
+            assert alone is not None
+            earlier = await count([*session.history[:-2], new])
+            assert earlier == alone + sum(k or 0 for k in kept[:-2]), "exact on the corrected counts"
+    finally:
+        service.client.count_tokens = count  # type: ignore[method-assign]
 
 
 async def test_message_longer_than_the_window_gets_a_clear_error(service: ChatService) -> None:

@@ -248,6 +248,34 @@ async def test_reply_streams_with_usage_and_tokens_are_counted_by_the_server(tin
     assert s.stats.prompt_tokens == counted, "the app counts prompts exactly as the server does (/tokenize)"
 
 
+async def test_a_message_after_a_head_counted_before_costs_one_request(tiny_llama: ChatService) -> None:
+    """llama-server counts in two requests (/apply-template, /tokenize); the client renders a message after a head
+    it rendered before from the template's probe and asks only /tokenize, with the same count."""
+    client = tiny_llama.client
+    paths: list[str] = []
+
+    async def record(request: httpx.Request) -> None:
+        paths.append(request.url.path)
+
+    system = {"role": "system", "content": "You answer briefly."}
+    await client.count_tokens([system, {"role": "user", "content": "first"}])  # the probe of this head
+    client.http.event_hooks["request"].append(record)
+    try:
+        for text in ("Hello! How are you today?", "  spaces around  ", "第二行\n你好", "a {literal} \\1"):
+            message = [system, {"role": "user", "content": text}]
+            paths.clear()
+            counted = await client.count_tokens(message)
+            assert paths == ["/tokenize"], paths
+            paths.clear()
+            async with httpx.AsyncClient(base_url=client.endpoint.base_url, trust_env=False) as http:
+                rendered = await http.post("/apply-template", json={"messages": message}, headers=auth(tiny_llama))
+                body = {"content": rendered.json()["prompt"], "add_special": True, "parse_special": True}
+                tokens = await http.post("/tokenize", json=body, headers=auth(tiny_llama))
+            assert counted == len(tokens.json()["tokens"]), text
+    finally:
+        client.http.event_hooks["request"].remove(record)
+
+
 async def test_demo_gguf_is_served_directly_and_checked_against_its_own_weights(demo_llama: ChatService) -> None:
     note = demo_llama.supervisor.status.note or ""
     assert "cannot be reached" in note and "SmolLM2" in note

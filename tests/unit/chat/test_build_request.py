@@ -48,6 +48,9 @@ class CharClient:
     async def count_tokens(self, messages: list[Message]) -> int:
         return sum(len(m["content"]) for m in messages)
 
+    def forget_templates(self) -> None:
+        return None
+
     async def max_model_len(self) -> int:
         return self.window
 
@@ -270,3 +273,121 @@ def test_forgetting_an_unknown_message_keeps_the_history() -> None:
     session.add_turn("u", "a", "m1")
     assert session.forget_from("nosuch") == 0 and session.forget_from("") == 0 and len(session.history) == 4
     assert session.forget_from("m1") == 1 and session.history == turn(0) and session.turn_ids == []
+
+
+# ----- counting on the kept counts ----------------------------------------------------------------------------
+class UsageStream(FakeStream):
+    """Reports the engine's usage at the end, as vLLM does: the exact prompt, and the reply with its end token."""
+
+    def __init__(self, pieces: list[str], prompt_tokens: int) -> None:
+        super().__init__(pieces)
+        self.prompt_tokens = prompt_tokens
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for piece in super().__aiter__():
+            yield piece
+        self.stats.prompt_tokens = self.prompt_tokens
+        self.stats.completion_tokens = len("".join(self.pieces)) + 1
+
+
+class TemplateClient(CharClient):
+    """Counts like a chat template: 3 once (BOS, generation prompt), each message its characters plus 2; the
+    replies' usage as the engine reports it. Records every count it was asked for."""
+
+    def __init__(self, window: int, reply: str = "ok") -> None:
+        super().__init__(window)
+        self.reply = reply
+        self.counted: list[list[Message]] = []
+
+    async def count_tokens(self, messages: list[Message]) -> int:
+        self.counted.append(messages)
+        return self.exact(messages)
+
+    @staticmethod
+    def exact(messages: list[Message]) -> int:
+        return 3 + sum(len(m["content"]) + 2 for m in messages)
+
+    def stream(self, messages: list[Message], **sampling: Any) -> FakeStream:
+        self.sent.append((messages, sampling))
+        return UsageStream(list(self.reply), self.exact(messages))
+
+
+async def test_a_growing_chat_costs_one_small_count_per_message_and_keeps_exact_counts(build: Build) -> None:
+    svc, _ = build(window=100_000, max_tokens=40)
+    client = TemplateClient(100_000, reply="fine")
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    for i in range(30):
+        before = len(client.counted)
+        events = [e async for e in svc.reply(session, f"message {i}", message_id=f"m{i}")]
+        done = events[-1]
+        assert isinstance(done, Done) and done.ending == "finished"
+        asked = client.counted[before:]
+        if i > 0:
+            assert asked == [[{"role": "user", "content": f"message {i}"}]], "one count, of the new message alone"
+        # exact but for the newest reply's estimate (its end token counted twice): one over, on the safe side
+        assert done.prompt_tokens == client.exact(client.sent[-1][0]) + (i > 0)
+        assert done.tokens[0] == len(f"message {i}") + 2 and done.counted_by == session.counted_by
+    # The kept counts: the users' exact, the replies' from usage (one token over: the end token) until the next
+    # reply's usage corrected them.
+    assert session.tokens == [len(m["content"]) + 2 for m in session.history[:-1]] + [len("fine") + 2 + 1]
+
+
+async def test_trimming_on_kept_counts_is_exact_at_the_budget(build: Build) -> None:
+    svc, _ = build(window=200, max_tokens=40)  # the prompt may take 160
+    client = TemplateClient(200, reply="fine")
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    for i in range(3):
+        [e async for e in svc.reply(session, "x" * 20, message_id=f"m{i}")]
+    # history: 3 turns of (22 + 6) = 84 (the newest reply's kept count is 7: one over until corrected)
+    assert sum(session.kept_tokens()) == 85
+    text = "y" * (160 - 3 - 2 - 85)  # exactly at the budget on the kept counts
+    request = await svc.build_request(session.history, text, session.settings, None, session.kept_tokens())
+    assert (request.dropped, request.prompt_tokens) == (0, 160)
+    over = await svc.build_request(session.history, text + "y", session.settings, None, session.kept_tokens())
+    assert over.dropped == 2 and over.prompt_tokens == client.exact(over.messages) + 1, "the newest reply's estimate"
+
+
+async def test_kept_counts_of_another_model_are_counted_again(build: Build) -> None:
+    svc, _ = build(window=100_000, max_tokens=40)
+    client = TemplateClient(100_000)
+    svc.client = client  # type: ignore[assignment]
+    session = svc.resumed_session(turn(1), {}, [], ([999, 999], "another-model@vllm"))
+    [e async for e in svc.reply(session, "hello")]
+    assert turn(1) in client.counted, "the saved turn was counted again, once"
+    assert session.counted_by == svc.counter_id() and sum(session.tokens[:2]) == 24
+    kept = svc.resumed_session(turn(1), {}, [], ([12, 12], svc.counter_id()))
+    client.counted.clear()
+    [e async for e in svc.reply(kept, "hello")]
+    assert turn(1) not in client.counted
+
+
+async def test_the_workshops_view_shares_the_token_accounting(build: Build, prompts: Path) -> None:
+    svc, _ = build(window=1000)
+    client = TemplateClient(1000)
+    svc.client = client  # type: ignore[assignment]
+    await svc.build_request([], "hello", defaults(svc))
+    view = svc.with_templates(TemplateStore(prompts))
+    assert view.accounting() is svc.accounting() and view.client is svc.client
+    client.counted.clear()
+    await view.build_request([], "hello", defaults(view))
+    assert client.counted == [[{"role": "user", "content": "hello"}]], "the fixed parts are not measured again"
+
+
+async def test_an_engine_that_cannot_count_keeps_its_estimates(build: Build) -> None:
+    """No /tokenize (the client counts None): the conservative estimates stay, whatever the usage says."""
+    svc, _ = build(window=100_000, max_tokens=40)
+    client = TemplateClient(100_000, reply="fine")
+
+    async def cannot_count(messages: list[Message]) -> None:
+        return None
+
+    client.count_tokens = cannot_count  # type: ignore[method-assign,assignment]
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    for i in range(3):
+        [e async for e in svc.reply(session, f"message {i}")]
+    frame = await svc.accounting().frame(None)
+    assert session.tokens[1::2] == [len("fine") + 1 + frame.reply] * 3, "the replies' counts: usage + frame"
+    assert all(t is not None and t > 0 for t in session.tokens)

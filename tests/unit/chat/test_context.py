@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from backend.chat.context import estimate_tokens, fit_history, turn_starts
+from backend.chat.context import (
+    Accounting,
+    Frame,
+    estimate_tokens,
+    fit,
+    fit_history,
+    reply_tokens,
+    turn_starts,
+)
 from backend.errors import PromptTooLongError
 
 Message = dict[str, str]
@@ -69,3 +77,71 @@ async def test_history_starting_with_assistant_is_handled() -> None:
 def test_estimate_is_conservative_for_chinese() -> None:
     zh = [{"role": "user", "content": "请总结下面这段话" * 10}]
     assert estimate_tokens(zh) >= 80
+
+
+class Template:
+    """A counter like a real chat template: a BOS token and a default system text before the first message (4),
+    a generation prompt (2), each message its text's words plus 3 markers. It records what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[Message]] = []
+
+    async def __call__(self, messages: list[Message]) -> int:
+        self.asked.append(messages)
+        default_system = 3 if messages and messages[0]["role"] != "system" else 0
+        return 1 + default_system + sum(len(m["content"].split()) + 3 for m in messages) + 2
+
+
+async def test_the_frame_is_measured_once_and_holds_the_default_system_text() -> None:
+    template = Template()
+    accounting = Accounting(template)
+    assert await accounting.frame(None) == Frame(overhead=1 + 3 + 2, reply=3)
+    assert await accounting.frame("be brief") == Frame(overhead=1 + 5 + 2, reply=3)  # the system block: 2 words + 3
+    asked = len(template.asked)
+    await accounting.frame(None)
+    await accounting.frame("be brief")
+    assert len(template.asked) == asked == 6, "three counts per system text, once"
+    assert reply_tokens(None, await accounting.frame(None)) is None
+    assert reply_tokens(10, await accounting.frame(None)) == 13
+
+
+async def test_kept_counts_make_a_long_conversation_cost_one_small_count() -> None:
+    template = Template()
+    accounting = Accounting(template)
+    history = conversation(50)
+    kept = [len(m["content"].split()) + 3 for m in history]  # what each message adds: 13
+    await accounting.frame(None)
+    template.asked.clear()
+    new = {"role": "user", "content": "newest message here"}
+    measured = await accounting.measure(history, kept, new)
+    assert template.asked == [[new]], "one count, of the new message alone"
+    fitted = fit(history, new, measured, budget=10_000)
+    assert fitted.prompt_tokens == await template([*history, new]), "exact"
+    assert fitted.new_tokens == 3 + 3
+
+
+async def test_trimming_on_kept_counts_is_exact_at_the_budget() -> None:
+    template = Template()
+    history = conversation(10)
+    kept = [len(m["content"].split()) + 3 for m in history]
+    new = {"role": "user", "content": "newest message here"}
+    exact = await template([*history[4:], new])  # keep three turns
+    measured = await Accounting(template).measure(history, kept, new)
+    at = fit(history, new, measured, budget=exact)
+    assert (at.dropped, at.prompt_tokens) == (4, exact) and at.messages == [*history[4:], new]
+    under = fit(history, new, measured, budget=exact - 1)
+    assert under.dropped == 6 and under.prompt_tokens == await template([*history[6:], new])
+
+
+async def test_turns_without_kept_counts_are_counted_once_each() -> None:
+    template = Template()
+    accounting = Accounting(template)
+    history = conversation(3)
+    await accounting.frame(None)
+    template.asked.clear()
+    kept = [13, 13, None, None, 13, None]  # the second turn unknown; the third turn's reply unknown
+    new = {"role": "user", "content": "hi"}
+    measured = await accounting.measure(history, kept, new)
+    assert template.asked == [[new], history[2:4], history[4:6]]
+    assert sum(measured.tokens[2:4]) == 26 and measured.tokens[4:6] == [13, 13]
+    assert fit(history, new, measured, budget=10_000).prompt_tokens == await template([*history, new])

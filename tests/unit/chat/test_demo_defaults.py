@@ -27,6 +27,9 @@ class CountingClient:
     async def count_tokens(self, messages: list[dict[str, Any]]) -> int:
         return sum(len(str(m["content"]).split()) for m in messages) + 4
 
+    def forget_templates(self) -> None:
+        return None
+
     async def max_model_len(self) -> int:
         return 4096
 

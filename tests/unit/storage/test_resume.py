@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 
-from backend.storage.resume import TURN_KEY, history_from_steps, history_from_thread, turn_metadata
+from backend.storage.resume import (
+    TOKENS_KEY,
+    TURN_KEY,
+    counts_from_steps,
+    counts_from_thread,
+    history_from_steps,
+    history_from_thread,
+    turn_metadata,
+)
 
 
 def step(kind: str, name: str, output: str, when: str, metadata: object = None) -> dict:
@@ -56,3 +64,28 @@ def test_damaged_metadata_is_skipped() -> None:
     ]
     assert history_from_steps(steps) == []
     assert history_from_thread({"id": "t2", "steps": None}) == []
+
+
+def test_the_counts_kept_with_the_turns_come_back_with_them() -> None:
+    steps = [
+        step("user_message", "alice", "a", "1"),
+        step("assistant_message", "Assistant", "b", "2", turn_metadata("a", "b", (5, 7), "old@vllm")),
+        step("assistant_message", "Assistant", "d", "3", json.dumps(turn_metadata("c", "d", (6, None), "m@vllm"))),
+        step("assistant_message", "Assistant", "f", "4", turn_metadata("e", "f")),  # saved before counts were kept
+        step("assistant_message", "Assistant", "h", "5", turn_metadata("g", "h", (8, 9), "m@vllm")),
+    ]
+    assert len(history_from_steps(steps)) == 8
+    # another model's counts (the first turn's) are not kept: counted again, once
+    assert counts_from_steps(steps) == ([None, None, 6, None, None, None, 8, 9], "m@vllm")
+    assert counts_from_thread({"id": "t", "steps": steps}) == counts_from_steps(steps)
+    assert TOKENS_KEY not in turn_metadata("e", "f") and TOKENS_KEY not in turn_metadata("e", "f", (None, None), "m")
+
+
+def test_damaged_counts_are_left_out() -> None:
+    bad = [{"by": 5, "counts": [1, 2]}, {"by": "m", "counts": [1]}, {"by": "m", "counts": [-1, "x"]}, "x"]
+    steps = [
+        step("assistant_message", "Assistant", "b", str(i), turn_metadata("a", "b") | {TOKENS_KEY: value})
+        for i, value in enumerate(bad)
+    ]
+    assert counts_from_steps(steps)[0] == [None] * 8
+    assert counts_from_steps([]) == ([], "")
