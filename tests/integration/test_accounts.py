@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +23,7 @@ import socketio
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.storage.resume import counts_from_thread
-from tests.app_process import RunningApp, launch_app, login_env, wait_until
+from tests.app_process import WAIT_S, RunningApp, launch_app, login_env, wait_until
 from tests.chat_api import ChatSocket, login, rendered_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -132,6 +134,17 @@ async def test_each_user_sees_only_their_own_threads(
     assert (await alice.get(f"/project/thread/{tid}")).json()["name"].startswith("Alice asks")
 
 
+async def saved_thread(http: httpx.AsyncClient, tid: str) -> dict[str, Any]:
+    """The thread as saved, once its reply is: Chainlit writes the steps in the background, after the page has them."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        thread: dict[str, Any] = (await http.get(f"/project/thread/{tid}")).json()
+        if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])}:
+            return thread
+        assert time.monotonic() < deadline, f"the thread's steps were not saved within {WAIT_S:.0f} s: {thread}"
+        await asyncio.sleep(0.2)
+
+
 async def prompt_tokens_of(site: Site, chat: ChatSocket, text: str) -> int:
     """Prompt tokens the engine processed for one message (its counter, read before and after the finished reply)."""
     before = await asyncio.to_thread(site.app.engine_metric, "prompt_tokens")
@@ -155,7 +168,7 @@ async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Si
     await chat.close()
     tid = chat.thread_id
     assert tid
-    thread = (await alice.get(f"/project/thread/{tid}")).json()
+    thread = await saved_thread(alice, tid)
     assert thread["name"] == FIRST
     assert [s["output"] for s in thread["steps"] if s["type"] == "user_message"] == [FIRST]
     # the turn keeps its two messages' token counts, and which model and engine counted them: a resumed chat
