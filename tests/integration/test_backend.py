@@ -24,6 +24,7 @@ from backend.chat.turn import Done
 from backend.errors import BackendError, EngineStartError, Phrase, PromptTooLongError, ServiceError
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.supervisor import State, Status
+from tests.streams import cancel_at_first_piece, leave_at_first_piece
 
 pytestmark = pytest.mark.integration
 
@@ -129,35 +130,14 @@ async def generated_by(service: ChatService, leave_early: Callable[[], Awaitable
 
 async def test_leaving_the_stream_aborts_the_request_on_the_server(service: ChatService) -> None:
     messages = [{"role": "user", "content": "Tell me a story about a small robot."}]
-
-    async def leave() -> None:
-        async with service.client.stream(messages, **UNSTOPPABLE) as s:
-            async for _ in s:
-                break  # leave at the first piece: the engine has ~8000 tokens still to go
-
-    generated = await generated_by(service, leave)
+    generated = await generated_by(service, lambda: leave_at_first_piece(service.client, messages, **UNSTOPPABLE))
     # The request is over; had it run to its end it would have generated all LONG_REPLY tokens.
     assert 0 < generated < LONG_REPLY, f"the server went on generating after the client left ({generated} tokens)"
 
 
 async def test_cancelling_the_task_aborts_the_request(service: ChatService) -> None:
     messages = [{"role": "user", "content": "Write a very long poem."}]
-
-    async def cancel() -> None:
-        seen = asyncio.Event()
-
-        async def consume() -> None:
-            async with service.client.stream(messages, **UNSTOPPABLE) as s:
-                async for _ in s:
-                    seen.set()
-
-        task = asyncio.create_task(consume())
-        await asyncio.wait_for(seen.wait(), GENEROUS_S)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    generated = await generated_by(service, cancel)
+    generated = await generated_by(service, lambda: cancel_at_first_piece(service.client, messages, **UNSTOPPABLE))
     assert 0 < generated < LONG_REPLY, f"the server went on generating after the task was cancelled ({generated})"
 
 

@@ -31,6 +31,7 @@ from backend.serving import supervisor as supervisor_module
 from backend.serving.logprob_check import Reference
 from backend.serving.process import port_is_free
 from backend.serving.supervisor import State
+from tests.streams import cancel_at_first_piece, leave_at_first_piece
 
 pytestmark = pytest.mark.integration
 
@@ -309,9 +310,7 @@ async def test_leaving_the_stream_frees_the_slot_at_once(
 ) -> None:
     await wait_idle(demo_llama)
     before = await engine_metric(demo_llama, "llamacpp:tokens_predicted_total")
-    async with demo_llama.client.stream(LONG_PROMPT, **long_reply) as s:
-        async for _ in s:
-            break  # leave at the first piece: ~1500 tokens were still to come
+    await leave_at_first_piece(demo_llama.client, LONG_PROMPT, **long_reply)  # ~1500 tokens were still to come
     await wait_idle(demo_llama)
     generated = await engine_metric(demo_llama, "llamacpp:tokens_predicted_total") - before
     assert 0 < generated < SLOW_REPLY, f"the server went on generating for a client that left ({generated} tokens)"
@@ -320,18 +319,7 @@ async def test_leaving_the_stream_frees_the_slot_at_once(
 async def test_cancelling_the_task_frees_the_slot(demo_llama: ChatService, long_reply: dict[str, object]) -> None:
     await wait_idle(demo_llama)
     before = await engine_metric(demo_llama, "llamacpp:tokens_predicted_total")
-    seen = asyncio.Event()
-
-    async def consume() -> None:
-        async with demo_llama.client.stream(LONG_PROMPT, **long_reply) as s:
-            async for _ in s:
-                seen.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(seen.wait(), GENEROUS_S)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_at_first_piece(demo_llama.client, LONG_PROMPT, **long_reply)
     await wait_idle(demo_llama)
     generated = await engine_metric(demo_llama, "llamacpp:tokens_predicted_total") - before
     assert 0 < generated < SLOW_REPLY, f"the server went on generating after the task was cancelled ({generated})"
