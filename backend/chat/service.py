@@ -284,11 +284,19 @@ class ChatService:
         return decide(self.templates, self.cfg, text, settings, self.serving_demo, command)
 
     async def build_request(
-        self, history: list[Message], text: str, settings: UserSettings, command: str | None = None
+        self,
+        history: list[Message],
+        text: str,
+        settings: UserSettings,
+        command: str | None = None,
+        system: str | None = None,
     ) -> ChatRequest:
-        """Decide how the message is sent (decide) and fit the conversation into the context window."""
+        """Decide how the message is sent (decide) and fit the conversation into the context window.
+
+        `system`: a system text of the caller's own (the API's) in place of the template's."""
         decision = self.decide(text, settings, command)
-        sampling, system = dict(decision.sampling), decision.system
+        sampling = dict(decision.sampling)
+        system = decision.system if system is None else system
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
         new = {"role": "user", "content": decision.user}
