@@ -42,12 +42,24 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     template: str | None = None  # our own field: the prompt template to answer with (else the model name's, or auto)
+    # Passed to the engine as they are: OpenAI's, and two of vLLM's (llama.cpp's server reads ignore_eos too).
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
 
     def sampling(self) -> dict[str, Any]:
         """The settings the caller chose (the others come from the template and the config)."""
         values = {"temperature": self.temperature, "top_p": self.top_p,
                   "max_tokens": self.max_completion_tokens or self.max_tokens}  # fmt: skip
         return {key: value for key, value in values.items() if value is not None}
+
+    def engine_options(self) -> dict[str, Any]:
+        """The fields the engine takes as they are (stop, seed, penalties, ignore_eos, min_tokens), when given."""
+        keys = ("stop", "seed", "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
 
 
 def completion_id() -> str:

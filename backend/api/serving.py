@@ -79,6 +79,7 @@ class ApiServing:
         settings.update(body.sampling(), cfg, self.service.serving_demo)
         await self.wait_ready()
         request = await self.service.build_request(history, text, settings, command, system=system)
+        request.sampling.update(body.engine_options())
         return Prepared(request, body.model)
 
     def stream(self, prepared: Prepared) -> ChatStream:

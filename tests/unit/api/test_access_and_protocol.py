@@ -102,6 +102,7 @@ def test_messages_become_history_text_and_the_caller_s_system_text() -> None:
 def test_sampling_takes_what_the_caller_set() -> None:
     assert body(temperature=0, max_completion_tokens=9).sampling() == {"temperature": 0, "max_tokens": 9}
     assert body(n=1, user="x").sampling() == {}, "fields tools add are accepted"
+    assert body(n=1, seed=3, ignore_eos=True).engine_options() == {"seed": 3, "ignore_eos": True}
 
 
 def test_model_names_pick_the_template() -> None:
