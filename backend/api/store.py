@@ -33,7 +33,8 @@ class ApiDatabase:
     def __init__(self, url: str) -> None:
         self.url = url
         self.where = redact(url)
-        self.engine: AsyncEngine = open_engine(url)
+        # Keys and quotas read, then write: on SQLite each transaction takes the write lock first (and waits for it).
+        self.engine: AsyncEngine = open_engine(url, immediate=True)
         self.dialect = self.engine.dialect.name
 
     @classmethod

@@ -88,13 +88,21 @@ def _sqlite_on_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN")
 
 
-def follow_sqlite_rules(engine: AsyncEngine) -> None:
-    """Give an engine on an SQLite file the app's connection rules (foreign keys, WAL, transactional DDL)."""
+def _sqlite_on_begin_immediate(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def follow_sqlite_rules(engine: AsyncEngine, immediate: bool = False) -> None:
+    """Give an engine on an SQLite file the app's connection rules (foreign keys, WAL, transactional DDL).
+
+    `immediate`: every transaction takes the write lock at its start, waiting for it (the busy timeout). A
+    transaction that reads and then writes must: in WAL mode, one that began reading and finds another writer's
+    commit since cannot write, and fails at once with "database is locked" without waiting."""
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
-    event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
+    event.listen(engine.sync_engine, "begin", _sqlite_on_begin_immediate if immediate else _sqlite_on_begin)
 
 
-def open_engine(url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> AsyncEngine:
+def open_engine(url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S, immediate: bool = False) -> AsyncEngine:
     """An async engine on the app's database with the same rules as the conversation store's (not Chainlit's)."""
     parsed = make_url(url)
     connect_args: dict[str, Any] = {}
@@ -104,7 +112,7 @@ def open_engine(url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> Asyn
         connect_args = {"timeout": CONNECT_TIMEOUT_S}
     engine = create_async_engine(url, connect_args=connect_args)
     if parsed.get_backend_name() == "sqlite":
-        follow_sqlite_rules(engine)
+        follow_sqlite_rules(engine, immediate)
     return engine
 
 

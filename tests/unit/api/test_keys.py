@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import text
 
@@ -56,3 +58,16 @@ async def test_a_key_needs_a_name(keys: KeyStore, name: str) -> None:
         await keys.create("alice", name)
     assert refused.value.code == "api.key_name"
     assert refused.value.localized("zh-CN")[0].startswith("密钥名称")
+
+
+async def test_two_processes_check_keys_at_once(db_url: str) -> None:
+    """Checking a key reads, then notes its use: on SQLite two processes doing so at once must wait for each
+    other, not fail with "database is locked"."""
+    dbs = [ApiDatabase(db_url) for _ in range(2)]
+    await dbs[0].prepare()
+    stores = [KeyStore(db) for db in dbs]
+    key, _ = await stores[0].create("alice", "k")
+    owners = await asyncio.gather(*(stores[i % 2].owner(key) for i in range(20)))
+    assert owners == ["alice"] * 20
+    for db in dbs:
+        await db.close()
