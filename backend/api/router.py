@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -176,11 +176,21 @@ class Gateway:
             await self.db.close()
 
     # ----- quotas, for the chat too ---------------------------------------------------------------------------
-    def turn(self, user: str | None, route: Route = "chat") -> AbstractAsyncContextManager[Lease | None]:
-        """A quota place for one chat turn of `user` (none is needed without login or quotas); QuotaError."""
-        if self.quotas is None or user is None:
-            return nullcontext()
-        return self.quotas.hold(user, route)
+    @asynccontextmanager
+    async def turn(self, user: str | None, route: Route = "chat") -> AsyncIterator[Lease | None]:
+        """A quota place for one chat turn of `user` (none without login, or while the database fails: the chat
+        goes on); QuotaError when the user is over a quota."""
+        lease: Lease | None = None
+        if self.quotas is not None and user is not None:
+            try:
+                lease = await self.quotas.admit(user, route)
+            except StorageError as exc:
+                log.error("Quotas not checked for a chat turn: %s", exc)
+        try:
+            yield lease
+        finally:
+            if lease is not None and self.quotas is not None:
+                await self.quotas.release_soon(lease)
 
     def chat_finished(self, lease: Lease | None, outcome: str, prompt: int | None, reply: int | None) -> None:
         """Note a chat turn's tokens (on its lease, released when the turn's block ends) and its outcome."""
@@ -340,7 +350,7 @@ class Gateway:
                 key, info = await self._ready().create(who.user, body.name)
             except ServiceError as exc:
                 return refusal(exc, request)
-            log.info("API key %s (%s) made for %s", info.id, info.prefix, who.user)
+            log.info("API key %s made for %s", info.id, who.user)
             return JSONResponse({"key": key, **info.json()}, status_code=201)
 
         @router.get(PAGE_API + "/me")
