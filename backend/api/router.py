@@ -4,10 +4,11 @@ in the language of the request's Accept-Language; over a quota, 429 with Retry-A
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 PAGE = "/api-keys"
 PAGE_API = PAGE + "/api"
 STATIC = Path(__file__).resolve().parent / "static"
+DISCONNECT_POLL_S = 0.5  # how often a whole (not streamed) reply checks that its client is still there
 # route ("chat" or "api"), outcome (ok, stopped, error, refused, over_quota), prompt tokens, reply tokens
 Observer = Callable[[str, str, int, int], None]
 
@@ -245,24 +247,40 @@ class Gateway:
             await self.quotas.release_soon(lease)  # type: ignore[union-attr]
         self.observe("api", outcome, prompt, reply)
 
-    async def _whole(self, prepared: Prepared, lease: Lease | None, request: Request) -> Response:
-        stream = self.serving.stream(prepared)
+    @staticmethod
+    async def _collect(stream: ChatStream) -> list[str]:
         parts: list[str] = []
+        async with stream:
+            async for piece in stream:
+                parts.append(piece)
+        return parts
+
+    async def _whole(self, prepared: Prepared, lease: Lease | None, request: Request) -> Response:
+        """The whole reply as one object; a client that goes away meanwhile stops the engine's work (as a stream's
+        does: nothing else would notice until the reply is written)."""
+        stream = self.serving.stream(prepared)
+        collecting = asyncio.ensure_future(self._collect(stream))
         outcome = "stopped"
         try:
-            async with stream:
-                async for piece in stream:
-                    parts.append(piece)
+            while not collecting.done():
+                await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
+                if not collecting.done() and await request.is_disconnected():
+                    collecting.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await collecting
+                    return Response(status_code=499)  # nobody reads it
+            parts = collecting.result()
             outcome = "ok"
         except ServiceError as exc:
             outcome = "error"
             return refusal(exc, request)
         finally:
+            if not collecting.done():  # this handler was cancelled
+                collecting.cancel()
             await self._finish(lease, outcome, *tokens_used(stream, prepared))
         prompt, reply = tokens_used(stream, prepared)
         finish = stream.stats.finish_reason or "stop"
-        cid = completion_id()
-        return JSONResponse(completion_json(cid, prepared.model, "".join(parts), finish, prompt, reply))
+        return JSONResponse(completion_json(completion_id(), prepared.model, "".join(parts), finish, prompt, reply))
 
     async def _events(
         self, prepared: Prepared, lease: Lease | None, include_usage: bool, locale: str
