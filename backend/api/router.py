@@ -31,7 +31,7 @@ from backend.api.protocol import (
     usage_chunk_json,
 )
 from backend.api.quotas import Lease, Quotas, Route
-from backend.api.serving import ApiServing, Prepared
+from backend.api.serving import ApiServing, Prepared, detached
 from backend.api.store import ApiDatabase
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
@@ -290,9 +290,8 @@ class Gateway:
         outcome = "stopped"
         try:
             yield sse(chunk_json(cid, model, {"role": "assistant", "content": ""}))
-            async with stream:
-                async for piece in stream:
-                    yield sse(chunk_json(cid, model, {"content": piece}))
+            async for piece in detached(stream):
+                yield sse(chunk_json(cid, model, {"content": piece}))
             yield sse(chunk_json(cid, model, {}, stream.stats.finish_reason or "stop"))
             if include_usage:
                 yield sse(usage_chunk_json(cid, model, *tokens_used(stream, prepared)))

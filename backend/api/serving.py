@@ -6,7 +6,10 @@ request's "template" field) with that template, as the chat's / menu does."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from backend.api.protocol import CompletionRequest
 from backend.chat.client import ChatStream, Message
@@ -85,3 +88,34 @@ class ApiServing:
     def stream(self, prepared: Prepared) -> ChatStream:
         """The one streaming client's stream for the request (closing it aborts the engine's work)."""
         return self.service.client.stream(prepared.request.messages, **prepared.request.sampling)
+
+
+async def detached(stream: ChatStream) -> AsyncIterator[str]:
+    """The stream's pieces, read in a task of its own, which is cancelled when this generator ends early.
+
+    Starlette stops a response whose client went away by cancelling an anyio scope, and in a cancelled scope
+    every later await is cancelled again: the stream's own close (the engine's request) could be cut short and
+    the engine write the whole reply for nobody. Cancelling a plain task happens once, so its close runs whole."""
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async with stream:
+                async for piece in stream:
+                    queue.put_nowait(("piece", piece))
+            queue.put_nowait(("end", None))
+        except Exception as exc:  # handed to the reader, which raises it
+            queue.put_nowait(("error", exc))
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        if not task.done():
+            task.cancel()  # the stream closes inside the task: the engine aborts the request
