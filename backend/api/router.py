@@ -4,11 +4,11 @@ in the language of the request's Accept-Language; over a quota, 429 with Retry-A
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 PAGE = "/api-keys"
 PAGE_API = PAGE + "/api"
 STATIC = Path(__file__).resolve().parent / "static"
-DISCONNECT_POLL_S = 0.5  # how often a whole (not streamed) reply checks that its client is still there
+HEARTBEAT_S = 1.0  # a whole reply writes a blank this often while it waits: a gone client is found out then
 # route ("chat" or "api"), outcome (ok, stopped, error, refused, over_quota), prompt tokens, reply tokens
 Observer = Callable[[str, str, int, int], None]
 
@@ -247,40 +247,54 @@ class Gateway:
             await self.quotas.release_soon(lease)  # type: ignore[union-attr]
         self.observe("api", outcome, prompt, reply)
 
-    @staticmethod
-    async def _collect(stream: ChatStream) -> list[str]:
-        parts: list[str] = []
-        async with stream:
-            async for piece in stream:
-                parts.append(piece)
-        return parts
-
     async def _whole(self, prepared: Prepared, lease: Lease | None, request: Request) -> Response:
-        """The whole reply as one object; a client that goes away meanwhile stops the engine's work (as a stream's
-        does: nothing else would notice until the reply is written)."""
+        """The whole reply as one object. It is sent as a stream of one part, so that a client that goes away
+        meanwhile stops the engine's work as a streamed reply's does; an error before the first text gets its
+        own status, a later one (the engine broke mid-reply) comes as the error object with status 200."""
         stream = self.serving.stream(prepared)
-        collecting = asyncio.ensure_future(self._collect(stream))
+        pieces = detached(stream, HEARTBEAT_S)
+        try:
+            first = await anext(pieces, None)
+        except ServiceError as exc:
+            await self._finish(lease, "error", *tokens_used(stream, prepared))
+            return refusal(exc, request)
+        except BaseException:
+            await self._finish(lease, "stopped", *tokens_used(stream, prepared))
+            raise
+        body = self._whole_body(prepared, lease, stream, pieces, first, _locale(request))
+        return ClosingStream(body, media_type="application/json")
+
+    async def _whole_body(
+        self,
+        prepared: Prepared,
+        lease: Lease | None,
+        stream: ChatStream,
+        pieces: AsyncIterator[str],
+        first: str | None,
+        locale: str,
+    ) -> AsyncIterator[bytes]:
+        parts = [first] if first else []  # a heartbeat before the first text is "": nothing
         outcome = "stopped"
         try:
-            while not collecting.done():
-                await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
-                if not collecting.done() and await request.is_disconnected():
-                    collecting.cancel()
-                    with suppress(asyncio.CancelledError):
-                        await collecting
-                    return Response(status_code=499)  # nobody reads it
-            parts = collecting.result()
+            if first is not None:
+                written = time.monotonic()
+                async for piece in pieces:
+                    if piece:
+                        parts.append(piece)
+                    if time.monotonic() - written >= HEARTBEAT_S:
+                        written = time.monotonic()
+                        yield b" "  # JSON may start with blanks: a write, to find out whether the client is there
             outcome = "ok"
         except ServiceError as exc:
             outcome = "error"
-            return refusal(exc, request)
+            yield json.dumps(error_body(exc, locale)[1], ensure_ascii=False).encode()
+            return
         finally:
-            if not collecting.done():  # this handler was cancelled
-                collecting.cancel()
             await self._finish(lease, outcome, *tokens_used(stream, prepared))
         prompt, reply = tokens_used(stream, prepared)
         finish = stream.stats.finish_reason or "stop"
-        return JSONResponse(completion_json(completion_id(), prepared.model, "".join(parts), finish, prompt, reply))
+        whole = completion_json(completion_id(), prepared.model, "".join(parts), finish, prompt, reply)
+        yield json.dumps(whole, ensure_ascii=False).encode()
 
     async def _events(
         self, prepared: Prepared, lease: Lease | None, include_usage: bool, locale: str

@@ -90,12 +90,15 @@ class ApiServing:
         return self.service.client.stream(prepared.request.messages, **prepared.request.sampling)
 
 
-async def detached(stream: ChatStream) -> AsyncIterator[str]:
+async def detached(stream: ChatStream, heartbeat_s: float | None = None) -> AsyncIterator[str]:
     """The stream's pieces, read in a task of its own, which is cancelled when this generator ends early.
 
     Starlette stops a response whose client went away by cancelling an anyio scope, and in a cancelled scope
     every later await is cancelled again: the stream's own close (the engine's request) could be cut short and
-    the engine write the whole reply for nobody. Cancelling a plain task happens once, so its close runs whole."""
+    the engine write the whole reply for nobody. Cancelling a plain task happens once, so its close runs whole.
+
+    `heartbeat_s`: an empty piece when nothing came for that long (a response that sends nothing until the end
+    writes a byte with it: only a write finds out that the client went away)."""
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
     async def pump() -> None:
@@ -110,7 +113,11 @@ async def detached(stream: ChatStream) -> AsyncIterator[str]:
     task = asyncio.ensure_future(pump())
     try:
         while True:
-            kind, value = await queue.get()
+            try:
+                kind, value = await asyncio.wait_for(queue.get(), heartbeat_s)
+            except TimeoutError:
+                yield ""
+                continue
             if kind == "end":
                 return
             if kind == "error":
