@@ -122,7 +122,7 @@ def cancelled_stream(site: Site, alice: openai.OpenAI) -> None:
         pieces += bool(chunk.choices and chunk.choices[0].delta.content)
         if pieces >= 3:
             break
-    stream.close()  # a few pieces of 4000: the engine is still writing
+    stream.close()  # a few pieces of LONG_REPLY: the engine is still writing
     wait_until(lambda: running(site) == 0, "the engine to drop the request", 60)
     assert finished(site) == finished_before, "the reply was stopped, not written to its end"
 
