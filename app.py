@@ -11,6 +11,8 @@ from chainlit.data.base import BaseDataLayer
 from chainlit.types import Feedback, ThreadDict
 
 from backend.accounts.login import setup_login
+from backend.api.quotas import Lease
+from backend.api.router import Gateway
 from backend.chat.i18n import describe, t
 from backend.chat.page import (
     EXPORT,
@@ -26,9 +28,9 @@ from backend.chat.page import (
 )
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
 from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession
+from backend.chat.turn import ChatSession, Done, Event
 from backend.config import load_config
-from backend.errors import ConfigError
+from backend.errors import ConfigError, QuotaError
 from backend.logs import setup_logging
 from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
@@ -38,6 +40,7 @@ from backend.tuning.tuner import first_start_choice
 log = logging.getLogger("app")
 CHAINLIT_STOP_NOTICE = "Task manually stopped."  # chainlit/socket.py's stop handler sends it
 SERVICE: ChatService | None = None
+GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
 # Decided at import: Chainlit asks whether a login page is needed right after importing this file.
 ACCOUNTS = setup_login()
@@ -63,7 +66,7 @@ def _lang() -> str:
 
 @cl.on_app_startup
 async def startup() -> None:
-    global SERVICE, STARTUP_ERROR
+    global SERVICE, STARTUP_ERROR, GATEWAY
     setup_logging()
     try:
         SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS, choose=first_start_choice)
@@ -72,7 +75,8 @@ async def startup() -> None:
         log.error("%s", exc)
         return
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
-    web.install_routes(SERVICE)
+    GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished)
+    web.install_routes(SERVICE, api=GATEWAY)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
     SERVICE.start()
@@ -82,6 +86,8 @@ async def startup() -> None:
 async def shutdown() -> None:
     if SERVICE is not None:
         await SERVICE.stop()
+    if GATEWAY is not None:
+        await GATEWAY.close()
 
 
 async def _open(session: ChatSession | None, greet: bool) -> None:
@@ -173,18 +179,41 @@ async def on_message(message: cl.Message) -> None:
 
 
 async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
+    """One turn within the user's quota (shared with their API requests): over it, say so and when to try again."""
+    assert SERVICE is not None and GATEWAY is not None
+    user = cl.context.session.user.identifier if ACCOUNTS is not None and cl.context.session.user else None
+    try:
+        async with GATEWAY.turn(user) as lease:
+            await _answer_turn(session, text, command, message_id, lease)
+    except QuotaError as exc:
+        GATEWAY.chat_finished(None, "over_quota", 0, 0)
+        await say(t("error", _lang(), error=describe(exc, _lang())))
+
+
+def _count(lease: Lease | None, event: Event) -> Event:
+    """Note a finished turn's tokens against the user's quota (and in the metrics)."""
+    if isinstance(event, Done) and GATEWAY is not None:
+        stats = event.stats
+        prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
+        GATEWAY.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
+    return event
+
+
+async def _answer_turn(
+    session: ChatSession, text: str, command: str | None, message_id: str, lease: Lease | None
+) -> None:
     assert SERVICE is not None
     page = TurnPage(_lang(), SERVICE.describe, turn_metadata, message_id)
     turn = SERVICE.reply(session, text, command, message_id)
     try:
         async for event in turn:
-            await page.show(event)
+            await page.show(_count(lease, event))
     except asyncio.CancelledError as stop:
         if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: say so, nothing to finish
             await say(t("stopped", page.lang))
             return
         # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
-        await page.show(await turn.athrow(stop))
+        await page.show(_count(lease, await turn.athrow(stop)))
     if page.finished:
         await offer_actions(page.reply, page.lang)
     await _show_storage_problem()

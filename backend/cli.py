@@ -17,6 +17,7 @@ from pathlib import Path
 
 from backend.accounts.login import add_user_command
 from backend.accounts.users import ROLES
+from backend.api.commands import api_key_command
 from backend.benchmarks.chat_workload import ChatShape
 from backend.benchmarks.loadtest import CHATS, loadtest_command
 from backend.benchmarks.plan import MIN_REQUESTS
@@ -136,6 +137,11 @@ def _add_user(cfg: AppConfig, args: argparse.Namespace) -> int:
     return add_user_command(
         cfg, args.name, file=args.file, password_stdin=args.password_stdin, print_only=args.print_only, role=args.role
     )
+
+
+def _api_key(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return api_key_command(cfg, args.action, getattr(args, "user", None), getattr(args, "name", None),
+                           getattr(args, "key_id", None))  # fmt: skip
 
 
 # ----- the parser ------------------------------------------------------------------------------------
@@ -373,6 +379,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", nargs="?", type=Path, help="Hugging Face model folder (default: model.id)")
     p.add_argument("--quant", choices=QUANTS, help="quantization (default: llamacpp.quantization)")
+
+    p = command("api-key", _api_key, "make, list and revoke users' API keys; show usage (see docs/api.md)")
+    actions = p.add_subparsers(dest="action", metavar="<action>", required=True)
+    after = argparse.ArgumentParser(add_help=False)  # --config after the action too, without undoing one before it
+    after.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="configuration file")
+    a = actions.add_parser(
+        "create", parents=[after], help="make a key for USER (printed once)", formatter_class=_formatter
+    )
+    a.add_argument("user", help="the user the key acts as (with their role)")
+    a.add_argument("--name", default="cli", help="what the key is for (shown in lists)")
+    a = actions.add_parser(
+        "list", parents=[after], help="list keys (of USER), revoked ones too", formatter_class=_formatter
+    )
+    a.add_argument("user", nargs="?")
+    a = actions.add_parser(
+        "revoke", parents=[after], help="revoke the key with this id (from list)", formatter_class=_formatter
+    )
+    a.add_argument("key_id")
+    a = actions.add_parser(
+        "usage", parents=[after], help="tokens per user, day and route (chat, api)", formatter_class=_formatter
+    )
+    a.add_argument("user", nargs="?")
 
     p = command("add-user", _add_user, "add a login user or change a password (see docs/accounts.md)")
     p.add_argument("name", help="user name (letters, digits, . _ @ -)")

@@ -251,6 +251,32 @@ class WorkshopSettings(_Strict):
     allow_remote: bool = False
 
 
+class QuotaLimits(_Strict):
+    """One user's share of the machine, chat and API together (0: no limit)."""
+
+    concurrent: int = Field(2, ge=0)  # replies being written at once
+    requests_per_minute: int = Field(30, ge=0)
+    tokens_per_day: int = Field(200_000, ge=0)  # prompt + reply tokens, counted per UTC day
+
+
+class ApiSettings(_Strict):
+    """The OpenAI-compatible API (/v1/chat/completions, /v1/models; docs/api.md) and the quotas."""
+
+    # None: on with login (each user's own keys), off without. true without login: only from this machine, no key.
+    enabled: bool | None = None
+    quotas: QuotaLimits = Field(default_factory=QuotaLimits)
+    # Per-user overrides of the defaults above: {name: {tokens_per_day: 1000000}}
+    overrides: dict[str, QuotaLimits] = Field(default_factory=dict)
+    lease_s: float = Field(900, gt=0)  # an unfinished request of a process that died stops counting after this
+
+    def limits(self, user: str) -> QuotaLimits:
+        """The user's limits: the defaults with their override's keys applied."""
+        override = self.overrides.get(user)
+        if override is None:
+            return self.quotas
+        return self.quotas.model_copy(update=override.model_dump(exclude_unset=True))
+
+
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -269,6 +295,7 @@ class AppConfig(_Strict):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     workshop: WorkshopSettings = Field(default_factory=WorkshopSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:

@@ -244,6 +244,23 @@ class WorkshopError(ServiceError):
     key = "error.workshop"
 
 
+class ApiError(ServiceError):
+    """A request to the OpenAI-compatible API was refused: the API is off, no valid key, a request it cannot take."""
+
+    key = "error.api"
+
+
+class QuotaError(ServiceError):
+    """A user is over one of their quotas (concurrent requests, requests per minute, tokens per day)."""
+
+    key = "error.quota"
+
+    @property
+    def retry_after_s(self) -> int:
+        """Seconds until the request may be tried again (the API's Retry-After)."""
+        return max(1, int(str(self.params.get("retry_s", 1))))
+
+
 class BenchmarkError(ServiceError):
     """The benchmark cannot run as asked (bad option, server not reachable, engine or baseline failed)."""
 
@@ -811,6 +828,101 @@ CATALOG: dict[str, Entry] = {
             "无法使用 storage.database_url（{url}）：{detail}。",
             "请使用 sqlite+aiosqlite:///PATH 或 postgresql+asyncpg://USER:PASSWORD@HOST/DB（参见 docs/accounts.md）。",
         ),
+    ),
+    # ----- the OpenAI-compatible API and its keys (backend.api.*)
+    "api.off": _e(
+        "",
+        (
+            "The API is off.",
+            "Switch login on (auth.enabled: true), or set api.enabled: true to use it from this machine.",
+        ),
+        ("API 未开启。", "请开启登录（auth.enabled: true），或设置 api.enabled: true 以便在本机使用。"),
+    ),
+    "api.remote": _e(
+        "host",
+        (
+            "Without login the API only answers this machine (this request came from {host}).",
+            "Call it from the machine the app runs on, or switch login on and use an API key.",
+        ),
+        (
+            "未开启登录时，API 只响应本机的请求（此请求来自 {host}）。",
+            "请在运行本应用的机器上调用，或开启登录并使用 API 密钥。",
+        ),
+    ),
+    "api.no_key": _e(
+        "",
+        ("No API key was given.", "Send it as `Authorization: Bearer KEY`; make one at /api-keys."),
+        ("没有提供 API 密钥。", "请以 `Authorization: Bearer 密钥` 发送；可在 /api-keys 创建密钥。"),
+    ),
+    "api.bad_key": _e(
+        "",
+        ("The API key is not valid (wrong, revoked, or its user was removed).", "Make a new key at /api-keys."),
+        ("API 密钥无效（错误、已撤销，或其用户已被删除）。", "请在 /api-keys 创建新密钥。"),
+    ),
+    "api.login_needed": _e(
+        "",
+        ("You are not logged in.", "Log in to the chat first, then open /api-keys again."),
+        ("您尚未登录。", "请先登录聊天页面，然后重新打开 /api-keys。"),
+    ),
+    "api.bad_request": _e(
+        "detail",
+        ("The request cannot be answered: {detail}.", "Send messages ending with a user message (OpenAI's format)."),
+        ("无法处理该请求：{detail}。", "请发送以用户消息结尾的 messages（OpenAI 格式）。"),
+    ),
+    "api.unknown_model": _e(
+        "name known",
+        ('There is no model "{name}". Available: {known}.', "Use one of the names GET /v1/models lists."),
+        ("没有名为“{name}”的模型。可用的：{known}。", "请使用 GET /v1/models 列出的名称之一。"),
+    ),
+    "api.key_name": _e(
+        "",
+        ("A key's name must have 1 to 64 characters.", "Give the key a short name, such as the tool that will use it."),
+        ("密钥名称须为 1 到 64 个字符。", "请给密钥起一个简短的名字，例如将使用它的工具名。"),
+    ),
+    "api.no_such_key": _e(
+        "key",
+        ('There is no key "{key}" of yours.', "Reload the list: it may have been revoked already."),
+        ("您没有密钥“{key}”。", "请刷新列表：它可能已被撤销。"),
+    ),
+    "api.not_admin": _e(
+        "name",
+        ('The user "{name}" is not an admin; only admins see everyone\'s usage.', "Log in with an admin account."),
+        ("用户“{name}”不是管理员；只有管理员可以查看所有人的用量。", "请用管理员账号登录。"),
+    ),
+    "api.foreign_origin": _e(
+        "origin",
+        ("Keys are only managed from the app's own page; this request came from {origin}.", "Open /api-keys."),
+        ("只能在应用自己的页面管理密钥；此请求来自 {origin}。", "请打开 /api-keys。"),
+    ),
+    # ----- quotas (backend.api.quotas), in the chat and the API
+    "quota.concurrent": _e(
+        "limit retry_s",
+        (
+            "You already have {limit} replies being written at once, your limit.",
+            "Wait for one to finish (try again in about {retry_s} s).",
+        ),
+        ("您已有 {limit} 个回复正在生成，已达上限。", "请等其中一个完成（约 {retry_s} 秒后再试）。"),
+    ),
+    "quota.rate": _e(
+        "limit retry_s",
+        ("You sent {limit} requests in the last minute, your limit.", "Try again in {retry_s} s."),
+        ("您在过去一分钟内已发送 {limit} 个请求，已达上限。", "请在 {retry_s} 秒后再试。"),
+    ),
+    "quota.tokens": _e(
+        "limit used retry_s",
+        (
+            "You used {used} of your {limit} tokens today (UTC).",
+            "Try again after midnight UTC (in {retry_s} s), or ask an administrator for a larger quota.",
+        ),
+        (
+            "您今天（UTC）已用 {used} 个词元，上限为 {limit}。",
+            "请在 UTC 午夜之后（{retry_s} 秒后）再试，或请管理员提高配额。",
+        ),
+    ),
+    "quota.unavailable": _e(
+        "reason",
+        ("The quotas cannot be checked: {reason}.", "Try again shortly; an administrator should look at the database."),
+        ("无法检查配额：{reason}。", "请稍后再试；请管理员检查数据库。"),
     ),
     # ----- the template workshop (backend.workshop.*)
     "workshop.login_needed": _e(

@@ -345,11 +345,15 @@ class ChatService:
         settings: UserSettings,
         command: str | None = None,
         kept: Counts | None = None,
+        system: str | None = None,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
-        the new message, the history's from `kept` (those missing are counted once; backend.chat.context)."""
+        the new message, the history's from `kept` (those missing are counted once; backend.chat.context).
+
+        `system`: a system text of the caller's own (the API's) in place of the template's."""
         decision = self.decide(text, settings, command)
-        sampling, system = dict(decision.sampling), decision.system
+        sampling = dict(decision.sampling)
+        system = decision.system if system is None else system
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
         new = {"role": "user", "content": decision.user}

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.engine import make_url
 
+from backend.api.access import api_enabled
+from backend.api.quotas import Quotas, utc_day
+from backend.api.store import ApiDatabase
 from backend.config import AppConfig
+from backend.errors import ServiceError
 from backend.ops.baseline_history import read_history, regression
 from backend.ops.prometheus_text import sample_totals
 from backend.ops.signatures import Severity, latest_start, scan
 from backend.serving.state_file import read_state
+from backend.storage.persistence import database_url
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 LABELS = {OK: "[ OK ]", WARN: "[WARN]", FAIL: "[FAIL]", SKIP: "[SKIP]"}
@@ -210,6 +217,32 @@ def check_log(path: Path, whole: bool, engine_up: bool) -> list[Check]:
     return checks
 
 
+async def check_usage(cfg: AppConfig, now: float | None = None) -> Check:
+    """Today's usage (UTC) by route, from the database the quotas count in (backend.api.quotas)."""
+    if not (cfg.auth.enabled or api_enabled(cfg)):
+        return Check("usage", SKIP, "no quotas or API without login (api.enabled is off).")
+    url = database_url(cfg)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and not await asyncio.to_thread(Path(parsed.database or "").exists):
+        return Check("usage", SKIP, f"no database yet ({parsed.database}).")
+    db = ApiDatabase(url)
+    try:
+        rows = await Quotas(db, cfg.api).usage(since_day=utc_day(time.time() if now is None else now))
+    except ServiceError as exc:
+        return Check("usage", WARN, f"cannot be read: {exc.message}", fix=exc.hint)
+    finally:
+        await db.close()
+    if not rows:
+        return Check("usage", OK, "nothing yet today (UTC).")
+    parts = []
+    for route in ("chat", "api"):
+        mine = [r for r in rows if r.route == route]
+        prompt, reply = sum(r.prompt_tokens for r in mine), sum(r.reply_tokens for r in mine)
+        parts.append(f"{route}: {sum(r.requests for r in mine)} requests, {prompt} prompt + {reply} reply tokens")
+    users = len({r.user for r in rows})
+    return Check("usage", OK, f"today (UTC), {users} user(s): " + "; ".join(parts) + " (per user: api-key usage).")
+
+
 def check_baseline(history: list[dict[str, Any]]) -> Check:
     """The daily baseline: the newest `bench --snapshot` against the recent ones (backend.ops.baseline_history)."""
     if not history:
@@ -281,6 +314,7 @@ def doctor_command(
     """`doctor`: run every check, print the diagnosis, return the exit code."""
     target = locate(cfg, app_url=app_url, engine_url=engine_url, log=log, no_app=no_app)
     checks = asyncio.run(diagnose(target, whole_log, timeout_s))
+    checks.append(asyncio.run(check_usage(cfg)))
     checks.append(check_baseline(read_history(cfg)))
     print(render(checks))
     return exit_code(checks, strict)

@@ -59,6 +59,15 @@ class AppMetrics:
             "ernie_feedback", "Replies rated in the chat (thumbs), by rating and whether a comment came with it",
             ["rating", "comment"], registry=r,
         )  # fmt: skip
+        # Chat turns and API requests: never labelled by user or key (backend.api keeps per-user usage itself).
+        self.requests = Counter(
+            "ernie_requests", "Chat turns and API requests by route (chat, api) and outcome", ["route", "outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.usage_tokens = Counter(
+            "ernie_usage_tokens", "Tokens counted against quotas, by route and kind (prompt, reply)",
+            ["route", "kind"], registry=r,
+        )  # fmt: skip
         self._sessions: set[str] = set()
         self._restarts_seen = 0
 
@@ -104,6 +113,14 @@ class AppMetrics:
         else:
             self.replies.labels(outcome="error").inc()
             self.record_error(error)
+
+    def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None:
+        """Count one chat turn or API request (backend.api's Observer) and the tokens it used."""
+        self.requests.labels(route=route, outcome=outcome).inc()
+        if prompt_tokens:
+            self.usage_tokens.labels(route=route, kind="prompt").inc(prompt_tokens)
+        if reply_tokens:
+            self.usage_tokens.labels(route=route, kind="reply").inc(reply_tokens)
 
     def feedback_given(self, value: int, comment: str | None) -> None:
         """Count one rating of a reply: value 1 is thumbs up, 0 thumbs down (Chainlit's Feedback.value)."""

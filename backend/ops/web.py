@@ -1,6 +1,6 @@
 """HTTP endpoints the app adds beside Chainlit's: /healthz (JSON state of the app and its engine),
 /metrics (the app's Prometheus metrics), /metrics/engine (the engine's own, passed through) and the template
-workshop (/workshop, backend.workshop.api)."""
+workshop (/workshop, backend.workshop.api), and the API for tools (/v1, /api-keys: backend.api)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
+from backend.api.router import Gateway
 from backend.chat.service import ChatService
 from backend.ops.metrics import CONTENT_TYPE, METRICS, AppMetrics
 from backend.workshop.api import workshop_routes
@@ -58,7 +59,9 @@ async def engine_metrics(service: ChatService, timeout_s: float = 5.0) -> Respon
     return Response(resp.content, media_type=resp.headers.get("content-type", CONTENT_TYPE))
 
 
-def install_routes(service: ChatService, app: FastAPI | None = None, metrics: AppMetrics = METRICS) -> None:
+def install_routes(
+    service: ChatService, app: FastAPI | None = None, metrics: AppMetrics = METRICS, api: Gateway | None = None
+) -> None:
     """Add our routes in front of Chainlit's catch-all page route."""
     if app is None:
         from chainlit.server import app as chainlit_app
@@ -84,6 +87,7 @@ def install_routes(service: ChatService, app: FastAPI | None = None, metrics: Ap
         APIRoute("/metrics", app_metrics, methods=["GET"]),
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
         *workshop_routes(service),
+        *(api.routes() if api is not None else []),
     ]
     existing = {getattr(r, "path", None) for r in app.router.routes}
     for route in reversed(routes):

@@ -14,6 +14,7 @@ from chainlit.types import Feedback, ThreadDict
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from backend.errors import Phrase, StorageError
 from backend.storage.schema import migrate
@@ -87,6 +88,34 @@ def _sqlite_on_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN")
 
 
+def _sqlite_on_begin_immediate(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def follow_sqlite_rules(engine: AsyncEngine, immediate: bool = False) -> None:
+    """Give an engine on an SQLite file the app's connection rules (foreign keys, WAL, transactional DDL).
+
+    `immediate`: every transaction takes the write lock at its start, waiting for it (the busy timeout). A
+    transaction that reads and then writes must: in WAL mode, one that began reading and finds another writer's
+    commit since cannot write, and fails at once with "database is locked" without waiting."""
+    event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+    event.listen(engine.sync_engine, "begin", _sqlite_on_begin_immediate if immediate else _sqlite_on_begin)
+
+
+def open_engine(url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S, immediate: bool = False) -> AsyncEngine:
+    """An async engine on the app's database with the same rules as the conversation store's (not Chainlit's)."""
+    parsed = make_url(url)
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite":
+        connect_args = {"timeout": busy_timeout_s}
+    elif parsed.get_driver_name() == "asyncpg":
+        connect_args = {"timeout": CONNECT_TIMEOUT_S}
+    engine = create_async_engine(url, connect_args=connect_args)
+    if parsed.get_backend_name() == "sqlite":
+        follow_sqlite_rules(engine, immediate)
+    return engine
+
+
 class HistoryStore(SQLAlchemyDataLayer):
     """Chainlit's SQL data layer with our schema, readable errors, and a 404 for unknown threads."""
 
@@ -109,8 +138,7 @@ class HistoryStore(SQLAlchemyDataLayer):
         finally:
             chainlit_log.setLevel(level)
         if sqlite:
-            event.listen(self.engine.sync_engine, "connect", _sqlite_on_connect)
-            event.listen(self.engine.sync_engine, "begin", _sqlite_on_begin)
+            follow_sqlite_rules(self.engine)
         self.failures = 0
         self.problem: StorageError | None = None
         # Threads deleted by this process. Chainlit saves a reply's steps in tasks of their own, and its step

@@ -21,9 +21,11 @@ ADVISORY_LOCK_KEY = 4_510_203  # any constant shared by all instances of this ap
 
 # Portable column types -> each dialect's spelling. SQLite keeps JSON and lists as text.
 TYPES: dict[str, dict[str, str]] = {
-    "sqlite": {"id": "TEXT", "text": "TEXT", "json": "TEXT", "list": "TEXT", "bool": "INTEGER", "int": "INTEGER"},
-    "postgresql": {"id": "UUID", "text": "TEXT", "json": "JSONB", "list": "TEXT[]", "bool": "BOOLEAN", "int": "INT"},
-}
+    "sqlite": {"id": "TEXT", "text": "TEXT", "json": "TEXT", "list": "TEXT", "bool": "INTEGER", "int": "INTEGER",
+               "real": "REAL", "bigint": "INTEGER"},
+    "postgresql": {"id": "UUID", "text": "TEXT", "json": "JSONB", "list": "TEXT[]", "bool": "BOOLEAN", "int": "INT",
+                   "real": "DOUBLE PRECISION", "bigint": "BIGINT"},
+}  # fmt: skip
 
 # Every key Chainlit 2.12 writes (chainlit/data/sql_alchemy.py, StepDict, ElementDict, Feedback) has a
 # column: an INSERT naming an unknown column fails, and Chainlit only logs that.
@@ -104,18 +106,59 @@ INDEXES = [
 ]
 
 
+# The API's keys, the quotas' running counts and the usage per user and day (backend.api): schema version 2.
+# A key is kept as its SHA-256 only; `prefix` is its first characters, to tell keys apart in a list.
+API_TABLES: dict[str, list[str]] = {
+    "api_keys": [
+        '"id" {text} PRIMARY KEY',
+        '"user_name" {text} NOT NULL',
+        '"name" {text} NOT NULL',
+        '"prefix" {text} NOT NULL',
+        '"key_hash" {text} NOT NULL UNIQUE',
+        '"created_at" {text} NOT NULL',
+        '"last_used_at" {text}',
+        '"revoked_at" {text}',
+    ],
+    "quota_leases": [  # one row per reply being written now
+        '"id" {text} PRIMARY KEY',
+        '"user_name" {text} NOT NULL',
+        '"started" {real} NOT NULL',
+    ],
+    "quota_requests": [  # one row per request of the last minute
+        '"user_name" {text} NOT NULL',
+        '"at" {real} NOT NULL',
+    ],
+    "usage_daily": [
+        '"user_name" {text} NOT NULL',
+        '"day" {text} NOT NULL',
+        '"route" {text} NOT NULL',  # chat or api
+        '"requests" {bigint} NOT NULL',
+        '"prompt_tokens" {bigint} NOT NULL',
+        '"reply_tokens" {bigint} NOT NULL',
+        'PRIMARY KEY ("user_name", "day", "route")',
+    ],
+}
+API_INDEXES = [
+    'CREATE INDEX IF NOT EXISTS api_keys_user ON api_keys ("user_name")',
+    'CREATE INDEX IF NOT EXISTS quota_leases_user ON quota_leases ("user_name", "started")',
+    'CREATE INDEX IF NOT EXISTS quota_requests_user ON quota_requests ("user_name", "at")',
+]
+
+
 class SchemaError(StorageError, RuntimeError):
     """The database's schema cannot be brought to the version this app needs."""
 
 
-def create_tables(dialect: str) -> list[str]:
-    """CREATE TABLE statements (in dependency order) and indexes for `dialect`."""
+def create_tables(
+    dialect: str, tables: dict[str, list[str]] | None = None, indexes: list[str] | None = None
+) -> list[str]:
+    """CREATE TABLE statements (in dependency order) and indexes for `dialect` (default: Chainlit's tables)."""
     types = TYPES[dialect]
-    tables = [
+    created = [
         f"CREATE TABLE IF NOT EXISTS {name} (\n    " + ",\n    ".join(c.format(**types) for c in columns) + "\n)"
-        for name, columns in TABLES.items()
+        for name, columns in (TABLES if tables is None else tables).items()
     ]
-    return tables + INDEXES
+    return created + (INDEXES if indexes is None else indexes)
 
 
 @dataclass(frozen=True)
@@ -127,7 +170,8 @@ class Migration:
 
 MIGRATIONS = [
     Migration(1, "Chainlit 2.12 tables", {d: create_tables(d) for d in TYPES}),
-    # Later changes go here as Migration(2, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
+    Migration(2, "API keys, quotas and usage", {d: create_tables(d, API_TABLES, API_INDEXES) for d in TYPES}),
+    # Later changes go here as Migration(3, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
 ]
 LATEST = MIGRATIONS[-1].version
 

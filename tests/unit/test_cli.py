@@ -33,6 +33,7 @@ COMMANDS = [
     "check-answers",
     "doctor",
     "convert-gguf",
+    "api-key",
     "add-user",
 ]
 # The function each command hands its work to (patched in cli's namespace, where it is called).
@@ -49,6 +50,7 @@ WORKERS = {
     "check-answers": "check_answers_command",
     "doctor": "doctor_command",
     "convert-gguf": "convert_gguf_command",
+    "api-key": "api_key_command",
     "add-user": "add_user_command",
 }
 
@@ -156,6 +158,7 @@ def test_a_configuration_error_stops_every_command_with_its_message_and_hint(
     needs = {
         "check-prompts": [],
         "add-user": ["bob"],
+        "api-key": ["list"],
         "convert-gguf": [],
         "report": ["r.json"],
         "check-answers": ["ref.json"],

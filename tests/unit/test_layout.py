@@ -1,7 +1,7 @@
 """The house rules of backend/, checked on its source: arrows run one way, no cycles, nothing hidden in functions.
 
 Layers, lowest first (a module imports its own package and lower layers only):
-errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop →
+errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop, api →
 ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
 imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
 """
@@ -29,6 +29,7 @@ RANKS = {
     "accounts": 6,
     "storage": 6,
     "workshop": 7,
+    "api": 7,
     "ops": 8,
     "benchmarks": 8,
     "tuning": 9,
@@ -36,7 +37,7 @@ RANKS = {
     "__main__": 11,
 }
 # Top-layer packages that may use each other's parts: the benchmarks read engine metrics with ops' parser.
-SIDEWAYS = {("benchmarks", "ops")}
+SIDEWAYS = {("benchmarks", "ops"), ("api", "workshop")}  # the API asks who is local the workshop's way
 ENGINE_NAMES = set(EngineName.__args__) - {"auto"}  # type: ignore[attr-defined]
 REGISTRY = BACKEND / "engines" / "registry.py"
 

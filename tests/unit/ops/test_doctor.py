@@ -181,3 +181,23 @@ def test_command_reports_a_broken_configuration(tmp_path: Path, capsys: pytest.C
     assert cli.main(["doctor", "--config", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "python -m backend doctor: Invalid configuration" in err and "server.port" in err
+
+
+async def test_the_doctor_shows_today_s_usage_by_route(make_config: MakeConfig) -> None:
+    from backend.api.quotas import Quotas
+    from backend.api.store import ApiDatabase
+    from backend.ops.doctor import OK, SKIP, check_usage
+
+    assert (await check_usage(make_config())).status == SKIP, "no login, no API: no quotas"
+    cfg = make_config(auth__enabled="true")
+    assert (await check_usage(cfg)).status == SKIP, "no database yet"
+    db = ApiDatabase.from_config(cfg)
+    await db.prepare()
+    quotas = Quotas(db, cfg.api)
+    lease = await quotas.admit("alice", "api")
+    lease.record(12, 5)
+    await quotas.release(lease)
+    await db.close()
+    found = await check_usage(cfg)
+    assert found.status == OK and "api: 1 requests, 12 prompt + 5 reply tokens" in found.summary, found
+    assert "alice" not in found.summary

@@ -2,8 +2,8 @@
 release (schema version 1, with a user's conversation and feedback in it) is upgraded when the next release starts,
 and nothing in it is lost; a migration that fails leaves the database as it was (docs/accounts.md, "Migrations").
 
-The next release's migration is made up here (the app has one schema version so far): it adds a column with a
-default to a table that holds rows, and an index, which is what a real one does."""
+The upgrade from release 1 runs the app's real migrations (2: the API's keys, quotas and usage) and one more made
+up here: it adds a column with a default to a table that holds rows, and an index, which is what a real one does."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.conftest import MakeConfig
 from tests.unit.storage.test_database import columns, query, save_turn
 
 NEXT = Migration(
-    2,
+    schema.LATEST + 1,
     "threads: an archived flag",
     {
         "sqlite": [
@@ -45,7 +45,10 @@ async def a_release_1_database(url: str) -> tuple[str, str]:
     Returns (thread id, the rated reply's id)."""
     init_http_context()
     old = HistoryStore(url)
-    assert await old.prepare() == 1
+    with pytest.MonkeyPatch.context() as release_1:
+        release_1.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+        release_1.setattr(schema, "LATEST", 1)
+        assert await old.prepare() == 1
     alice = await old.create_user(User(identifier="alice"))
     assert alice is not None
     thread = str(uuid.uuid4())
@@ -70,8 +73,9 @@ async def test_the_next_release_upgrades_the_schema_on_start_and_keeps_the_data(
     store = await persistence.open(make_config(storage__database_url=db_url), login=True)
     assert store is not None, persistence.problem
 
-    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == [1, 2]
+    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == [1, 2, 3]
     assert "archived" in await columns(db_url, "threads")
+    assert await query(db_url, "SELECT COUNT(*) FROM api_keys") == [0], "release 2's tables are there"
     assert await query(db_url, 'SELECT "archived" FROM threads') in ([0], [False]), "old rows get the default"
     kept = await store.get_thread(thread)
     assert kept is not None and kept["name"] == "What is 2+2?" and kept["userIdentifier"] == "alice"
@@ -85,7 +89,7 @@ async def test_the_next_release_upgrades_the_schema_on_start_and_keeps_the_data(
     store = await again.open(make_config(storage__database_url=db_url), login=True)
     assert store is not None
     await store.close()
-    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == [1, 2]
+    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == [1, 2, 3]
 
 
 async def test_a_failed_migration_leaves_the_previous_release_s_database_as_it_was(
@@ -93,7 +97,7 @@ async def test_a_failed_migration_leaves_the_previous_release_s_database_as_it_w
 ) -> None:
     thread, _ = await a_release_1_database(db_url)
     broken = Migration(
-        2, "broken", {d: [*NEXT.statements[d], "ALTER TABLE no_such_table ADD x INT"] for d in schema.TYPES}
+        NEXT.version, "broken", {d: [*NEXT.statements[d], "ALTER TABLE no_such_table ADD x INT"] for d in schema.TYPES}
     )
     monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, broken])
     monkeypatch.setattr(schema, "LATEST", broken.version)

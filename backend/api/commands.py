@@ -1,0 +1,56 @@
+"""`python -m backend api-key ...`: an administrator's key management and usage from the command line (the same
+database as the app's): create a key for a user (printed once), list keys, revoke one, show usage."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from backend.accounts.login import Accounts
+from backend.api.keys import KeyStore
+from backend.api.quotas import Quotas
+from backend.api.store import ApiDatabase
+from backend.config import AppConfig
+from backend.errors import ServiceError
+
+
+async def _run(cfg: AppConfig, action: str, user: str | None, name: str | None, key_id: str | None) -> int:
+    db = ApiDatabase.from_config(cfg)
+    try:
+        await db.prepare()
+        keys = KeyStore(db)
+        if action == "create":
+            assert user is not None
+            if Accounts.from_config(cfg).role(user) is None:
+                print(f"api-key: there is no user {user!r}: add them first with `python -m backend add-user {user}`.",
+                      file=sys.stderr)  # fmt: skip
+                return 2
+            key, info = await keys.create(user, name or "cli")
+            print(f"Key {info.id} ({info.name}) for {user}; shown only this once:\n{key}")
+        elif action == "list":
+            for info in await keys.list(user, revoked=True):
+                state = f"revoked {info.revoked_at}" if info.revoked_at else f"last used {info.last_used_at or '-'}"
+                print(f"{info.id}  {info.user:<16} {info.prefix}…  {info.name!r}  created {info.created_at}, {state}")
+        elif action == "revoke":
+            assert key_id is not None
+            info = await keys.revoke(key_id)
+            print(f"Revoked key {info.id} ({info.name}) of {info.user}.")
+        else:
+            rows = await Quotas(db, cfg.api).usage(user)
+            print(f"{'user':<16} {'day':<10} {'route':<5} {'requests':>9} {'prompt':>10} {'reply':>10}")
+            for row in rows:
+                print(f"{row.user:<16} {row.day:<10} {row.route:<5} {row.requests:>9} {row.prompt_tokens:>10} "
+                      f"{row.reply_tokens:>10}")  # fmt: skip
+        return 0
+    except ServiceError as exc:
+        print(f"api-key: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await db.close()
+
+
+def api_key_command(
+    cfg: AppConfig, action: str, user: str | None = None, name: str | None = None, key_id: str | None = None
+) -> int:
+    """`api-key create USER [--name N] | list [USER] | revoke ID | usage [USER]`."""
+    return asyncio.run(_run(cfg, action, user, name, key_id))

@@ -1,0 +1,130 @@
+"""Quotas in the database (SQLite and PostgreSQL): replies at once, requests per minute, tokens per day, with
+Retry-After figures; per-user overrides; two users never share; two app processes cannot double a share."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from backend.api.quotas import Quotas, seconds_to_midnight, utc_day
+from backend.api.store import ApiDatabase
+from backend.config import ApiSettings, QuotaLimits
+from backend.errors import QuotaError
+
+NOON = datetime(2026, 1, 1, 12, tzinfo=UTC).timestamp()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOON
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def db(db_url: str):  # type: ignore[no-untyped-def]
+    database = ApiDatabase(db_url)
+    await database.prepare()
+    yield database
+    await database.close()
+
+
+def settings(**limits: int) -> ApiSettings:
+    base = {"concurrent": 0, "requests_per_minute": 0, "tokens_per_day": 0} | limits
+    return ApiSettings(quotas=QuotaLimits(**base))
+
+
+def test_days_and_midnight_are_utc() -> None:
+    assert utc_day(NOON) == "2026-01-01"
+    assert seconds_to_midnight(NOON) == 12 * 3600
+
+
+def test_an_override_changes_only_its_keys() -> None:
+    cfg = ApiSettings.model_validate({"overrides": {"alice": {"tokens_per_day": 5}}})
+    assert cfg.limits("alice") == QuotaLimits(concurrent=2, requests_per_minute=30, tokens_per_day=5)
+    assert cfg.limits("bob") == cfg.quotas
+
+
+async def test_concurrent_replies_are_limited_per_user(db: ApiDatabase) -> None:
+    quotas = Quotas(db, settings(concurrent=2), Clock())
+    first, second = await quotas.admit("alice", "api"), await quotas.admit("alice", "chat")
+    with pytest.raises(QuotaError) as over:
+        await quotas.admit("alice", "api")
+    assert over.value.code == "quota.concurrent" and over.value.retry_after_s > 0
+    await quotas.admit("bob", "api")  # another user's places are their own
+    await quotas.release(first)
+    third = await quotas.admit("alice", "api")  # a place came free
+    for lease in (second, third):
+        await quotas.release(lease)
+
+
+async def test_requests_per_minute_with_the_seconds_to_wait(db: ApiDatabase) -> None:
+    clock = Clock()
+    quotas = Quotas(db, settings(requests_per_minute=2), clock)
+    await quotas.release(await quotas.admit("alice", "api"))
+    clock.now += 20
+    await quotas.release(await quotas.admit("alice", "api"))
+    clock.now += 10
+    with pytest.raises(QuotaError) as over:
+        await quotas.admit("alice", "api")
+    assert over.value.code == "quota.rate" and over.value.retry_after_s == 30  # the first one leaves the window
+    assert "30 秒" in over.value.text("zh-CN")
+    clock.now += 31
+    await quotas.release(await quotas.admit("alice", "api"))
+
+
+async def test_tokens_per_day_count_chat_and_api_together_until_midnight(db: ApiDatabase) -> None:
+    clock = Clock()
+    quotas = Quotas(db, settings(tokens_per_day=100), clock)
+    async with quotas.hold("alice", "chat") as lease:
+        lease.record(40, 20)
+    async with quotas.hold("alice", "api") as lease:
+        lease.record(30, 10)
+    await asyncio.sleep(0.05)  # the release runs in its own task
+    with pytest.raises(QuotaError) as over:
+        await quotas.admit("alice", "api")
+    assert over.value.code == "quota.tokens" and over.value.params["used"] == 100
+    assert over.value.retry_after_s == 12 * 3600
+    await quotas.release(await quotas.admit("bob", "api"))
+    rows = {(r.user, r.route): r for r in await quotas.usage()}
+    assert (rows["alice", "chat"].prompt_tokens, rows["alice", "chat"].reply_tokens) == (40, 20)
+    assert (rows["alice", "api"].requests, rows["alice", "api"].prompt_tokens) == (1, 30)
+    clock.now += 12 * 3600 + 1  # a new UTC day
+    await quotas.admit("alice", "api")
+
+
+async def test_a_refused_request_takes_no_place(db: ApiDatabase) -> None:
+    quotas = Quotas(db, settings(concurrent=1, requests_per_minute=5), Clock())
+    lease = await quotas.admit("alice", "api")
+    for _ in range(3):
+        with pytest.raises(QuotaError):
+            await quotas.admit("alice", "api")
+    await quotas.release(lease)
+    await quotas.admit("alice", "api")  # 2 requests counted in the minute, not 5
+
+
+async def test_a_dead_process_s_lease_goes_stale(db: ApiDatabase) -> None:
+    clock = Clock()
+    quotas = Quotas(db, settings(concurrent=1).model_copy(update={"lease_s": 60}), clock)
+    await quotas.admit("alice", "api")  # never released
+    clock.now += 61
+    await quotas.admit("alice", "api")
+
+
+async def test_two_processes_cannot_double_a_share(db_url: str) -> None:
+    """Two app processes are two connections (engines) on one database: of many admissions at once, exactly the
+    limit gets through."""
+    dbs = [ApiDatabase(db_url) for _ in range(2)]
+    await dbs[0].prepare()
+    clock = Clock()
+    sides = [Quotas(db, settings(concurrent=3), clock) for db in dbs]
+    results = await asyncio.gather(*(sides[i % 2].admit("alice", "api") for i in range(10)), return_exceptions=True)
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, QuotaError)]
+    assert len(admitted) <= 3 and len(admitted) + len(refused) == 10, results
+    assert len(admitted) >= 1
+    for db in dbs:
+        await db.close()
