@@ -361,6 +361,17 @@ def env_overrides(environ: dict[str, str] | os._Environ[str]) -> dict[str, tuple
     return found
 
 
+def yaml_error_line(exc: BaseException) -> int | None:
+    """The line (from 1) a YAML parse error points at, where it points at one."""
+    mark = getattr(exc, "problem_mark", None)
+    return int(mark.line) + 1 if mark is not None else None
+
+
+def yaml_problem(exc: BaseException) -> str:
+    """What a YAML parse error says is wrong, without its position."""
+    return str(getattr(exc, "problem", None) or exc).strip()
+
+
 def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> AppConfig:
     """Read the YAML configuration, apply environment overrides and validate; raise ConfigError."""
     env = os.environ if environ is None else environ
@@ -370,9 +381,9 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         try:
             loaded = yaml.safe_load(config_path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = Phrase("config.at_line", line=mark.line + 1) if mark is not None else ""
-            problem = str(getattr(exc, "problem", None) or exc)
+            line = yaml_error_line(exc)
+            where = Phrase("config.at_line", line=line) if line is not None else ""
+            problem = yaml_problem(exc)
             raise ConfigError.of("config.yaml", path=config_path, where=where, problem=problem) from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError.of("config.not_mapping", path=config_path)

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from backend.accounts.passwords import PasswordHashError, parse_hash
+from backend.config import yaml_error_line, yaml_problem
 from backend.errors import UsersFileError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
@@ -69,9 +70,9 @@ def parse_users_document(text: str, path: Path) -> tuple[dict[str, str], dict[st
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}" if mark is not None else ""
-        raise UsersFileError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)}).", fix) from exc
+        line = yaml_error_line(exc)
+        where = f", line {line}" if line is not None else ""
+        raise UsersFileError(f"{path}{where}: not valid YAML ({yaml_problem(exc)}).", fix) from exc
     if root is None:
         return {}, {}
     if not isinstance(root, yaml.MappingNode):

@@ -28,6 +28,7 @@ import httpx
 from backend.benchmarks.loadgen import Streamed, stream_chat
 from backend.benchmarks.stats import percentile
 from backend.benchmarks.workload import ESTIMATED_TOKENS_PER_WORD, WORDS, Message
+from backend.engines.base import bearer
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ async def run_chat_level(
 ) -> ChatLevel:
     """Hold ceil(requests / shape.turns) conversations, `users` at once, against /v1/chat/completions."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {api_key}"}
+    headers = bearer(api_key)
     salt = random.SystemRandom().randrange(10**6)
     queue = iter(conversations(shape, requests))  # shared: each conversation goes to one worker
     turns: list[TurnResult] = []

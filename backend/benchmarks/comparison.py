@@ -11,7 +11,6 @@ from typing import Any
 
 from backend.benchmarks.stats import Spread, claim, level_spread, ratio
 
-COMPARED = (("tok_s", "output_tokens_per_s", None), ("ttft", "ttft_ms", "p50"), ("tpot", "tpot_ms", "p50"))
 
 
 def _by_level(doc: dict[str, Any], dataset: str, target: str) -> dict[int, dict[str, Any]]:

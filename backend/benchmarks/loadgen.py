@@ -22,6 +22,7 @@ from backend.benchmarks.stats import LevelMetrics, RequestResult
 from backend.benchmarks.workload import BenchRequest
 from backend.chat.client import ChatClient
 from backend.chat.pacing import paced
+from backend.engines.base import bearer
 
 Sender = Callable[[BenchRequest], Awaitable[RequestResult]]
 ERROR_CHARS = 300
@@ -133,7 +134,7 @@ class RawSender:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/v1/chat/completions"
-        self.headers = {"Authorization": f"Bearer {api_key}"}
+        self.headers = bearer(api_key)
         self.model = model
         self.sampling = sampling
         self.http = httpx.AsyncClient(

@@ -15,7 +15,7 @@ from backend.benchmarks.memory import metrics_rss_bytes, tree_rss_bytes
 from backend.chat.client import ChatClient
 from backend.chat.service import ChatService
 from backend.config import AppConfig
-from backend.engines.base import Api, Endpoint
+from backend.engines.base import Api, Endpoint, bearer
 from backend.errors import BenchmarkError
 
 MemoryReader = Callable[[], Awaitable[int | None]]
@@ -82,7 +82,7 @@ async def external_server(cfg: AppConfig, base_url: str, api_key: str, model: st
     root = base_url.rstrip("/").removesuffix("/v1")
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
         try:
-            resp = await http.get(root + "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+            resp = await http.get(root + "/v1/models", headers=bearer(api_key))
         except httpx.HTTPError as exc:
             raise BenchmarkError(
                 f"{root} does not answer ({exc}).", "Check --base-url; is the server running?"
@@ -94,7 +94,7 @@ async def external_server(cfg: AppConfig, base_url: str, api_key: str, model: st
             raise BenchmarkError(f"{root} lists no model.", "Pass --model.")
         model = model or names[0]
         # llama.cpp's server has /props (vLLM answers 404): its /tokenize takes text, not messages.
-        props = await http.get(root + "/props", headers={"Authorization": f"Bearer {api_key}"})
+        props = await http.get(root + "/props", headers=bearer(api_key))
         llama = props.status_code == 200 and "default_generation_settings" in props.text  # llama-server's /props
         endpoint = Endpoint(root, api_key, str(model), api=Api.LLAMACPP if llama else Api.VLLM)
         client = ChatClient(endpoint, cfg.timeouts.connect_s, cfg.timeouts.read_s, cfg.restart.request_retries)

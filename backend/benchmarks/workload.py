@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
 
+from backend.chat.context import Message
 from backend.config import ROOT
 from backend.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
 CountTokens = Callable[[list[Message]], Awaitable[int | None]]
 
 DEFAULT_PROMPT_SET = ROOT / "bench" / "prompts_zh.jsonl"

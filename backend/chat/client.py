@@ -16,13 +16,12 @@ import openai
 from openai import AsyncOpenAI
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from backend.chat.context import Message
 from backend.engines.base import Api, Endpoint
 from backend.engines.llamacpp import render_from_probe, with_probe
 from backend.errors import BackendError, PromptTooLongError, ServiceError
 
 log = logging.getLogger(__name__)
-
-Message = dict[str, str]
 
 
 class EngineBusy(BackendError):
@@ -193,7 +192,7 @@ class ChatStream:
             **{k: v for k, v in self._sampling.items() if k != "extra_body"},
             **self._sampling.get("extra_body", {}),  # as the SDK does: extra fields go into the body itself
         }
-        headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+        headers = endpoint.headers
         request = self._client.http.build_request(
             "POST", endpoint.base_url + "/v1/chat/completions", json=body, headers=headers
         )
@@ -282,7 +281,7 @@ class ChatClient:
         """Count the prompt tokens of `messages` with the chat template applied (the server's /tokenize).
 
         None when the server has no such endpoint; the caller then estimates."""
-        headers = {"Authorization": f"Bearer {self.endpoint.api_key}"}
+        headers = self.endpoint.headers
         url = self.endpoint.base_url
         try:
             if self.endpoint.api is Api.LLAMACPP:
@@ -321,7 +320,7 @@ class ChatClient:
             return None  # a turn of an older history, counted once: not worth a probe
         key = json.dumps(messages[:-1], ensure_ascii=False)
         if key not in self._probed:
-            headers = {"Authorization": f"Bearer {self.endpoint.api_key}"}
+            headers = self.endpoint.headers
             body = {"messages": with_probe(messages)}
             resp = await self.http.post(self.endpoint.base_url + "/apply-template", json=body, headers=headers)
             if resp.status_code != 200:

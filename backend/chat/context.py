@@ -26,7 +26,7 @@ from itertools import pairwise
 
 from backend.errors import PromptTooLongError
 
-Message = dict[str, str]
+Message = dict[str, str]  # one chat message as the OpenAI API has it: role and content (the one definition)
 TokenCounter = Callable[[list[Message]], Awaitable[int]]
 Counts = list[int | None]  # per message of a history: what it adds to a prompt (None: not counted yet)
 

@@ -15,9 +15,9 @@ from typing import Any
 from backend.chat.request import UserSettings
 from backend.config import AppConfig
 from backend.prompts.routing import command as slash_command
+from backend.prompts.schema import SAMPLING_KEYS  # the sampling a template may set
 from backend.prompts.store import TemplateStore, UnknownTemplate
 
-TEMPLATE_KEYS = ("temperature", "top_p", "max_tokens", "stop")  # the sampling a template may set
 CHAT_KEYS = ("temperature", "top_p", "max_tokens")  # the chat's defaults (config: chat)
 DEMO_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")  # config: demo
 COMMAND_REASON = "command"  # the template was asked for by name: /name, or the / menu
@@ -57,7 +57,7 @@ def decide(
         prompt = templates.route(text, explicit=settings.template, demo=demo)
     defaults = cfg.demo if demo else cfg.chat
     sampling: dict[str, Any] = {key: getattr(defaults, key) for key in (DEMO_KEYS if demo else CHAT_KEYS)}
-    sampling.update({k: v for k, v in prompt.sampling.items() if k in TEMPLATE_KEYS and v is not None})
+    sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
     sampling.update({key: getattr(settings, key) for key in settings.changed})
     system = prompt.system or (cfg.demo.system_prompt if demo else None) or cfg.chat.system_prompt
     return Decision(prompt.template, prompt.reason, system, prompt.user, sampling, demo)

@@ -40,6 +40,15 @@ class Endpoint:
     model: str
     api: Api = Api.VLLM
 
+    @property
+    def headers(self) -> dict[str, str]:
+        return bearer(self.api_key)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The headers that carry an OpenAI-compatible server's key (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
 
 @dataclass(frozen=True)
 class Candidate:

@@ -48,7 +48,7 @@ MAX_SOCKET_MESSAGE_BYTES = 8 * 1024 * 1024
 async def engine_metrics(service: ChatService, timeout_s: float = 5.0) -> Response:
     """The engine's /metrics text, or 503 with a comment saying why it is not available."""
     url = service.endpoint.base_url + "/metrics"
-    headers = {"Authorization": f"Bearer {service.endpoint.api_key}"}
+    headers = service.endpoint.headers
     try:
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
             resp = await http.get(url, headers=headers)

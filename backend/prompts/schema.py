@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backend.config import yaml_error_line, yaml_problem
+
 DEFAULT_NAME = "default"
 AUTO = "auto"  # a selector value meaning "route by the rules"; no template may use this name
 MAX_FILE_BYTES = 64 * 1024
@@ -228,12 +230,12 @@ def parse_template(path: Path, data: bytes) -> Template:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark: Any = getattr(exc, "problem_mark", None)
-        detail = str(getattr(exc, "problem", None) or exc).strip()
+        at = yaml_error_line(exc)
+        detail = yaml_problem(exc)
         hints = [hint for key, hint in _YAML_HINTS.items() if key in str(exc)]
         hint = hints[0] if hints else "check indentation, colons and quotes"
         # an unclosed bracket is reported at the end of the stream; point at the last line instead
-        line = min(mark.line + 1, len(text.rstrip().splitlines()) or 1) if mark is not None else None
+        line = min(at, len(text.rstrip().splitlines()) or 1) if at is not None else None
         named = _KEY.match(text.splitlines()[line - 1]) if line and text.strip() else None
         raise problem(line, named and named.group(1), f"this is not valid YAML ({detail}); {hint}") from None
     if raw is None:

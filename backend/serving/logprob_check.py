@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from backend.engines.base import Api
+from backend.engines.base import Api, bearer
 from backend.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -522,7 +522,7 @@ async def check_engine(
     error gives a failed Verdict. Raises LogprobCheckError (only) when the engine cannot be reached."""
     kind = SOURCES[api]
     started = time.monotonic()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer(api_key)
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
         async with httpx.AsyncClient(

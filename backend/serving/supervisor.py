@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from backend.config import AppConfig, EngineFlags, RestartSettings
-from backend.engines.base import Endpoint, LaunchSpec
+from backend.engines.base import Endpoint, LaunchSpec, bearer
 from backend.errors import (
     CanaryError,
     ConfigError,
@@ -331,7 +331,7 @@ class Supervisor:
     async def _wait_ready(self, process: EngineProcess | None, spec: LaunchSpec) -> None:
         started = time.monotonic()
         deadline = started + self.cfg.timeouts.startup_s
-        headers = {"Authorization": f"Bearer {spec.api_key}"}
+        headers = bearer(spec.api_key)
         async with httpx.AsyncClient(base_url=spec.base_url, timeout=5.0, trust_env=False) as http:
             while True:
                 code = process.exit_code() if process else None

@@ -101,6 +101,7 @@ async def new_thread(site: Site, http: httpx.AsyncClient, text: str) -> str:
     await chat.close()
     assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
     assert chat.thread_id
+    await saved_thread(http, chat.thread_id)  # its steps are written in the background: a delete must come after
     return chat.thread_id
 
 
