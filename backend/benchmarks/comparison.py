@@ -12,7 +12,6 @@ from typing import Any
 from backend.benchmarks.stats import Spread, claim, level_spread, ratio
 
 
-
 def _by_level(doc: dict[str, Any], dataset: str, target: str) -> dict[int, dict[str, Any]]:
     for run in doc["runs"]:
         if run["dataset"] == dataset and run["target"] == target:
