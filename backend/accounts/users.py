@@ -59,11 +59,6 @@ def _check_entry(name: object, stored: object) -> str | None:
     return None
 
 
-def parse_users_file(text: str, path: Path) -> dict[str, str]:
-    """Parse the users file text into {name: hash}; raise UsersFileError naming the file and line of a problem."""
-    return parse_users_document(text, path)[0]
-
-
 def parse_users_document(text: str, path: Path) -> tuple[dict[str, str], dict[str, str]]:
     """Parse the users file text into ({name: hash}, {name: role}); raise UsersFileError naming file and line."""
     fix = f"Fix {path} (or recreate it with `python -m backend add-user NAME`)."
@@ -115,11 +110,6 @@ def _check_role_entry(name: object, role: object) -> str | None:
     return None
 
 
-def parse_users_env(value: str) -> dict[str, str]:
-    """Parse ERNIE_AUTH__USERS ("name:hash[:role],..."); raise UsersFileError naming the entry."""
-    return parse_users_env_roles(value)[0]
-
-
 def parse_users_env_roles(value: str) -> tuple[dict[str, str], dict[str, str]]:
     """Parse ERNIE_AUTH__USERS ("name:hash[:role],...") into ({name: hash}, {name: role})."""
     users: dict[str, str] = {}
@@ -142,11 +132,6 @@ def parse_users_env_roles(value: str) -> tuple[dict[str, str], dict[str, str]]:
         if role:
             roles[name.strip()] = role.strip()
     return users, roles
-
-
-def read_users_file(path: Path) -> dict[str, str]:
-    """The users in `path` ({} when it does not exist)."""
-    return read_users_document(path)[0]
 
 
 def read_users_document(path: Path) -> tuple[dict[str, str], dict[str, str]]:

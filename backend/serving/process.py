@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,10 +43,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if the app dies (even by SIGKILL) the engine gets SIGTERM.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+DIE_WITH_PARENT = Path(__file__).resolve().parent.parent / "child" / "die_with_parent.py"
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """`argv` started through backend/child/die_with_parent.py (run by its path: the engine's working folder may be
+    anywhere): it gets SIGTERM if the app dies, even by SIGKILL, and then execs `argv` in its own place."""
+    return [sys.executable, str(DIE_WITH_PARENT), str(os.getpid()), "--", *argv]
 
 
 class EngineProcess:
@@ -71,14 +74,13 @@ class EngineProcess:
             if self.spec.cwd:
                 Path(self.spec.cwd).mkdir(parents=True, exist_ok=True)
             self.proc = subprocess.Popen(
-                self.spec.argv,
+                guarded(self.spec.argv),
                 cwd=self.spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.spec.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
 
     @property

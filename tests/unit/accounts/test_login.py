@@ -12,7 +12,13 @@ import pytest
 from backend import cli
 from backend.accounts.login import SECRET_ENV, Accounts, ensure_auth_secret, setup_login
 from backend.accounts.passwords import hash_password, verify_password
-from backend.accounts.users import UsersFileError, parse_users_env, parse_users_file, read_users_file, write_users_file
+from backend.accounts.users import (
+    UsersFileError,
+    parse_users_document,
+    parse_users_env_roles,
+    read_users_document,
+    write_users_file,
+)
 from backend.errors import ConfigError
 from tests.conftest import MakeConfig
 
@@ -30,9 +36,9 @@ def test_users_file_round_trip(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     text = path.read_text()
     assert text.startswith("# Users who may log in")
-    assert read_users_file(path) == {"alice": HASH, "bob": HASH}
-    assert read_users_file(tmp_path / "missing.yaml") == {}
-    assert parse_users_file("", path) == {} and parse_users_file("users:\n", path) == {}
+    assert read_users_document(path)[0] == {"alice": HASH, "bob": HASH}
+    assert read_users_document(tmp_path / "missing.yaml")[0] == {}
+    assert parse_users_document("", path)[0] == {} and parse_users_document("users:\n", path)[0] == {}
 
 
 @pytest.mark.parametrize(
@@ -60,7 +66,7 @@ def test_bad_users_file_names_file_and_line(tmp_path: Path, text: str, line: int
     path = tmp_path / "users.yaml"
     path.write_text(text)
     with pytest.raises(UsersFileError) as err:
-        read_users_file(path)
+        read_users_document(path)[0]
     message = str(err.value)
     assert message.startswith(f"{path}, line {line}:"), message
     assert words in message
@@ -70,11 +76,11 @@ def test_bad_users_file_names_file_and_line(tmp_path: Path, text: str, line: int
 
 def test_users_from_environment() -> None:
     other = hash_password("bob-password")
-    assert parse_users_env(f"alice:{HASH}, bob:{other},") == {"alice": HASH, "bob": other}
+    assert parse_users_env_roles(f"alice:{HASH}, bob:{other},")[0] == {"alice": HASH, "bob": other}
     with pytest.raises(UsersFileError, match="entry 2: expected name:hash"):
-        parse_users_env(f"alice:{HASH},bob")
+        parse_users_env_roles(f"alice:{HASH},bob")[0]
     with pytest.raises(UsersFileError, match="entry 1: user 'alice'"):
-        parse_users_env("alice:hunter2")
+        parse_users_env_roles("alice:hunter2")[0]
 
 
 def test_accounts_check_passwords_and_reload_the_file(tmp_path: Path) -> None:
@@ -154,7 +160,7 @@ def test_add_user_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     monkeypatch.setattr("sys.stdin", io.StringIO("second-password\n"))
     assert add_user(["alice", "--file", str(path), "--password-stdin"]) == 0
     assert "Changed the password of alice" in capsys.readouterr().out
-    users = read_users_file(path)
+    users = read_users_document(path)[0]
     assert verify_password("second-password", users["alice"])
     assert "second-password" not in path.read_text()
 
@@ -166,7 +172,7 @@ def test_add_user_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     monkeypatch.setattr("sys.stdin", io.StringIO("bob-password\n"))
     assert add_user(["bob", "--password-stdin", "--print"]) == 0
     line = capsys.readouterr().out.strip()
-    assert verify_password("bob-password", parse_users_env(line)["bob"])
+    assert verify_password("bob-password", parse_users_env_roles(line)[0]["bob"])
 
 
 def test_add_user_refuses_a_damaged_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -14,7 +14,6 @@ from backend.accounts.users import (
     UsersFileError,
     parse_users_env_roles,
     read_users_document,
-    read_users_file,
     write_users_file,
 )
 
@@ -33,7 +32,7 @@ def test_roles_round_trip_and_the_default_is_not_written(tmp_path: Path) -> None
     assert "roles:\n  alice: editor\n" in text
     assert "bob: user" not in text
     assert read_users_document(path) == ({"alice": HASH, "bob": HASH, "carol": HASH}, {"alice": "editor"})
-    assert read_users_file(path) == {"alice": HASH, "bob": HASH, "carol": HASH}
+    assert read_users_document(path)[0] == {"alice": HASH, "bob": HASH, "carol": HASH}
 
 
 def test_roles_from_the_environment() -> None:
@@ -67,4 +66,4 @@ def test_add_user_sets_a_role_and_keeps_it_on_a_password_change(
     with pytest.raises(SystemExit) as refused:
         add_user(["bob", "--file", str(path), "--role", "boss"], "bob-password", monkeypatch)
     assert refused.value.code == 2
-    assert "bob" not in read_users_file(path)
+    assert "bob" not in read_users_document(path)[0]

@@ -4,6 +4,7 @@ default, every figure with its range and each round kept, and the API key in no 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,13 @@ def test_rounds_alternate_and_every_level_keeps_its_rounds(stub_engine: str, tmp
             assert lv["requests"] == MIN_REQUESTS, "the floor: 32 requests even at one user"
             assert [r["requests"] for r in lv["per_round"]] == [MIN_REQUESTS] * 2
             assert lv["errors"] == 0, lv["error_samples"]
-            low, high = lv["spread"]["output_tokens_per_s"]
-            assert low <= lv["output_tokens_per_s"] <= high
-            assert sorted(r["output_tokens_per_s"] for r in lv["per_round"]) == [low, high]
-            assert lv["spread"]["ttft_ms"]["p50"][0] <= lv["ttft_ms"]["p50"] <= lv["spread"]["ttft_ms"]["p50"][1]
+            # each figure is the median of the rounds' own, its spread their range
+            tok_s = [r["output_tokens_per_s"] for r in lv["per_round"]]
+            assert lv["output_tokens_per_s"] == pytest.approx(statistics.median(tok_s))
+            assert lv["spread"]["output_tokens_per_s"] == [min(tok_s), max(tok_s)]
+            ttft = [r["ttft_ms"]["p50"] for r in lv["per_round"]]
+            assert lv["ttft_ms"]["p50"] == pytest.approx(statistics.median(ttft))
+            assert lv["spread"]["ttft_ms"]["p50"] == [min(ttft), max(ttft)]
     assert doc["settings"]["repeat"] == 2 and doc["settings"]["requests_rule"] == "max(32, 4 x concurrency)"
     [overhead] = doc["overhead"]
     assert overhead["concurrency"] == 2 and overhead["raw_tok_s"]["rounds"] == 2

@@ -1,0 +1,77 @@
+"""backend/child/die_with_parent.py: the command takes the launcher's place (same pid) and ends when the process
+that started it is killed, even by SIGKILL; a launcher whose parent is already gone starts nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from backend.serving.process import DIE_WITH_PARENT, guarded
+
+WAIT_S = 30.0
+
+# A parent that starts `sleep` through the launcher, prints its pid, and waits to be killed.
+PARENT = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, sys.argv[1], str(os.getpid()), "--", "sleep", "600"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except FileNotFoundError:
+        return []
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return True
+    return state == "Z"  # a zombie waiting for its reaper has ended
+
+
+def until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_app_starts_engines_through_the_launcher() -> None:
+    assert guarded(["engine", "--flag"]) == [
+        sys.executable,
+        str(DIE_WITH_PARENT),
+        str(os.getpid()),
+        "--",
+        "engine",
+        "--flag",
+    ]
+
+
+def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(DIE_WITH_PARENT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        until(lambda: cmdline(child) == ["sleep", "600"], "the launcher did not become the command (exec)")
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        until(lambda: gone(child), "the command outlived its parent's SIGKILL")
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_launcher_whose_parent_is_gone_starts_nothing(tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    # "1" is not our pid: as if the app that started it had died before the death signal was armed
+    done = subprocess.run([sys.executable, str(DIE_WITH_PARENT), "1", "--", "touch", str(made)], timeout=WAIT_S)
+    assert done.returncode == 1 and not made.exists()
