@@ -68,6 +68,8 @@ def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
     finally:
         parent.kill()
         parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
 
 
 def test_a_launcher_whose_parent_is_gone_starts_nothing(tmp_path: Path) -> None:
