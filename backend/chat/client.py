@@ -281,23 +281,14 @@ class ChatClient:
         """Count the prompt tokens of `messages` with the chat template applied (the server's /tokenize).
 
         None when the server has no such endpoint; the caller then estimates."""
-        headers = self.endpoint.headers
-        url = self.endpoint.base_url
         try:
-            if self.endpoint.api is Api.LLAMACPP:
-                # llama-server renders the chat template and tokenizes in two steps; a message after a head it
-                # rendered before costs one (the template rendered here from the probe, backend.engines.llamacpp).
-                prompt = await self._llamacpp_prompt(messages) if messages else None
-                if prompt is None:
-                    resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
-                    if resp.status_code == 200:
-                        prompt = str(resp.json()["prompt"])
-                if prompt is not None:
-                    body = {"content": prompt, "add_special": True, "parse_special": True}
-                    resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
-            else:
-                body = {"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True}
-                resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
+            resp = await self._count_request(messages)
+        except httpx.RemoteProtocolError:
+            # A kept-alive connection the server had closed (llama-server closes them): a count is safe to ask again.
+            try:
+                resp = await self._count_request(messages)
+            except httpx.HTTPError as exc:
+                raise _translate(exc) from exc
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
         if resp.status_code == 404:
@@ -306,6 +297,26 @@ class ChatClient:
             raise BackendError.of("backend.count_failed", status=resp.status_code, detail=resp.text[:200])
         data = resp.json()
         return int(data["count"]) if "count" in data else len(data["tokens"])
+
+    async def _count_request(self, messages: list[Message]) -> httpx.Response:
+        """The request(s) that count `messages`: the response of the last (/tokenize, or a 404 of the first)."""
+        headers = self.endpoint.headers
+        url = self.endpoint.base_url
+        if self.endpoint.api is Api.LLAMACPP:
+            # llama-server renders the chat template and tokenizes in two steps; a message after a head it
+            # rendered before costs one (the template rendered here from the probe, backend.engines.llamacpp).
+            prompt = await self._llamacpp_prompt(messages) if messages else None
+            if prompt is None:
+                resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
+                if resp.status_code == 200:
+                    prompt = str(resp.json()["prompt"])
+            if prompt is not None:
+                body = {"content": prompt, "add_special": True, "parse_special": True}
+                resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
+        else:
+            body = {"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True}
+            resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
+        return resp
 
     def forget_templates(self) -> None:
         """Drop the rendered probes (another model, another template, answers now)."""

@@ -7,10 +7,12 @@ import json
 from collections.abc import Callable
 
 import httpx2 as httpx
+import pytest
 from openai import AsyncOpenAI
 
 from backend.chat.client import ChatClient, Message
 from backend.engines.base import Api, Endpoint
+from backend.errors import BackendError
 
 
 def chatml(messages: list[Message]) -> str:
@@ -83,3 +85,23 @@ async def test_longer_conversations_and_another_template_go_the_two_step_way() -
     await client.count_tokens([{"role": "user", "content": "again"}])
     assert server.paths == ["/apply-template", "/tokenize"], "the probe is rendered again"
     await client.aclose()
+
+
+async def test_a_connection_the_server_had_closed_is_asked_again_once() -> None:
+    """llama-server closes kept-alive connections: the next request on one fails before any answer. A count is
+    safe to repeat, so it is asked once more; a second failure is the engine's ("backend.broken")."""
+    server, failures = LlamaServer(), [1]
+
+    def closing(request: httpx.Request) -> httpx.Response:
+        if failures:
+            failures.pop()
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return server(request)
+
+    client = client_of(server)
+    client.http = httpx.AsyncClient(transport=httpx.MockTransport(closing))
+    assert await client.count_tokens([{"role": "user", "content": "one two three"}]) is not None
+    failures[:] = [1, 1]
+    with pytest.raises(BackendError) as broken:  # two failures in a row reach the caller
+        await client.count_tokens([{"role": "user", "content": "four five"}])
+    assert broken.value.code == "backend.broken"
