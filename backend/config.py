@@ -106,6 +106,7 @@ class TimeoutSettings(_Strict):
     read_s: float = Field(120, gt=0)
     stop_grace_s: float = Field(10, ge=0)
     wait_for_ready_s: float = Field(600, ge=0)
+    warmup_s: float = Field(120, ge=0)  # longest warm-up before "ready" (0: none)
 
 
 class RestartSettings(_Strict):

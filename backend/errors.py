@@ -1058,6 +1058,11 @@ PHRASES: dict[str, PhraseEntry] = {
         "First start on this machine: measuring which engine answers fastest here: {candidate}, {number} of {total}.",
         "本机首次启动：正在测量哪个引擎在这里回答最快：{candidate}（第 {number} 个，共 {total} 个）。",
     ),
+    "engine.warming_up": _p(
+        "",
+        "Warming up: the engine answers a chat's first requests once, so that your first reply is not slower.",
+        "正在预热：引擎先回答一次聊天的首批请求，这样您的第一条回复不会更慢。",
+    ),
     "full_log": _p("path", " (full log: {path})", "（完整日志：{path}）"),
     "trtllm.no_package": _p("", "the tensorrt_llm package", " tensorrt_llm 软件包"),
     "trtllm.no_command": _p("command", "the {command} command", " {command} 命令"),

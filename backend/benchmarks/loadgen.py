@@ -63,7 +63,7 @@ class Streamed:
     """One streamed chat completion as it arrived: perf_counter times of its chunks, its text, its usage counts."""
 
     start: float
-    chunk_times: list[float] = field(default_factory=list)  # every chunk with choices
+    chunk_times: list[float] = field(default_factory=list)  # every chunk with choices but the opening role chunk
     first_text_at: float | None = None  # the first chunk with non-empty text
     text: list[str] = field(default_factory=list)
     token_chunks: int = 0  # chunks with content, text or not (one token each)
@@ -96,8 +96,11 @@ async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str]
                     streamed.error = f"stream error: {data['error']}"[:ERROR_CHARS]
                     return streamed
                 if choices := data.get("choices"):
+                    delta = choices[0].get("delta") or {}
+                    content = delta.get("content")
+                    if "role" in delta and not content:
+                        continue  # OpenAI's opening chunk (role, no text): a server may send it before any token
                     streamed.chunk_times.append(now)
-                    content = (choices[0].get("delta") or {}).get("content")
                     if content is not None:
                         streamed.token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)
                     if content:

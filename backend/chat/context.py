@@ -20,6 +20,7 @@ counts right for the turns kept: the difference goes to the newest reply.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -29,6 +30,7 @@ from backend.errors import PromptTooLongError
 Message = dict[str, str]  # one chat message as the OpenAI API has it: role and content (the one definition)
 TokenCounter = Callable[[list[Message]], Awaitable[int]]
 Counts = list[int | None]  # per message of a history: what it adds to a prompt (None: not counted yet)
+FRAMES_KEPT = 64  # system texts whose Frame is kept (the API's callers bring their own: the oldest go first)
 
 
 @dataclass(frozen=True)
@@ -95,18 +97,28 @@ class Accounting:
 
     def __init__(self, count: TokenCounter) -> None:
         self.count = count
-        self._frames: dict[str | None, Frame] = {}
+        self._frames: OrderedDict[str | None, Frame] = OrderedDict()
 
     async def frame(self, system: str | None) -> Frame:
         """The template's fixed parts with this system text. Measured on non-empty conversations (a template may
-        add a default system text before the first message only: it belongs to the overhead)."""
-        if system not in self._frames:
-            head, user, reply = head_of(system), {"role": "user", "content": ""}, {"role": "assistant", "content": ""}
-            asked = await self.count([*head, user])  # overhead + user
-            answered = await self.count([*head, user, reply])  # overhead + user + reply
-            again = await self.count([*head, user, reply, user])  # overhead + 2 user + reply
-            self._frames[system] = Frame(max(0, asked - (again - answered)), max(0, answered - asked))
-        return self._frames[system]
+        add a default system text before the first message only: it belongs to the overhead). The last
+        FRAMES_KEPT system texts' frames are kept."""
+        if system in self._frames:
+            self._frames.move_to_end(system)
+            return self._frames[system]
+        head, user, reply = head_of(system), {"role": "user", "content": ""}, {"role": "assistant", "content": ""}
+        asked = await self.count([*head, user])  # overhead + user
+        answered = await self.count([*head, user, reply])  # overhead + user + reply
+        again = await self.count([*head, user, reply, user])  # overhead + 2 user + reply
+        frame = self._frames[system] = Frame(max(0, asked - (again - answered)), max(0, answered - asked))
+        while len(self._frames) > FRAMES_KEPT:
+            self._frames.popitem(last=False)
+        return frame
+
+    async def whole(self, history: list[Message], new_message: Message, system: str | None = None) -> int:
+        """One count of the whole prompt: for a conversation none of whose counts are kept (the API's callers
+        send it whole each time), whose turns need counting one by one only where it does not fit."""
+        return await self.count([*head_of(system), *history, new_message])
 
     async def measure(
         self, history: list[Message], kept: Sequence[int | None], new_message: Message, system: str | None = None

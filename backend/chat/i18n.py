@@ -25,6 +25,12 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "✅ The model server is ready ({elapsed:.0f} s).",
         "zh": "✅ 模型服务已就绪（用时 {elapsed:.0f} 秒）。",
     },
+    "ready_warmed": {
+        "en": "✅ The model server is ready ({elapsed:.0f} s, of which {warmup:.1f} s warming up: "
+        "answering a first chat once, so that yours is not slower).",
+        "zh": "✅ 模型服务已就绪（用时 {elapsed:.0f} 秒，其中预热 {warmup:.1f} 秒："
+        "先回答一次聊天，您的第一条回复因此不会更慢）。",
+    },
     "not_ready": {
         "en": "⌛ The model server is still not ready after {elapsed:.0f} s. Please try again in a moment.",
         "zh": "⌛ 等待 {elapsed:.0f} 秒后模型服务仍未就绪，请稍后再试。",

@@ -40,6 +40,8 @@ def wait_text(event: EngineWait, locale: str) -> str:
         return text
     if event.state == "restarting":
         return t("restarting", locale, elapsed=event.elapsed_s, error=describe(event.problem, locale))
+    if event.state == "ready" and event.warmup_s is not None:
+        return t("ready_warmed", locale, elapsed=event.elapsed_s, warmup=event.warmup_s)
     text = t(event.state, locale, elapsed=event.elapsed_s)
     return f"{text}\n\n🔎 {event.progress.text(locale)}" if event.progress else text
 

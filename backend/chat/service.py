@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
-from backend.chat.context import Accounting, Counts, estimate_tokens, fit, reply_tokens
+from backend.chat.context import Accounting, Counts, estimate_tokens, fit, head_of, reply_tokens
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
@@ -46,6 +46,12 @@ log = logging.getLogger(__name__)
 
 MIN_REPLY_TOKENS = 64
 WAIT_STEP_S = 1.0  # how often the "starting" notice is updated
+# The warm-up (ChatService.warm_up): a first message, a short reply to it; on a GPU also a long prompt beside
+# a few short ones.
+WARMUP_TEXT = "Hello! Who are you?"
+WARMUP_REPLY_TOKENS = 4
+WARMUP_LONG_TOKENS = 2048
+WARMUP_AT_ONCE = 4
 
 
 class Recorder(Protocol):
@@ -100,7 +106,9 @@ class ChatService:
             retries=cfg.restart.request_retries,
         )
         templates = TemplateStore(cfg.paths.resolve(cfg.paths.prompts_dir))
-        return cls(cfg, supervisor, client, templates, recorder)
+        service = cls(cfg, supervisor, client, templates, recorder)
+        supervisor.warm_up = service.warm_up
+        return service
 
     def with_templates(self, templates: TemplateStore) -> ChatService:
         """This service with other templates (the workshop's drafts): the same engine, client and token accounting
@@ -279,6 +287,29 @@ class ChatService:
         session.tokens[-1] = max(0, newest + prompt_tokens - request.prompt_tokens)
         log.debug("Kept count of the newest reply corrected by %d tokens", prompt_tokens - request.prompt_tokens)
 
+    async def warm_up(self) -> None:
+        """Before the engine is called ready (the supervisor calls this): a chat's first message once through the
+        chat's own path (the context window, the template's fixed parts and the message counted, a short streamed
+        reply), and on a GPU a long prompt beside a few short ones, so that the shapes an engine compiles at first
+        use are compiled before a user waits on them. What it measures is kept (the fixed parts, the window)."""
+        settings = UserSettings.defaults(self.cfg, self.serving_demo)
+        request = await self.build_request([], WARMUP_TEXT, settings)
+        await self._drain(request.messages, request.sampling)
+        spec = self.supervisor.spec
+        if spec is None or not engine(spec.engine).on_gpu:
+            return
+        long_text = " ".join(["word"] * min(WARMUP_LONG_TOKENS, await self.context_window() // 2))
+        long = [{"role": "user", "content": long_text}]
+        await asyncio.gather(
+            self._drain(long, request.sampling),
+            *(self._drain(request.messages, request.sampling) for _ in range(WARMUP_AT_ONCE)),
+        )
+
+    async def _drain(self, messages: list[Message], sampling: dict[str, Any]) -> None:
+        async with self.client.stream(messages, **{**sampling, "max_tokens": WARMUP_REPLY_TOKENS}) as stream:
+            async for _ in stream:
+                pass
+
     async def wait_for_engine(self) -> AsyncIterator[EngineWait]:
         """Nothing when the engine is ready; else its state every second until it is ready, failed or too slow.
 
@@ -304,7 +335,7 @@ class ChatService:
             problem = st.problem if state == "restarting" else None
             yield EngineWait(state, time.monotonic() - origin, problem, progress=st.progress)
         took = sup.status.since - (origin if origin is not None else started)
-        yield EngineWait("ready", max(took, 0.0))
+        yield EngineWait("ready", max(took, 0.0), warmup_s=sup.status.warmup_s)
 
     # ----- building the request ---------------------------------------------------------------
     async def context_window(self) -> int:
@@ -348,7 +379,9 @@ class ChatService:
         system: str | None = None,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
-        the new message, the history's from `kept` (those missing are counted once; backend.chat.context).
+        the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
+        `kept` None (a caller that sends the whole conversation each time: the API), one count of the whole prompt,
+        and the turns one by one only where it does not fit.
 
         `system`: a system text of the caller's own (the API's) in place of the template's."""
         decision = self.decide(text, settings, command)
@@ -357,7 +390,14 @@ class ChatService:
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
         new = {"role": "user", "content": decision.user}
-        measured = await self.accounting().measure(history, kept or [], new, system)
+        accounting = self.accounting()
+        if kept is None and history:  # nothing kept (the API): one count of the whole prompt, where it fits
+            whole = await accounting.whole(history, new, system)
+            if whole <= window - reserve:
+                sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - whole))
+                messages = [*head_of(system), *history, new]
+                return ChatRequest(messages, sampling, decision.template, decision.reason, decision.user, whole, 0)
+        measured = await accounting.measure(history, kept or [], new, system)
         try:
             fitted = fit(history, new, measured, window - reserve, system)
         except PromptTooLongError as exc:

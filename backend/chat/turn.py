@@ -97,6 +97,7 @@ class EngineWait:
     log_tail: str = ""
     log_path: Path | None = None
     progress: Phrase | None = None  # what the start is doing meanwhile (measuring the engines at a first start)
+    warmup_s: float | None = None  # ready: what the start's warm-up took (None: none ran)
 
 
 @dataclass(frozen=True)

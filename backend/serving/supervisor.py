@@ -67,6 +67,7 @@ class Status:
     log_tail: str = ""
     note: str | None = None
     progress: Phrase | None = None  # what the start is doing beyond starting (measuring the engines: the tune)
+    warmup_s: float | None = None  # what the last start's warm-up took (None: none ran)
 
     @property
     def elapsed_s(self) -> float:
@@ -137,6 +138,9 @@ class Supervisor:
         # Runs once before the first start (the engine tune: backend.serving.launch wires it), may rewire us.
         self.before_start: Callable[[], Awaitable[None]] | None = None
         self.tune: dict[str, Any] | None = None  # what the tune chose and measured, for /healthz and the doctor
+        # The requests a chat sends first, answered once before "ready" (the chat service wires it): the first
+        # replies after a start are then as fast as later ones (an engine compiles some shapes at first use).
+        self.warm_up: Callable[[], Awaitable[None]] | None = None
 
     def rewire(
         self, cfg: AppConfig, prepare: Callable[[], LaunchSpec], flags: EngineFlags, guard: Guard | None
@@ -323,10 +327,29 @@ class Supervisor:
             await self._wait_ready(process, spec)
             if guard is not None and spec.weights is not None:
                 await guard.verify(spec.base_url, spec.api_key, spec.served_name, spec.weights, spec.build)
+            await self._warm()
         except BaseException:
             await self._stop_process()
             raise
         self._set(State.READY)
+
+    async def _warm(self) -> None:
+        """The warm-up (self.warm_up), within timeouts.warmup_s; one that fails or is slow is logged, not fatal
+        (the engine answered its health check and its answer check: a slow first reply is all it costs)."""
+        self.status.warmup_s = None
+        limit = self.cfg.timeouts.warmup_s
+        if self.warm_up is None or limit <= 0:
+            return
+        started, progress = time.monotonic(), self.status.progress
+        self.status.progress = Phrase("engine.warming_up")
+        try:
+            await asyncio.wait_for(self.warm_up(), limit)
+            self.status.warmup_s = time.monotonic() - started
+            log.info("Engine warmed up in %.2f s", self.status.warmup_s)
+        except (TimeoutError, ServiceError, httpx.HTTPError) as exc:
+            log.warning("Engine warm-up did not finish (%s: %s); ready without it", type(exc).__name__, exc)
+        finally:
+            self.status.progress = progress
 
     async def _wait_ready(self, process: EngineProcess | None, spec: LaunchSpec) -> None:
         started = time.monotonic()

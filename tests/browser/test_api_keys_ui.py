@@ -1,5 +1,6 @@
-"""The key page (/api-keys) in headless Chromium: a logged-in user makes a named key (shown once), a tool uses it
-with the official `openai` client, the user revokes it on the page, and the tool is refused (401) from then on."""
+"""The key page (/api-keys) in headless Chromium, in English and Chinese: a logged-in user makes a named key (shown
+once), a tool uses it with the official `openai` client, the user revokes it on the page, and the tool is refused
+(401) from then on; a name of blanks is refused with a message in the page's language."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from tests.app_process import READY, RunningApp, launch_app, login_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
-PASSWORDS = {"alice": "alice-password"}
+PASSWORDS = {"alice": "alice-password", "bo": "bo-password"}
+# locale: (its user, words of the page's title, the refusal of a blank name)
+LOCALES = {
+    "en-US": ("alice", "API keys", "A key's name must have 1 to 64 characters."),
+    "zh-CN": ("bo", "API 密钥", "密钥名称须为 1 到 64 个字符。"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +43,28 @@ def models(app: RunningApp, key: str) -> list[str]:
         return [m.id for m in tool.models.list().data]
 
 
-async def test_make_use_and_revoke_a_key_in_the_browser(browser, app: RunningApp) -> None:  # type: ignore[no-untyped-def]
-    context = await browser.new_context(locale="en-US")
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_make_use_and_revoke_a_key_in_the_browser(browser, app: RunningApp, locale: str) -> None:  # type: ignore[no-untyped-def]
+    user, title, blank_refused = LOCALES[locale]
+    context = await browser.new_context(locale=locale)
     page = await context.new_page()
     await page.goto(app.url)
     await page.wait_for_selector("#email", timeout=60_000)
-    await page.fill("#email", "alice")
-    await page.fill("#password", PASSWORDS["alice"])
+    await page.fill("#email", user)
+    await page.fill("#password", PASSWORDS[user])
     await page.click('button[type="submit"]')
     await page.wait_for_selector(READY, timeout=60_000)
 
     await page.goto(app.url + "/api-keys")
     await page.wait_for_selector("#manage:not([hidden])", timeout=30_000)
-    assert "alice" in await page.inner_text("#who")
+    assert user in await page.inner_text("#who")
+    assert await page.inner_text("h1") == title
+    await page.fill("#name", "   ")
+    await page.click("#create-button")
+    await page.wait_for_function("() => document.querySelector('#error').textContent.trim() !== ''")
+    assert blank_refused in await page.inner_text("#error")
+    assert await page.locator("#keys tbody tr").count() == 0, "nothing was made"
+
     await page.fill("#name", "my editor")
     await page.click("#create-button")
     await page.wait_for_selector("#new:not([hidden])")

@@ -71,3 +71,13 @@ async def test_demo_model_is_served_announced_and_checked_against_its_reference(
     assert s.stats.prompt_tokens == request.prompt_tokens, "the app counted the prompt as the engine did"
     log = demo_service.supervisor.log_path.read_text()
     assert str(demo_model) in log, "the engine was started on the converted demo folder"
+
+
+async def test_the_engine_answered_a_chat_s_first_requests_before_it_was_called_ready(
+    demo_service: ChatService,
+) -> None:
+    """The warm-up (issue 26) ran through the chat's own path against the real engine and finished: a failed or
+    slow one leaves warmup_s None (tests/unit/serving/test_supervisor.py); the ready notice gives its time."""
+    status = demo_service.supervisor.status
+    assert status.warmup_s is not None and 0 < status.warmup_s < demo_service.cfg.timeouts.warmup_s
+    assert demo_service.supervisor.ready and status.progress is None

@@ -60,6 +60,21 @@ async def test_stream_is_measured_per_chunk_with_usage_counts() -> None:
     assert (body["temperature"], body["top_p"], body["model"]) == (0.7, 0.9, "m")
 
 
+async def test_the_opening_role_chunk_is_not_a_token() -> None:
+    """OpenAI's opening chunk (role, empty text; the app's API sends it on accepting the request) is not timed."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        opening = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+        body = sse(opening, chunk("a"), chunk(""), chunk("b", "length"), "[DONE]")  # no usage: a token per chunk
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    send = sender(handler)
+    result = await send(REQUEST)
+    await send.aclose()
+    assert result.success, result.error
+    assert result.output_tokens == 3 and len(result.itl) == 2
+
+
 async def test_without_ignore_eos_no_vllm_extras_are_sent() -> None:
     bodies: list[dict[str, Any]] = []
 

@@ -134,6 +134,31 @@ async def test_one_token_over_the_budget_drops_the_oldest_turn(build: Build) -> 
     assert request.prompt_tokens == 41 and request.sampling["max_tokens"] == 40
 
 
+async def test_a_caller_that_keeps_no_counts_pays_one_count_where_the_conversation_fits(build: Build) -> None:
+    """The API's callers send the whole conversation each time: one count of the whole prompt, not one per turn;
+    where it does not fit, the turns are counted and trimmed as for a chat that kept none."""
+    svc, client = build(window=1000, max_tokens=40)
+    asked: list[list[Message]] = []
+    count = client.count_tokens
+
+    async def recording(messages: list[Message]) -> int:
+        asked.append(messages)
+        return await count(messages)
+
+    client.count_tokens = recording  # type: ignore[method-assign]
+    history, new = turn(1) + turn(2) + turn(3), {"role": "user", "content": "x" * 20}
+    request = await svc.build_request(history, new["content"], defaults(svc))
+    assert asked == [[*history, new]], "one count, of the whole prompt"
+    assert request.messages == [*history, new] and (request.prompt_tokens, request.dropped) == (80, 0)
+    assert request.sampling["max_tokens"] == 40
+    svc, client = build(window=100, max_tokens=40)
+    for text in ("x" * 20, "x" * 21, "x" * 41):  # at the budget, one over, a turn over
+        api = await svc.build_request(turn(1) + turn(2), text, defaults(svc))
+        chat = await svc.build_request(turn(1) + turn(2), text, defaults(svc), kept=[])
+        assert (api.messages, api.prompt_tokens, api.dropped) == (chat.messages, chat.prompt_tokens, chat.dropped)
+        assert api.sampling["max_tokens"] == chat.sampling["max_tokens"]
+
+
 async def test_the_trimmed_notice_comes_before_the_reply(build: Build) -> None:
     svc, client = build(window=100, max_tokens=40)
     session = svc.new_session()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.chat.context import (
+    FRAMES_KEPT,
     Accounting,
     Frame,
     estimate_tokens,
@@ -103,6 +104,19 @@ async def test_the_frame_is_measured_once_and_holds_the_default_system_text() ->
     assert len(template.asked) == asked == 6, "three counts per system text, once"
     assert reply_tokens(None, await accounting.frame(None)) is None
     assert reply_tokens(10, await accounting.frame(None)) == 13
+
+
+async def test_frames_are_kept_for_the_latest_system_texts_only() -> None:
+    """The API's callers bring system texts of their own: the frames kept are bounded, the oldest measured again."""
+    template = Template()
+    accounting = Accounting(template)
+    for i in range(FRAMES_KEPT + 1):
+        await accounting.frame(f"system {i}")
+    asked = len(template.asked)
+    await accounting.frame(f"system {FRAMES_KEPT}")  # the newest: kept
+    assert len(template.asked) == asked
+    await accounting.frame("system 0")  # the oldest: gone, measured again
+    assert len(template.asked) == asked + 3
 
 
 async def test_kept_counts_make_a_long_conversation_cost_one_small_count() -> None:

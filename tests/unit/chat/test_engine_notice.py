@@ -22,6 +22,13 @@ def test_the_ready_notice_gives_the_same_clock(locale: str, shown: str) -> None:
     assert shown in wait_text(EngineWait("ready", 97.0), locale)
 
 
+@pytest.mark.parametrize(
+    ("locale", "shown"), [("en-US", "ready (97 s, of which 2.5 s warming up"), ("zh-CN", "用时 97 秒，其中预热 2.5 秒")]
+)
+def test_the_ready_notice_says_what_the_warm_up_took(locale: str, shown: str) -> None:
+    assert shown in wait_text(EngineWait("ready", 97.0, warmup_s=2.47), locale)
+
+
 @pytest.mark.parametrize("locale", ["en-US", "zh-CN"])
 def test_a_restarting_notice_gives_the_clock_and_the_problem(locale: str) -> None:
     problem = BackendError.of("backend.timeout")

@@ -31,6 +31,20 @@ def test_cpu_launch_has_vllm_cpu_flags_and_env() -> None:
     assert spec.base_url == "http://127.0.0.1:8123"
 
 
+@pytest.mark.parametrize("name", ["vllm", "vllm-cpu"])
+def test_compile_caches_are_kept_under_the_app_s_cache_unless_the_environment_says(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/mine/triton")
+    cfg = load_config(environ={"ERNIE_PATHS__CACHE_DIR": str(tmp_path / "cache")})
+    env = launch(cfg, name, "/models/x", 8123, "k", python="/py").env
+    assert env["VLLM_CACHE_ROOT"] == str(cfg.paths.cache / "vllm")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cfg.paths.cache / "torchinductor")
+    assert env["TRITON_CACHE_DIR"] == "/mine/triton", "the user's own setting wins"
+
+
 def test_cpu_threads_and_openmp_runtime_go_by_environment(tmp_path: Path) -> None:
     """vllm-cpu's core reservation and OpenMP runtime are environment variables, not flags; Intel's OpenMP is
     preloaded from the engine's own environment, and only where it is installed there."""

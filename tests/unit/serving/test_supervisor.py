@@ -100,6 +100,47 @@ async def test_a_choice_before_the_first_start_that_fails_leaves_the_configured_
         await sup.stop()
 
 
+async def test_the_warm_up_runs_before_ready_and_its_time_is_kept(tmp_path: Path) -> None:
+    sup, _ = make(tmp_path, "--ready-after", "0.2")
+    seen: list[tuple[bool, Phrase | None]] = []
+
+    async def warm_up() -> None:
+        seen.append((sup.ready, sup.status.progress))
+        await asyncio.sleep(0.2)
+
+    sup.warm_up = warm_up
+    sup.start_background()
+    try:
+        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert seen == [(False, Phrase("engine.warming_up"))], "once, before ready, with its notice"
+        assert sup.status.warmup_s is not None and sup.status.warmup_s >= 0.2
+        assert sup.status.progress is None, "the notice goes with the warm-up"
+    finally:
+        await sup.stop()
+
+
+@pytest.mark.parametrize("trouble", ["raises", "too slow"])
+async def test_a_warm_up_that_fails_or_is_slow_does_not_keep_the_engine_from_ready(
+    tmp_path: Path, trouble: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sup, _ = make(tmp_path, "--ready-after", "0.2", ERNIE_TIMEOUTS__WARMUP_S="0.5")
+
+    async def warm_up() -> None:
+        if trouble == "raises":
+            raise EngineStartError.of("engine.not_ready", seconds=1)
+        await asyncio.sleep(30)
+
+    sup.warm_up = warm_up
+    sup.start_background()
+    try:
+        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert sup.status.warmup_s is None and sup.status.progress is None
+        said = [r.getMessage() for r in caplog.records if r.name == "backend.serving.supervisor"]
+        assert any("warm-up did not finish" in m for m in said), said
+    finally:
+        await sup.stop()
+
+
 async def test_exit_during_startup_is_reported_at_once_with_code_and_tail(tmp_path: Path) -> None:
     # A start-up timeout far beyond the wait below: only noticing the exit itself can end the wait in time.
     sup, _ = make(tmp_path, "--exit-at-start", "3", ERNIE_RESTART__MAX_ATTEMPTS="2", ERNIE_TIMEOUTS__STARTUP_S="3600")

@@ -1,0 +1,129 @@
+"""Where the API's first text goes (issue 28): one conversation of four turns sent 24 times at one user,
+alternated, straight to the engine and through the app's API (the offline demo model on llama.cpp, started as
+scripts/measure_api_overhead.py starts it); timed to the API's opening chunk (the app's own work before the
+engine: the key, the quota, the template, the count) and to the first text.
+
+    .venv/bin/python scripts/measure_api_first_text.py   -> results/api-overhead/demo/first-text.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import httpx
+import measure_api_overhead as m
+
+from backend.chat.service import ChatService
+from backend.config import ROOT, load_config
+from backend.engines.base import bearer
+
+HIST: list[dict[str, str]] = []
+for i in range(4):
+    HIST += [
+        {"role": "user", "content": f"Tell me something about topic number {i}."},
+        {"role": "assistant", "content": "Here is a short answer about it. " * 8},
+    ]
+
+
+async def one(http: httpx.AsyncClient, url: str, key: str, model: str, n: int) -> tuple[float | None, float]:
+    body = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "You are helpful."},
+            *HIST,
+            {"role": "user", "content": f"And about {n}?"},
+        ],
+        "stream": True,
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    t = time.perf_counter()
+    opened: float | None = None
+    text: float | None = None
+    async with http.stream("POST", url + "/v1/chat/completions", json=body, headers=bearer(key)) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            d = json.loads(line[5:])
+            ch = d.get("choices") or []
+            if not ch:
+                continue
+            delta = ch[0].get("delta") or {}
+            now = time.perf_counter()
+            if "role" in delta and not delta.get("content"):
+                opened = opened or now
+                continue
+            if delta.get("content") and text is None:
+                text = now
+    assert text is not None, "a reply without text"
+    return (opened - t) * 1000 if opened else None, (text - t) * 1000
+
+
+async def main() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    work = Path(tempfile.mkdtemp(prefix="api-first-text-"))
+    env = {
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_PATHS__DATA_DIR": str(work / "e"),
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        **m.MODELS["demo"][0],
+    }
+    s = ChatService.from_config(load_config(environ=env))
+    s.start()
+    assert await s.supervisor.wait_ready(600)
+    ep = s.endpoint
+    app, url, key = await asyncio.to_thread(
+        m.start_app, ep.base_url, ep.api_key, ep.model, work, 8597, m.MODELS["demo"][1]
+    )
+    try:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+            models = (await http.get(url + "/v1/models", headers=bearer(key))).json()["data"]
+            default = next(x["id"] for x in models if x["id"].endswith(":default"))
+            res: dict[str, list[float]] = {"engine": [], "app": [], "app_open": []}
+            for n in range(24):
+                # each request's last message is new to the engine (the one before it asked another): both pay it
+                o, t = await one(http, ep.base_url, ep.api_key, ep.model, 2 * n)
+                res["engine"].append(t)
+                o, t = await one(http, url, key, default, 2 * n + 1)
+                res["app"].append(t)
+                assert o is not None, "the API sends its opening chunk first"
+                res["app_open"].append(o)
+            summary = {
+                k: {
+                    "median_ms": round(statistics.median(v[2:]), 1),
+                    "min_ms": round(min(v[2:]), 1),
+                    "max_ms": round(max(v[2:]), 1),
+                }
+                for k, v in res.items()
+            }  # the first two: warming
+            out = {
+                "cpu": m.cpu_model(),
+                "load": [round(x, 2) for x in os.getloadavg()],
+                "created": time.strftime("%Y-%m-%d %H:%M %Z"),
+                "requests": len(res["app"]) - 2,
+                "figures": {
+                    "engine alone: first text": summary["engine"],
+                    "through the app: opening chunk": summary["app_open"],
+                    "through the app: first text": summary["app"],
+                },
+                "raw_ms": res,
+            }
+            path = ROOT / "results" / "api-overhead" / "demo" / "first-text.json"
+            path.write_text(json.dumps(out, indent=1))
+            print(json.dumps(out["figures"], indent=1))
+    finally:
+        app.terminate()
+        app.wait(30)
+        await s.stop()
+
+
+asyncio.run(main())
