@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 import measure_api_overhead as m
 
-from backend.chat.service import ChatService
-from backend.config import ROOT, load_config
+from backend.config import ROOT
 from backend.engines.base import bearer
 
 HIST: list[dict[str, str]] = []
@@ -69,16 +68,8 @@ async def one(http: httpx.AsyncClient, url: str, key: str, model: str, n: int) -
 
 
 async def main() -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
     work = Path(tempfile.mkdtemp(prefix="api-first-text-"))
-    env = {
-        "ERNIE_SERVER__PORT": "0",
-        "ERNIE_PATHS__DATA_DIR": str(work / "e"),
-        "ERNIE_ENGINE__NAME": "llama.cpp",
-        **m.MODELS["demo"][0],
-    }
-    s = ChatService.from_config(load_config(environ=env))
-    s.start()
+    s = m.start_engine("demo", work)
     assert await s.supervisor.wait_ready(600)
     ep = s.endpoint
     app, url, key = await asyncio.to_thread(

@@ -152,6 +152,21 @@ def start_app(
     return app, url, user_key
 
 
+def start_engine(model: str, work: Path) -> ChatService:
+    """llama.cpp serving `model` (MODELS), started by the app's supervisor (offline), then left alone."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    engine_env = {
+        "ERNIE_SERVER__PORT": "0",
+        "ERNIE_PATHS__DATA_DIR": str(work / "engine"),
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        **MODELS[model][0],
+        **{k: v for k, v in os.environ.items() if k == "ERNIE_PATHS__CACHE_DIR"},
+    }
+    service = ChatService.from_config(load_config(environ=engine_env))
+    service.start()
+    return service
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="demo")
@@ -163,16 +178,7 @@ async def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="api-overhead-"))
     out_dir = OUT / args.model
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    engine_env = {
-        "ERNIE_SERVER__PORT": "0",
-        "ERNIE_PATHS__DATA_DIR": str(work / "engine"),
-        "ERNIE_ENGINE__NAME": "llama.cpp",
-        **MODELS[args.model][0],
-        **{k: v for k, v in os.environ.items() if k == "ERNIE_PATHS__CACHE_DIR"},
-    }
-    service = ChatService.from_config(load_config(environ=engine_env))
-    service.start()
+    service = start_engine(args.model, work)
     app: subprocess.Popen[bytes] | None = None
     load_start = [round(x, 2) for x in os.getloadavg()]
     try:
