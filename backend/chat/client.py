@@ -14,7 +14,7 @@ from typing import Any
 import httpx2 as httpx  # openai 3.x is built on httpx2, a fork with the same API
 import openai
 from openai import AsyncOpenAI
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
 from backend.chat.context import Message
 from backend.engines.base import Api, Endpoint
@@ -208,11 +208,20 @@ class ChatStream:
             await self.aclose()
             raise
 
+    def _retrying(self, state: RetryCallState) -> None:
+        # Operators count these: an engine of a fleet that died takes its waiting requests with it (docs/deployment.md).
+        failure = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "Engine request failed before its first token (%s); trying again (attempt %d of %d).",
+            type(failure).__name__, state.attempt_number + 1, self._client.retries + 1,
+        )  # fmt: skip
+
     async def __aiter__(self) -> AsyncIterator[str]:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._client.retries + 1),
             wait=wait_exponential(multiplier=0.5, max=4),
             retry=retry_if_exception(_is_retryable),
+            before_sleep=self._retrying,
             reraise=True,
         )
         try:
