@@ -93,15 +93,16 @@ def llama_engine(name: str, root: Path, engine_py: str, api_key: str, parallel: 
     return Child(name, spec.argv, data / "engine.log", spec.base_url + spec.health_path, env=spec.env, cwd=spec.cwd)
 
 
-def router(workers: list[str], log: Path) -> tuple[Child, str]:
-    """vLLM's router (vllm-router) over `workers`, round robin, checking their health every second; (the router, the
-    URL of its Prometheus metrics)."""
+def router(workers: list[str], api_key: str, log: Path) -> tuple[Child, str]:
+    """vLLM's router (vllm-router) over `workers` (whose key is `api_key`), round robin, checking their health every
+    second; (the router, the URL of its Prometheus metrics)."""
     port, metrics_port = free_port(), free_port()
     argv = [
         str(BIN / "vllm-router"),
         "--host", "127.0.0.1", "--port", str(port),
         "--worker-urls", *workers,
         "--policy", "round_robin",
+        "--api-key", api_key,
         "--health-check-interval-secs", "1",
         "--health-failure-threshold", "1",
         "--health-check-timeout-secs", "2",

@@ -203,7 +203,12 @@ class ChatStream:
         self._lines = _event_lines(response)
         self._pieces = pieces = self._texts()
         try:
-            return await anext(pieces, "")
+            first = await anext(pieces, "")
+            if not first and self.stats.finish_reason is None:
+                # Ended with neither text nor a reason: the engine went away before the reply began (a router
+                # closes the stream it was passing on), which is worth another try like a broken connection.
+                raise httpx.RemoteProtocolError("the stream ended before its first token")
+            return first
         except BaseException:
             await self.aclose()
             raise

@@ -96,7 +96,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_py: str, postgres: Po
             started.append(engine)
         for engine in engines:
             engine.wait_ready()
-        front, router_metrics = router([e.health_url.removesuffix("/health") for e in engines], root / "router.log")
+        front, router_metrics = router(
+            [e.health_url.removesuffix("/health") for e in engines], key, root / "router.log"
+        )
         front.start()
         started.append(front)
         front.wait_ready()
