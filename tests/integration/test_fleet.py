@@ -55,6 +55,7 @@ SLOTS = 2  # per engine: 16 chats over 2 engines keep 6 waiting in each, which t
 REPLY_TOKENS = 48
 STORY = "Tell me a long story about a lighthouse keeper and the sea."
 RETRY_LINE = "failed before its first token"
+IN_FLIGHT_S = 0.5
 
 
 @dataclass
@@ -195,6 +196,7 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
     await asyncio.to_thread(wait_until, mid_load, "the first replies' first text while most still wait")
     victim.kill()
     killed_at = time.monotonic()
+    waiting = sum(first_text_at(c, m) is None for c, m in zip(chats, marks, strict=True))
     await asyncio.wait_for(load, 300)
 
     finished, noticed, late = 0, [], 0
@@ -206,8 +208,9 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
             finished += 1
             late += first is not None and first > killed_at
             continue
-        # the reply had begun before the kill: it keeps its text and ends with the usual notice
-        assert first is not None and first <= killed_at, f"a chat without text at the kill was lost: {step}"
+        # the reply had begun before the kill: it keeps its text and ends with the usual notice (text the engine
+        # wrote just before it died may reach the page a moment later: the app sends text every 20 ms)
+        assert first is not None and first <= killed_at + IN_FLIGHT_S, f"a chat without text was lost: {step}"
         noticed.append(str(step["output"]))
     await asyncio.gather(*(chat.close() for chat in chats))
 
@@ -220,7 +223,8 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
     retries = app.log_text().count(RETRY_LINE) - retries_before
     fleet.figures["kill"] = {
         "chats": CHATS, "slots_per_engine": SLOTS, "reply_tokens": REPLY_TOKENS,
-        "per_engine_requests": split, "finished": finished, "noticed": len(noticed),
+        "per_engine_requests": split, "waiting_for_first_text_at_the_kill": waiting, "finished": finished,
+        "noticed": len(noticed),
         "finished_with_first_text_after_the_kill": late, "app_retries_before_first_text": retries,
         "router_retries": sum(samples(fleet.router_metrics, "vllm_router_retries_total").values()),
         "router_health_after_the_kill": view, "notices": noticed,
