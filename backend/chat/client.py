@@ -310,7 +310,10 @@ class ChatClient:
         if resp.status_code != 200:
             raise BackendError.of("backend.count_failed", status=resp.status_code, detail=resp.text[:200])
         data = resp.json()
-        return int(data["count"]) if "count" in data else len(data["tokens"])
+        count = int(data["count"]) if "count" in data else len(data["tokens"])
+        # No tokens for a conversation: a server that read another body shape (llama-server's /tokenize wants
+        # "content", and a router passes it a chat): as good as no endpoint, so the caller estimates.
+        return None if count == 0 and messages else count
 
     async def _count_request(self, messages: list[Message]) -> httpx.Response:
         """The request(s) that count `messages`: the response of the last (/tokenize, or a 404 of the first)."""

@@ -100,7 +100,7 @@ class DatabaseHistory(History):
 
     def _failed(self, exc: BaseException) -> WorkshopError:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return WorkshopError.of("workshop.history_failed", where=self.where, reason=reason)
+        return WorkshopError.of("workshop.history_failed", where=self.where, reason=reason.rstrip("."))
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection]:
@@ -132,7 +132,8 @@ class DatabaseHistory(History):
     async def _rows(self, query: str, **params: object) -> list[Any]:
         try:
             async with self._connection() as conn:
-                return list((await conn.execute(sql(query), params)).fetchall())
+                result = await conn.execute(sql(query), params)
+                return list(result.fetchall()) if result.returns_rows else []
         except SQLAlchemyError as exc:
             raise self._failed(exc) from exc
 

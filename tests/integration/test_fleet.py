@@ -71,6 +71,10 @@ class Fleet:
     database_url: str
     figures: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def router_url(self) -> str:
+        return self.router.health_url.removesuffix("/health")
+
     def worker(self, engine: Child) -> str:
         return engine.health_url.removesuffix("/health")
 
@@ -169,7 +173,13 @@ def first_text_at(chat: ChatSocket, after: int) -> float | None:
 
 
 def worker_health(fleet: Fleet) -> dict[str, float]:
-    return {k.removeprefix("worker="): v for k, v in samples(fleet.router_metrics, "vllm_router_worker_health").items()}
+    """The router's health view of its workers (its /workers), checked against its metric of the same."""
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        view = {w["url"]: float(w["is_healthy"]) for w in http.get(fleet.router_url + "/workers").json()["workers"]}
+    metric = {
+        k.removeprefix("worker="): v for k, v in samples(fleet.router_metrics, "vllm_router_worker_health").items()
+    }
+    return view if view == metric else {}
 
 
 def processed(fleet: Fleet) -> dict[str, float]:
