@@ -186,6 +186,11 @@ def worker_health(fleet: Fleet) -> dict[str, float]:
     return view if view == metric else {}
 
 
+def launched(engine: Child) -> int:
+    """Replies the engine began (llama-server logs each slot it starts on a request)."""
+    return engine.log_text().count("launch_slot_")
+
+
 def processed(fleet: Fleet) -> dict[str, float]:
     """Requests the router sent to each worker (its own count)."""
     found = samples(fleet.router_metrics, "vllm_router_processed_requests_total")
@@ -196,16 +201,26 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
     fleet: Fleet, alice_at: list[httpx.AsyncClient]
 ) -> None:
     app, victim = fleet.apps[0], fleet.engines[1]
-    before, retries_before = processed(fleet), app.log_text().count(RETRY_LINE)
     chats = [ChatSocket(app.url, alice_at[0]) for _ in range(CHATS)]
     for chat in chats:
         await chat.connect()
+
+    # 16 chats at once, both engines alive: the router spreads them (the engines' own logs count the replies)
+    started_before = [launched(e) for e in fleet.engines]
+    await asyncio.wait_for(asyncio.gather(*(chat.ask(f"Hello! ({i})") for i, chat in enumerate(chats))), 300)
+    assert all(c.last_reply is not None and rendered_finished(c.last_reply) for c in chats)
+    spread = {fleet.worker(e): launched(e) - n for e, n in zip(fleet.engines, started_before, strict=True)}
+    assert sum(spread.values()) == CHATS and all(n >= CHATS // 4 for n in spread.values()), spread
+
+    # the same 16 chats' next message; one engine is killed once a few replies have begun
+    before, retries_before = processed(fleet), app.log_text().count(RETRY_LINE)
+    started_before = [launched(e) for e in fleet.engines]
     marks = [len(chat.events) for chat in chats]
     load = asyncio.gather(*(chat.ask(f"{STORY} ({i})") for i, chat in enumerate(chats)))
 
     def mid_load() -> bool:
         firsts = [first_text_at(c, m) for c, m in zip(chats, marks, strict=True)]
-        return sum(f is not None for f in firsts) >= 1 and sum(f is None for f in firsts) >= CHATS // 2
+        return sum(f is not None for f in firsts) >= SLOTS + 1 and sum(f is None for f in firsts) >= CHATS // 2
 
     await asyncio.to_thread(wait_until, mid_load, "the first replies' first text while most still wait")
     at_kill = processed(fleet)
@@ -235,18 +250,22 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
         wait_until, lambda: (h := worker_health(fleet)).get(dead) == 0 and h.get(alive) == 1 and h, "the router's view"
     )
     split = {url: processed(fleet)[url] - before[url] for url in before}
+    replies = {fleet.worker(e): launched(e) - n for e, n in zip(fleet.engines, started_before, strict=True)}
     retries = app.log_text().count(RETRY_LINE) - retries_before
     fleet.figures["kill"] = {
         "chats": CHATS, "slots_per_engine": SLOTS, "reply_tokens": REPLY_TOKENS,
-        "per_engine_requests": split,
-        "per_engine_requests_before_the_kill": {url: at_kill[url] - before[url] for url in before},
+        "per_engine_replies_without_a_kill": spread,
+        "per_engine_replies_started": replies,  # the engines' own logs: a slot began a reply
+        "router_requests_per_engine": split,  # every request the router sent: health checks and counts included
+        "router_requests_per_engine_before_the_kill": {url: at_kill[url] - before[url] for url in before},
         "waiting_for_first_text_at_the_kill": waiting, "finished": finished, "noticed": len(noticed),
         "finished_with_first_text_after_the_kill": late, "app_retries_before_first_text": retries,
         "router_retries": sum(samples(fleet.router_metrics, "vllm_router_retries_total").values()),
         "router_health_after_the_kill": view, "notices": noticed,
     }  # fmt: skip
     assert finished + len(noticed) == CHATS
-    assert all(split[url] > 0 for url in split), f"both engines answered: {split}"
+    assert all(n > 0 for n in replies.values()), f"both engines answered: {replies}"
+    assert sum(replies.values()) >= CHATS, "every chat's reply began on an engine"
     assert len(noticed) <= SLOTS, f"at most the replies the dead engine was writing: {noticed}"
 
     victim.start()  # as it was, for the other tests
