@@ -94,14 +94,16 @@ def llama_engine(name: str, root: Path, engine_py: str, api_key: str, parallel: 
 
 
 def router(workers: list[str], api_key: str, log: Path) -> tuple[Child, str]:
-    """vLLM's router (vllm-router) over `workers` (whose key is `api_key`), round robin, checking their health every
-    second; (the router, the URL of its Prometheus metrics)."""
+    """vLLM's router (vllm-router) over `workers` (whose key is `api_key`), sending each request to the less busy of
+    two, checking their health every second; (the router, the URL of its Prometheus metrics). (Not round robin: it
+    alternates over every request, and a chat turn sends a token count before its reply, so with two engines every
+    reply went to the same one.)"""
     port, metrics_port = free_port(), free_port()
     argv = [
         str(BIN / "vllm-router"),
         "--host", "127.0.0.1", "--port", str(port),
         "--worker-urls", *workers,
-        "--policy", "round_robin",
+        "--policy", "power_of_two",
         "--api-key", api_key,
         "--health-check-interval-secs", "1",
         "--health-failure-threshold", "1",
