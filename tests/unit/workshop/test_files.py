@@ -157,3 +157,19 @@ async def test_restore_duplicate_delete(files: TemplateFiles) -> None:
         with pytest.raises(WorkshopError) as refused:
             files.read(bad)
         assert code(refused) == "workshop.bad_name"
+
+
+async def test_a_database_out_of_reach_is_a_clear_error_and_the_file_is_kept(tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(ROOT / "prompts", tmp_path / "prompts"))
+    history = DatabaseHistory("postgresql+asyncpg://ernie:secret@127.0.0.1:1/ernie")  # nothing listens on port 1
+    files = TemplateFiles(folder, history)
+    before = files.read("default")
+    try:
+        with pytest.raises(WorkshopError) as failed:
+            await files.save("default", POEM, version_tag(before), "alice")
+    finally:
+        await history.close()
+    assert code(failed) == "workshop.history_failed" and "secret" not in failed.value.message
+    assert "127.0.0.1:1" in failed.value.message and "storage.database_url" in (failed.value.hint or "")
+    assert "storage.database_url" in failed.value.localized("zh-CN")[1]
+    assert files.read("default") == before, "nothing was written"
