@@ -1044,6 +1044,17 @@ CATALOG: dict[str, Entry] = {
         ("The template could not be written to {path}: {reason}.", "Check that the app may write to that folder."),
         ("无法把模板写入 {path}：{reason}。", "请确认应用有权限写入该文件夹。"),
     ),
+    "workshop.history_failed": _e(
+        "where reason",
+        (
+            "The templates' version history in {where} could not be read or written: {reason}.",
+            "Check that the database in storage.database_url is running and reachable, then reload the workshop.",
+        ),
+        (
+            "无法读取或写入 {where} 中模板的版本历史：{reason}。",
+            "请确认 storage.database_url 中的数据库正在运行且可以连接，然后重新加载模板工坊。",
+        ),
+    ),
 }
 
 #: code -> a part of a sentence given as a parameter (a Phrase): its parameters and its text in each language.

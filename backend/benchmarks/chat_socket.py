@@ -34,10 +34,14 @@ class ChatSocket:
         import socketio  # the UI's client library: imported here so `python -m backend` loads without it
 
         self.url, self.http, self.language = url, http, language
+        # A browser starts with HTTP long-polling and upgrades; "polling" alone shows whether a proxy keeps every
+        # request of a session on the process that holds it (docs/deployment.md).
+        self.transports = ["websocket"]
         self.sio = socketio.AsyncClient(reconnection=False)
         self.events: list[tuple[str, Any]] = []
         self.times: list[float] = []  # time.monotonic() of each event, for latencies
         self.thread_id: str | None = None
+        self.session_id: str | None = None
         self.last_sent: str | None = None  # the id of the last user message sent
         self.last_reply: dict[str, Any] | None = None  # the step of the last reply ask() got
         self._changed = asyncio.Event()
@@ -62,13 +66,14 @@ class ChatSocket:
 
     async def connect(self, resume: str | None = None) -> None:
         cookie = "; ".join(f"{k}={v}" for k, v in self.http.cookies.items()) if self.http else ""
-        auth: dict[str, Any] = {"sessionId": str(uuid.uuid4()), "clientType": "webapp", "userEnv": "{}"}
+        self.session_id = str(uuid.uuid4())  # the page sends it with HTTP calls about the session (feedback)
+        auth: dict[str, Any] = {"sessionId": self.session_id, "clientType": "webapp", "userEnv": "{}"}
         if resume:
             auth["threadId"] = resume
         # the chat's language comes from the socket's Accept-Language header, as a browser's does
         headers = {"Cookie": cookie, "Accept-Language": self.language}
         await self.sio.connect(
-            self.url, socketio_path="/ws/socket.io", transports=["websocket"], headers=headers, auth=auth
+            self.url, socketio_path="/ws/socket.io", transports=self.transports, headers=headers, auth=auth
         )
         start = len(self.events)
         await self.sio.emit("connection_successful")

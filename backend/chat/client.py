@@ -14,7 +14,7 @@ from typing import Any
 import httpx2 as httpx  # openai 3.x is built on httpx2, a fork with the same API
 import openai
 from openai import AsyncOpenAI
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
 from backend.chat.context import Message
 from backend.engines.base import Api, Endpoint
@@ -203,16 +203,30 @@ class ChatStream:
         self._lines = _event_lines(response)
         self._pieces = pieces = self._texts()
         try:
-            return await anext(pieces, "")
+            first = await anext(pieces, "")
+            if not first and self.stats.finish_reason is None:
+                # Ended with neither text nor a reason: the engine went away before the reply began (a router
+                # closes the stream it was passing on), which is worth another try like a broken connection.
+                raise httpx.RemoteProtocolError("the stream ended before its first token")
+            return first
         except BaseException:
             await self.aclose()
             raise
+
+    def _retrying(self, state: RetryCallState) -> None:
+        # Operators count these: an engine of a fleet that died takes its waiting requests with it (docs/deployment.md).
+        failure = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "Engine request failed before its first token (%s); trying again (attempt %d of %d).",
+            type(failure).__name__, state.attempt_number + 1, self._client.retries + 1,
+        )  # fmt: skip
 
     async def __aiter__(self) -> AsyncIterator[str]:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._client.retries + 1),
             wait=wait_exponential(multiplier=0.5, max=4),
             retry=retry_if_exception(_is_retryable),
+            before_sleep=self._retrying,
             reraise=True,
         )
         try:
@@ -296,7 +310,10 @@ class ChatClient:
         if resp.status_code != 200:
             raise BackendError.of("backend.count_failed", status=resp.status_code, detail=resp.text[:200])
         data = resp.json()
-        return int(data["count"]) if "count" in data else len(data["tokens"])
+        count = int(data["count"]) if "count" in data else len(data["tokens"])
+        # No tokens for a conversation: a server that read another body shape (llama-server's /tokenize wants
+        # "content", and a router passes it a chat): as good as no endpoint, so the caller estimates.
+        return None if count == 0 and messages else count
 
     async def _count_request(self, messages: list[Message]) -> httpx.Response:
         """The request(s) that count `messages`: the response of the last (/tokenize, or a 404 of the first)."""

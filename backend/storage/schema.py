@@ -145,6 +145,23 @@ API_INDEXES = [
 ]
 
 
+# The template workshop's version history (backend.workshop.history), shared by every app process on the database:
+# schema version 3. "body" is the whole text of the version, NULL for a deletion.
+WORKSHOP_TABLES: dict[str, list[str]] = {
+    "workshop_versions": [
+        '"stem" {text} NOT NULL',
+        '"number" {int} NOT NULL',
+        '"tag" {text} NOT NULL',
+        '"who" {text} NOT NULL',
+        '"at" {text} NOT NULL',
+        '"note" {text} NOT NULL',
+        '"action" {text} NOT NULL',
+        '"body" {text}',
+        'PRIMARY KEY ("stem", "number")',
+    ],
+}
+
+
 class SchemaError(StorageError, RuntimeError):
     """The database's schema cannot be brought to the version this app needs."""
 
@@ -171,7 +188,8 @@ class Migration:
 MIGRATIONS = [
     Migration(1, "Chainlit 2.12 tables", {d: create_tables(d) for d in TYPES}),
     Migration(2, "API keys, quotas and usage", {d: create_tables(d, API_TABLES, API_INDEXES) for d in TYPES}),
-    # Later changes go here as Migration(3, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
+    Migration(3, "the template workshop's version history", {d: create_tables(d, WORKSHOP_TABLES, []) for d in TYPES}),
+    # Later changes go here as Migration(4, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
 ]
 LATEST = MIGRATIONS[-1].version
 

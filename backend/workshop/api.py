@@ -36,8 +36,9 @@ from backend.workshop.drafts import (
     yaml_fields,
 )
 from backend.workshop.files import DraftRefused, TemplateFiles
+from backend.workshop.history import History, open_history
 from backend.workshop.tryout import try_reply
-from backend.workshop.versions import ABSENT, Version, VersionStore, unified_diff, version_tag
+from backend.workshop.versions import ABSENT, Version, unified_diff, version_tag
 
 PAGE = "/workshop"
 API = "/workshop/api"
@@ -57,6 +58,7 @@ STATUS = {
     "workshop.draft_problems": 422,
     "workshop.engine_not_ready": 503,
     "workshop.write_failed": 500,
+    "workshop.history_failed": 503,
 }
 
 
@@ -144,19 +146,19 @@ def _version_json(version: Version) -> dict[str, Any]:
 class Workshop:
     """The routes, with what they work on: the chat service (its templates, engine and client) and the files."""
 
-    def __init__(self, service: ChatService, access: Access | None = None) -> None:
+    def __init__(self, service: ChatService, access: Access | None = None, history: History | None = None) -> None:
         self.service = service
         self.access = access or Access(service.cfg)
         self.folder = service.templates.folder
-        self.history = VersionStore(service.cfg.paths.data / "workshop")
+        self.history = history or open_history(service.cfg)
         self.files = TemplateFiles(self.folder, self.history)
 
     # ----- reading ----------------------------------------------------------------------------------------------
-    def _saved_number(self, stem: str, tag: str) -> int | None:
-        latest = self.history.latest(stem)
+    async def _saved_number(self, stem: str, tag: str) -> int | None:
+        latest = await self.history.latest(stem)
         return latest.number if latest is not None and latest.tag == tag else None
 
-    def listing(self, locale: str) -> list[dict[str, Any]]:
+    async def listing(self, locale: str) -> list[dict[str, Any]]:
         """Every template file with what routing uses of it, as the chat's store has it now."""
         store = self.service.templates
         by_path = {t.path: t for t in map(store.get, store.names())}
@@ -178,17 +180,17 @@ class Workshop:
                 "patterns": [p.pattern for p in template.patterns] if template else [],
                 "route_on_demo": template.route_on_demo if template else None,
                 "version": tag,
-                "number": self._saved_number(stem, tag),
+                "number": await self._saved_number(stem, tag),
                 "problems": sum(1 for p in problems if p.path == shown),
             })  # fmt: skip
         return rows
 
-    def one(self, stem: str) -> dict[str, Any]:
+    async def one(self, stem: str) -> dict[str, Any]:
         text, tag = self.files.current(stem)
         with draft_folder(self.folder, stem, text) as check:
             problems = [problem_json(p) for p in check.problems]
         return {"stem": stem, "file": display_path(self.files.path(stem)), "yaml": text, "fields": yaml_fields(text),
-                "version": tag, "number": self._saved_number(stem, tag), "problems": problems}  # fmt: skip
+                "version": tag, "number": await self._saved_number(stem, tag), "problems": problems}  # fmt: skip
 
     def check(self, draft: NamedDraft) -> dict[str, Any]:
         text = draft.text(self.files.read(draft.stem))  # a bad file name is refused like everywhere else
@@ -243,14 +245,14 @@ class Workshop:
         async for event in events:
             yield (json.dumps(event, ensure_ascii=False) + "\n").encode()
 
-    def diff(self, stem: str, old: str, new: str) -> dict[str, Any]:
+    async def diff(self, stem: str, old: str, new: str) -> dict[str, Any]:
         texts = []
         for which in (old, new):
             if which == "current":
                 texts.append(self.files.read(stem) or "")
                 continue
-            text = self.history.text(stem, int(which)) if which.isdigit() else None
-            if text is None and not (which.isdigit() and 1 <= int(which) <= len(self.history.history(stem))):
+            text = await self.history.text(stem, int(which)) if which.isdigit() else None
+            if text is None and not (which.isdigit() and 1 <= int(which) <= len(await self.history.versions(stem))):
                 raise WorkshopError.of("workshop.no_version", name=stem, version=which)
             texts.append(text or "")
         label = {"current": "current"}
@@ -276,12 +278,12 @@ class Workshop:
         @router.get("/templates")
         @guarded
         async def list_templates(request: Request, who: Editor) -> Any:
-            return {"templates": self.listing(_locale(request))}
+            return {"templates": await self.listing(_locale(request))}
 
         @router.get("/templates/{stem}")
         @guarded
         async def get_template(request: Request, stem: str, who: Editor) -> Any:
-            return self.one(stem)
+            return await self.one(stem)
 
         @router.post("/check")
         @guarded
@@ -302,25 +304,25 @@ class Workshop:
         @router.post("/templates")
         @guarded
         async def create(request: Request, body: Create, who: Editor) -> Any:
-            version = self.files.create(body.stem, body.text(), who.name, body.note)
-            return JSONResponse({"saved": _version_json(version), **self.one(body.stem)}, status_code=201)
+            version = await self.files.create(body.stem, body.text(), who.name, body.note)
+            return JSONResponse({"saved": _version_json(version), **await self.one(body.stem)}, status_code=201)
 
         @router.put("/templates/{stem}")
         @guarded
         async def save(request: Request, stem: str, body: Save, who: Editor) -> Any:
-            version = self.files.save(stem, body.text(self.files.read(stem)), body.base, who.name, body.note)
-            return {"saved": _version_json(version), **self.one(stem)}
+            version = await self.files.save(stem, body.text(self.files.read(stem)), body.base, who.name, body.note)
+            return {"saved": _version_json(version), **await self.one(stem)}
 
         @router.post("/templates/{stem}/duplicate")
         @guarded
         async def duplicate(request: Request, stem: str, body: Copy, who: Editor) -> Any:
-            version = self.files.duplicate(stem, body.stem, who.name)
-            return JSONResponse({"saved": _version_json(version), **self.one(body.stem)}, status_code=201)
+            version = await self.files.duplicate(stem, body.stem, who.name)
+            return JSONResponse({"saved": _version_json(version), **await self.one(body.stem)}, status_code=201)
 
         @router.delete("/templates/{stem}")
         @guarded
         async def delete(request: Request, stem: str, base: str, who: Editor) -> Any:
-            return {"saved": _version_json(self.files.delete(stem, base, who.name))}
+            return {"saved": _version_json(await self.files.delete(stem, base, who.name))}
 
         @router.post("/templates/{stem}/compare")
         @guarded
@@ -333,14 +335,14 @@ class Workshop:
         async def versions(request: Request, stem: str, who: Editor) -> Any:
             self.files.path(stem)
             current = version_tag(self.files.read(stem))
-            found = [_version_json(v) for v in reversed(self.history.history(stem))]
+            found = [_version_json(v) for v in reversed(await self.history.versions(stem))]
             return {"versions": found, "current": current if current != ABSENT else None}
 
         @router.get("/templates/{stem}/versions/{number}")
         @guarded
         async def version_text(request: Request, stem: str, number: int, who: Editor) -> Any:
             self.files.path(stem)
-            text = self.history.text(stem, number)
+            text = await self.history.text(stem, number)
             if text is None:
                 raise WorkshopError.of("workshop.no_version", name=stem, version=number)
             return {"yaml": text, "fields": yaml_fields(text), "tag": version_tag(text)}
@@ -349,13 +351,13 @@ class Workshop:
         @guarded
         async def diff(request: Request, stem: str, old: str, who: Editor, new: str = "current") -> Any:
             self.files.path(stem)
-            return self.diff(stem, old, new)
+            return await self.diff(stem, old, new)
 
         @router.post("/templates/{stem}/restore")
         @guarded
         async def restore(request: Request, stem: str, body: Restore, who: Editor) -> Any:
-            version = self.files.restore(stem, body.version, body.base, who.name)
-            return {"saved": _version_json(version), **self.one(stem)}
+            version = await self.files.restore(stem, body.version, body.base, who.name)
+            return {"saved": _version_json(version), **await self.one(stem)}
 
         async def page() -> FileResponse:
             return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})

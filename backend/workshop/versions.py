@@ -1,7 +1,8 @@
 """The history of every template file the workshop changes: who, when, a note and the whole text of each version.
 
-Kept under the data folder (``<data_dir>/workshop/<file stem>/``): ``history.json`` lists the versions, and
-``<number>.yaml`` holds each one's text. Every file is written whole to a temporary name and moved into place
+Kept under the data folder (``<data_dir>/workshop/<file stem>/``) by one app process: ``history.json`` lists the
+versions, and ``<number>.yaml`` holds each one's text (several processes keep them in the database instead:
+backend.workshop.history). Every file is written whole to a temporary name and moved into place
 (os.replace), so a crash never leaves half a file behind; the prompts folder itself stays the source of truth.
 """
 
@@ -97,8 +98,7 @@ class VersionStore:
         folder = self._folder(stem)
         folder.mkdir(parents=True, exist_ok=True)
         versions = self.history(stem)
-        when = datetime.now(UTC).isoformat(timespec="seconds")
-        version = Version(len(versions) + 1, version_tag(text), who, when, note, action)
+        version = Version(len(versions) + 1, version_tag(text), who, now_utc(), note, action)
         if text is not None:
             atomic_write(folder / f"{version.number}.yaml", text)
         history = [asdict(v) for v in [*versions, version]]
@@ -108,10 +108,24 @@ class VersionStore:
     def note_outside_change(self, stem: str, text: str | None) -> Version | None:
         """Record the file as it is now when it differs from the last recorded version (an edit made outside
         the workshop, or a file the workshop never saw), so that every earlier state can be restored."""
-        latest = self.latest(stem)
-        if latest is not None and latest.tag == version_tag(text):
-            return None
-        if latest is None and text is None:
-            return None
-        note = "as found in the prompts folder" if latest is None else "changed outside the workshop"
-        return self.record(stem, text, "(outside the workshop)", note, "found" if text is not None else "deleted")
+        found = outside_change(self.latest(stem), text)
+        return None if found is None else self.record(stem, text, OUTSIDE, *found)
+
+
+OUTSIDE = "(outside the workshop)"  # who made a change the workshop did not make
+
+
+def outside_change(latest: Version | None, text: str | None) -> tuple[str, Action] | None:
+    """(note, action) of the version that records the file's `text` when it differs from the `latest` recorded
+    one; None when there is nothing to record (the same text, or a file never seen and not there)."""
+    if latest is not None and latest.tag == version_tag(text):
+        return None
+    if latest is None and text is None:
+        return None
+    note = "as found in the prompts folder" if latest is None else "changed outside the workshop"
+    return note, "found" if text is not None else "deleted"
+
+
+def now_utc() -> str:
+    """The time of a new version: ISO 8601, UTC, whole seconds."""
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,11 +1,13 @@
 """The container files say what the rest of the project says: files they copy exist, the GPU image is the vLLM
-release the engine requirements pin, both images check /healthz on the app's port. (Neither image can be built
-on these machines: no Docker, no GPU; this is what can be checked without building.)"""
+release the engine requirements pin, both images check /healthz on the app's port; the fleet's compose file has
+every part, health checks, one published port and the volumes shared where they must be. (Neither image can be
+built on these machines: no Docker, no GPU; this is what can be checked without building.)"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -69,3 +71,74 @@ def test_the_compose_example_builds_the_gpu_image_and_asks_for_a_gpu() -> None:
     assert f"{APP_PORT}:{APP_PORT}" in service["ports"]
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+
+
+# ----- compose.fleet.yaml: app x2, PostgreSQL, router, engines (docs/deployment.md) ------------------------------
+def fleet() -> dict[str, Any]:
+    services: dict[str, Any] = yaml.safe_load((ROOT / "compose.fleet.yaml").read_text(encoding="utf-8"))["services"]
+    return services
+
+
+def test_the_fleet_has_every_part_and_the_images_the_project_pins() -> None:
+    services = fleet()
+    assert {"proxy", "app-1", "app-2", "postgres", "router", "engine-1", "engine-2"} <= set(services)
+    pinned = re.search(r"^vllm==(\S+)$", (ROOT / "requirements-engine-cuda.txt").read_text(), re.M)
+    assert pinned is not None
+    for name in ("engine-1", "engine-2"):
+        assert services[name]["image"] == f"vllm/vllm-openai:v{pinned.group(1)}"
+        assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    gpus = [
+        services[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n in ("engine-1", "engine-2")
+    ]
+    assert gpus[0] != gpus[1], "one GPU per engine"
+    for name in ("app-1", "app-2", "router"):
+        assert Path(services[name]["build"]["dockerfile"]).name == "Dockerfile"
+    router_pin = re.search(r"^vllm-router==\S+$", (ROOT / "requirements-dev.txt").read_text(), re.M)
+    assert router_pin and services["router"]["command"][0] == ".venv/bin/vllm-router", "installed by make setup"
+    assert services["postgres"]["image"].startswith("postgres:") and services["proxy"]["image"].startswith("caddy:")
+
+
+def test_only_the_proxy_is_published_and_every_part_checks_its_health() -> None:
+    services = fleet()
+    published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
+    assert published == {"proxy": [f"{APP_PORT}:{APP_PORT}"]}, "users reach the apps only through the sticky proxy"
+    checks = {name: " ".join(s["healthcheck"]["test"]) for name, s in services.items() if "healthcheck" in s}
+    for name in ("app-1", "app-2"):
+        assert f"127.0.0.1:{APP_PORT}/healthz" in checks[name]
+    for name in ("router", "engine-1", "engine-2"):
+        assert "127.0.0.1:8000/health" in checks[name]
+    assert "pg_isready" in checks["postgres"]
+    waits = {name: {d: c["condition"] for d, c in s.get("depends_on", {}).items()} for name, s in services.items()}
+    assert waits["app-1"] == waits["app-2"] == {"postgres": "service_healthy", "router": "service_healthy"}
+    assert waits["router"] == {"engine-1": "service_healthy", "engine-2": "service_healthy"}
+
+
+def test_the_app_processes_share_what_they_must_and_nothing_else() -> None:
+    services = fleet()
+    apps = [services["app-1"], services["app-2"]]
+    envs = [app["environment"] for app in apps]
+    shared = ("ERNIE_STORAGE__DATABASE_URL", "CHAINLIT_AUTH_SECRET", "ERNIE_SERVER__BASE_URL", "ERNIE_ENGINE__NAME",
+              "ERNIE_PATHS__PROMPTS_DIR", "ERNIE_AUTH__USERS_FILE")  # fmt: skip
+    for key in shared:
+        assert envs[0][key] == envs[1][key], f"{key} differs between the app processes"
+    assert envs[0]["ERNIE_ENGINE__NAME"] == "external" and envs[0]["ERNIE_AUTH__ENABLED"] == "true"
+    assert "@postgres:5432/" in envs[0]["ERNIE_STORAGE__DATABASE_URL"]
+    assert envs[0]["ERNIE_SERVER__BASE_URL"] == "http://router:8000/v1"
+    mounts = [{m.split(":")[1]: m.split(":")[0] for m in app["volumes"]} for app in apps]
+    prompts, data = envs[0]["ERNIE_PATHS__PROMPTS_DIR"], envs[0]["ERNIE_PATHS__DATA_DIR"]
+    assert mounts[0][prompts] == mounts[1][prompts] == "./prompts", "one prompts folder"
+    assert mounts[0][envs[0]["ERNIE_AUTH__USERS_FILE"]] == mounts[1][envs[0]["ERNIE_AUTH__USERS_FILE"]]
+    assert mounts[0][data] != mounts[1][data], "each process its own data folder (logs, caches)"
+    command = services["router"]["command"]
+    workers = command[command.index("--worker-urls") + 1 : command.index("--policy")]
+    assert workers == ["http://engine-1:8000", "http://engine-2:8000"]
+    for engine in ("engine-1", "engine-2"):
+        assert "--port" in services[engine]["command"] and "8000" in services[engine]["command"]
+
+
+def test_the_proxy_sticks_each_browser_to_one_app_process() -> None:
+    caddyfile = (ROOT / "deploy" / "Caddyfile").read_text(encoding="utf-8")
+    assert f"reverse_proxy app-1:{APP_PORT} app-2:{APP_PORT}" in caddyfile
+    assert "lb_policy cookie" in caddyfile and "health_uri /healthz" in caddyfile
+    mount = fleet()["proxy"]["volumes"][0]
+    assert mount.startswith("./deploy/Caddyfile:/etc/caddy/Caddyfile")

@@ -105,3 +105,13 @@ async def test_a_connection_the_server_had_closed_is_asked_again_once() -> None:
     with pytest.raises(BackendError) as broken:  # two failures in a row reach the caller
         await client.count_tokens([{"role": "user", "content": "four five"}])
     assert broken.value.code == "backend.broken"
+
+
+async def test_no_tokens_for_a_conversation_is_no_count() -> None:
+    """llama-server behind a router, asked in vLLM's shape (messages, not content), answers no tokens: the caller
+    then estimates rather than take the prompt as empty."""
+    client = ChatClient(Endpoint("http://router", "key", "m", Api.VLLM), retries=0)
+    client.http = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"tokens": []})))
+    assert await client.count_tokens([{"role": "user", "content": "hello"}]) is None
+    await client.http.aclose()
+    await client.aclose()

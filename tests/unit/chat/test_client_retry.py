@@ -81,8 +81,9 @@ async def reset(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
 
 
 def stream(*pieces: str, end: str = "done") -> Behaviour:
-    """Stream `pieces`; then end properly ("done"), end the body without a finish_reason ("no_finish"), close
-    the connection in the middle of the chunked body ("break"), or wait until the client goes away ("hang")."""
+    """Stream `pieces`; then end properly ("done"), end the body without a finish_reason ("no_finish"), end the body
+    with neither a finish_reason nor [DONE] ("closed": a router whose engine died), close the connection in the
+    middle of the chunked body ("break"), or wait until the client goes away ("hang")."""
 
     async def answer(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
         writer.write(STREAM_HEAD)
@@ -93,6 +94,8 @@ def stream(*pieces: str, end: str = "done") -> Behaviour:
             writer.write(sse(finish()) + sse(USAGE) + sse("[DONE]") + b"0\r\n\r\n")
         elif end == "no_finish":
             writer.write(sse("[DONE]") + b"0\r\n\r\n")
+        elif end == "closed":
+            writer.write(b"0\r\n\r\n")
         elif end == "hang":
             await server.until_client_leaves(reader, writer)
         await writer.drain()
@@ -214,7 +217,7 @@ async def test_failures_before_the_first_token_are_retried_up_to_retries(failure
     assert (s.stats.prompt_tokens, s.stats.completion_tokens) == (3, 2)
 
 
-@pytest.mark.parametrize("end", ["break", "hang"])
+@pytest.mark.parametrize("end", ["break", "hang", "no_finish", "closed"])
 async def test_a_stream_that_fails_after_its_headers_but_before_any_text_is_retried(end: str) -> None:
     async with ScriptedServer(stream(end=end), stream("Hi")) as server:
         async with client_for(server, retries=1, read_timeout_s=0.3) as client:
@@ -243,7 +246,7 @@ async def test_a_refused_request_is_not_retried() -> None:
 
 
 # ----- (b) after the first token nothing is retried --------------------------------------------------------
-@pytest.mark.parametrize("end", ["break", "no_finish"])
+@pytest.mark.parametrize("end", ["break", "no_finish", "closed"])
 async def test_a_stream_that_breaks_after_the_first_token_is_not_retried(end: str) -> None:
     pieces: list[str] = []
     async with ScriptedServer(stream("Hel", "lo", end=end), stream("never", "seen")) as server:

@@ -2,8 +2,9 @@
 release (schema version 1, with a user's conversation and feedback in it) is upgraded when the next release starts,
 and nothing in it is lost; a migration that fails leaves the database as it was (docs/accounts.md, "Migrations").
 
-The upgrade from release 1 runs the app's real migrations (2: the API's keys, quotas and usage) and one more made
-up here: it adds a column with a default to a table that holds rows, and an index, which is what a real one does."""
+The upgrade from release 1 runs the app's real migrations (2: the API's keys, quotas and usage; 3: the workshop's
+version history) and one more made up here: it adds a column with a default to a table that holds rows, and an
+index, which is what a real one does."""
 
 from __future__ import annotations
 
@@ -73,9 +74,11 @@ async def test_the_next_release_upgrades_the_schema_on_start_and_keeps_the_data(
     store = await persistence.open(make_config(storage__database_url=db_url), login=True)
     assert store is not None, persistence.problem
 
-    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == [1, 2, 3]
+    applied = await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version")
+    assert applied == list(range(1, NEXT.version + 1))
     assert "archived" in await columns(db_url, "threads")
     assert await query(db_url, "SELECT COUNT(*) FROM api_keys") == [0], "release 2's tables are there"
+    assert await query(db_url, "SELECT COUNT(*) FROM workshop_versions") == [0], "and release 3's"
     assert await query(db_url, 'SELECT "archived" FROM threads') in ([0], [False]), "old rows get the default"
     kept = await store.get_thread(thread)
     assert kept is not None and kept["name"] == "What is 2+2?" and kept["userIdentifier"] == "alice"
@@ -89,7 +92,7 @@ async def test_the_next_release_upgrades_the_schema_on_start_and_keeps_the_data(
     store = await again.open(make_config(storage__database_url=db_url), login=True)
     assert store is not None
     await store.close()
-    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == [1, 2, 3]
+    assert await query(db_url, f"SELECT version FROM {VERSION_TABLE} ORDER BY version") == applied
 
 
 async def test_a_failed_migration_leaves_the_previous_release_s_database_as_it_was(

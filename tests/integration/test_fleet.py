@@ -1,0 +1,469 @@
+"""Beyond one machine, with real processes: two engines (llama-server, the offline demo model) behind vLLM's router
+(vllm-router), two app processes (`chainlit run app.py`, login on) that both use the router as their external
+engine and share one PostgreSQL database, one prompts folder and one login secret, and a reverse proxy (Caddy) that
+keeps each browser on one app process (docs/deployment.md).
+
+- 16 chats at once are spread over both engines; one engine killed mid-load loses no chat that had not yet had its
+  first text (the app asks again), those that had show the usual notice, and the router's health view says so;
+- a conversation started on one app process continues on the other after its own was killed (resume, through the
+  proxy);
+- a template saved in the workshop of one process is used by the chat of the other at its next message, and two
+  editors on the two processes get the same conflict message as two on one;
+- feedback and /metrics count per process, and a scraper's sum over the processes matches the shared database.
+
+Each test that kills a process starts it again before it ends (the order of the tests is shuffled). With
+ERNIE_FLEET_RESULTS=DIR the figures are written to DIR/fleet.json (results/fleet/)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import platform
+import secrets
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+import pytest_asyncio
+import socketio
+from sqlalchemy import text
+from yarl import URL
+
+from backend.accounts.passwords import hash_password
+from backend.accounts.users import write_users_file
+from backend.chat.render import DETAILS_KEY
+from backend.config import ROOT
+from backend.ops.prometheus_text import sample_totals
+from backend.serving.process import new_api_key
+from backend.storage.database import open_engine
+from tests.app_process import RunningApp, launch_app, login_env, wait_until
+from tests.chat_api import ChatSocket, login, rendered_finished
+from tests.fleet import Child, llama_engine, router, samples, sticky_proxy
+from tests.postgres_server import PostgresForTests
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PASSWORD = "fleet-password"
+ROLES = {"alice": "editor", "bob": "editor"}
+CHATS = 16
+SLOTS = 4  # per engine: 16 chats over 2 engines keep 4 waiting in each, which the kill takes with it
+REPLY_TOKENS = 32
+STORY = "Tell me a long story about a lighthouse keeper and the sea."
+RETRY_LINE = "failed before its first token"
+IN_FLIGHT_S = 0.5
+
+
+@dataclass
+class Fleet:
+    engines: list[Child]
+    router: Child
+    router_metrics: str
+    apps: list[RunningApp]
+    envs: list[dict[str, str]]
+    proxy: Child
+    proxy_url: str
+    prompts: Path
+    database_url: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def router_url(self) -> str:
+        return self.router.health_url.removesuffix("/health")
+
+    def worker(self, engine: Child) -> str:
+        return engine.health_url.removesuffix("/health")
+
+    def restart_app(self, index: int) -> None:
+        """Start app `index` again on its port (after a test killed it) and wait until it is ready."""
+        old = self.apps[index]
+        self.apps[index] = launch_app(self.envs[index], old.log, port=int(old.url.rsplit(":", 1)[1]))
+        self.apps[index].wait_ready()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, engine_py: str, postgres: PostgresForTests) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
+    users = root / "users.yaml"
+    write_users_file(users, {name: hash_password(PASSWORD) for name in ROLES}, ROLES)
+    key = new_api_key()
+    engines = [llama_engine(f"engine-{i}", root, engine_py, key, SLOTS) for i in (1, 2)]
+    started: list[Child] = []
+    apps: list[RunningApp] = []
+    try:
+        for engine in engines:
+            engine.start()
+            started.append(engine)
+        for engine in engines:
+            engine.wait_ready()
+        front, router_metrics = router(
+            [e.health_url.removesuffix("/health") for e in engines], key, root / "router.log"
+        )
+        front.start()
+        started.append(front)
+        front.wait_ready()
+        database_url = postgres.new_database()
+        shared = {
+            "ERNIE_ENGINE__NAME": "external",
+            "ERNIE_SERVER__BASE_URL": front.health_url.removesuffix("/health") + "/v1",
+            "ERNIE_SERVER__API_KEY": key,
+            "ERNIE_PATHS__PROMPTS_DIR": str(prompts),
+            "ERNIE_TIMEOUTS__HEALTH_INTERVAL_S": "1",
+            "ERNIE_API__QUOTAS__CONCURRENT": "0",
+            "ERNIE_API__QUOTAS__REQUESTS_PER_MINUTE": "0",
+            "CHAINLIT_AUTH_SECRET": secrets.token_urlsafe(48),  # one login secret: a session cookie works on both
+        }
+        envs = [
+            {
+                **login_env(root / f"data-{i}", Path("baidu/ERNIE-4.5-0.3B-PT"), users, database_url),
+                **shared,
+                "ERNIE_CHAT__MAX_TOKENS": str(REPLY_TOKENS),
+            }
+            for i in (1, 2)
+        ]
+        apps += [launch_app(env, root / f"app-{i}.log") for i, env in enumerate(envs, 1)]
+        for app in apps:
+            app.wait_ready()
+        proxy, proxy_url = sticky_proxy([app.url for app in apps], root)
+        proxy.start()
+        started.append(proxy)
+        proxy.wait_ready()
+        fleet = Fleet(engines, front, router_metrics, apps, envs, proxy, proxy_url, prompts, database_url)
+        yield fleet
+        write_figures(fleet.figures)
+    finally:
+        for app in apps:  # the fleet's list: a test that restarted one put the new one there
+            app.stop()
+        for part in reversed(started):
+            part.stop()
+
+
+def write_figures(figures: dict[str, Any]) -> None:
+    out = os.environ.get("ERNIE_FLEET_RESULTS")
+    if not out or not figures:
+        return
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())  # fmt: skip
+    record = {"cpu": cpu, "load_average": list(os.getloadavg()), **figures}
+    (folder / "fleet.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+@pytest_asyncio.fixture(scope="module")
+async def alice_at(fleet: Fleet) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """alice logged in at each app process directly (no proxy)."""
+    clients = [await login(app.url, "alice", PASSWORD) for app in fleet.apps]
+    yield clients
+    for http in clients:
+        await http.aclose()
+
+
+def first_text_at(chat: ChatSocket, after: int) -> float | None:
+    """When the reply's first text reached the page (Chainlit's stream_start), or None."""
+    for i in range(after, len(chat.events)):
+        if chat.events[i][0] == "stream_start":
+            return chat.times[i]
+    return None
+
+
+def worker_health(fleet: Fleet) -> dict[str, float]:
+    """The router's health view of its workers (its /workers), checked against its metric of the same."""
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        view = {w["url"]: float(w["is_healthy"]) for w in http.get(fleet.router_url + "/workers").json()["workers"]}
+    metric = {
+        k.removeprefix("worker="): v for k, v in samples(fleet.router_metrics, "vllm_router_worker_health").items()
+    }
+    return view if view == metric else {}
+
+
+def launched(engine: Child) -> int:
+    """Replies the engine began (llama-server logs each slot it starts on a request)."""
+    return engine.log_text().count("launch_slot_")
+
+
+def processed(fleet: Fleet) -> dict[str, float]:
+    """Requests the router sent to each worker (its own count)."""
+    found = samples(fleet.router_metrics, "vllm_router_processed_requests_total")
+    return {fleet.worker(e): sum(v for k, v in found.items() if fleet.worker(e) in k) for e in fleet.engines}
+
+
+async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_none_unanswered(
+    fleet: Fleet, alice_at: list[httpx.AsyncClient]
+) -> None:
+    app, victim = fleet.apps[0], fleet.engines[1]
+    chats = [ChatSocket(app.url, alice_at[0]) for _ in range(CHATS)]
+    for chat in chats:
+        await chat.connect()
+
+    # 16 chats at once, both engines alive: the router spreads them (the engines' own logs count the replies)
+    started_before = [launched(e) for e in fleet.engines]
+    await asyncio.wait_for(asyncio.gather(*(chat.ask(f"Hello! ({i})") for i, chat in enumerate(chats))), 300)
+    assert all(c.last_reply is not None and rendered_finished(c.last_reply) for c in chats)
+    spread = {fleet.worker(e): launched(e) - n for e, n in zip(fleet.engines, started_before, strict=True)}
+    assert sum(spread.values()) == CHATS and all(n >= CHATS // 4 for n in spread.values()), spread
+
+    # the same 16 chats' next message; one engine is killed once a few replies have begun
+    before, retries_before = processed(fleet), app.log_text().count(RETRY_LINE)
+    started_before = [launched(e) for e in fleet.engines]
+    marks = [len(chat.events) for chat in chats]
+    load = asyncio.gather(*(chat.ask(f"{STORY} ({i})") for i, chat in enumerate(chats)))
+
+    def mid_load() -> bool:
+        firsts = [first_text_at(c, m) for c, m in zip(chats, marks, strict=True)]
+        return sum(f is not None for f in firsts) >= SLOTS + 1 and sum(f is None for f in firsts) >= CHATS // 2
+
+    await asyncio.to_thread(wait_until, mid_load, "the first replies' first text while most still wait")
+    at_kill = processed(fleet)
+    victim.kill()
+    killed_at = time.monotonic()
+    waiting = sum(first_text_at(c, m) is None for c, m in zip(chats, marks, strict=True))
+    await asyncio.wait_for(load, 300)
+
+    finished, noticed, late = 0, [], 0
+    for chat, mark in zip(chats, marks, strict=True):
+        first = first_text_at(chat, mark)
+        step = chat.last_reply
+        assert step is not None, "every chat got a reply or a notice"
+        if rendered_finished(step):
+            finished += 1
+            late += first is not None and first > killed_at
+            continue
+        # the reply had begun before the kill: it keeps its text and ends with the usual notice (text the engine
+        # wrote just before it died may reach the page a moment later: the app sends text every 20 ms)
+        assert first is not None and first <= killed_at + IN_FLIGHT_S, f"a chat without text was lost: {step}"
+        noticed.append(str(step["output"]))
+    await asyncio.gather(*(chat.close() for chat in chats))
+
+    # the router's health view: the dead engine is marked down, the other up
+    dead, alive = fleet.worker(victim), fleet.worker(fleet.engines[0])
+    view = await asyncio.to_thread(
+        wait_until, lambda: (h := worker_health(fleet)).get(dead) == 0 and h.get(alive) == 1 and h, "the router's view"
+    )
+    split = {url: processed(fleet)[url] - before[url] for url in before}
+    replies = {fleet.worker(e): launched(e) - n for e, n in zip(fleet.engines, started_before, strict=True)}
+    retries = app.log_text().count(RETRY_LINE) - retries_before
+    fleet.figures["kill"] = {
+        "chats": CHATS, "slots_per_engine": SLOTS, "reply_tokens": REPLY_TOKENS,
+        "per_engine_replies_without_a_kill": spread,
+        "per_engine_replies_started": replies,  # the engines' own logs: a slot began a reply
+        "router_requests_per_engine": split,  # every request the router sent: health checks and counts included
+        "router_requests_per_engine_before_the_kill": {url: at_kill[url] - before[url] for url in before},
+        "waiting_for_first_text_at_the_kill": waiting, "finished": finished, "noticed": len(noticed),
+        "finished_with_first_text_after_the_kill": late, "app_retries_before_first_text": retries,
+        "router_retries": sum(samples(fleet.router_metrics, "vllm_router_retries_total").values()),
+        "router_health_after_the_kill": view, "notices": noticed,
+    }  # fmt: skip
+    assert finished + len(noticed) == CHATS
+    assert all(n > 0 for n in replies.values()), f"both engines answered: {replies}"
+    assert sum(replies.values()) >= CHATS, "every chat's reply began on an engine"
+    assert len(noticed) <= SLOTS, f"at most the replies the dead engine was writing: {noticed}"
+
+    victim.start()  # as it was, for the other tests
+    await asyncio.to_thread(victim.wait_ready)
+    await asyncio.to_thread(wait_until, lambda: worker_health(fleet).get(dead) == 1, "the router taking it back")
+
+
+async def test_a_conversation_continues_on_the_other_process_after_its_own_died(fleet: Fleet) -> None:
+    http = await login(fleet.proxy_url, "alice", PASSWORD)  # the proxy's cookie keeps this browser on one process
+    try:
+        served = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
+        chat = ChatSocket(fleet.proxy_url, http)
+        await chat.connect()
+        await chat.ask("What is the capital of France?")
+        assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
+        await chat.close()
+        tid = chat.thread_id
+        assert tid
+        now = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
+        home = next(i for i in (0, 1) if now[i] > served[i])
+        other = fleet.apps[1 - home]
+        await saved_thread(http, tid)
+
+        fleet.apps[home].kill()
+        killed_at = time.monotonic()
+        resumed = ChatSocket(fleet.proxy_url, http)
+        await resumed.connect(resume=tid)
+        back_s = time.monotonic() - killed_at
+        assert f"Resumed thread {tid}: 2 messages restored" in other.log_text(), "the other process resumed it"
+        await resumed.ask("And of Germany?")
+        assert resumed.last_reply is not None and rendered_finished(resumed.last_reply), resumed.last_reply
+        await resumed.close()
+        fleet.figures["resume"] = {"seconds_from_kill_to_resumed_thread": round(back_s, 3)}
+    finally:
+        await http.aclose()
+    await asyncio.to_thread(fleet.restart_app, home)
+
+
+def chat_turns(app: RunningApp) -> float:
+    """Chat turns the process answered (its own /metrics)."""
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        totals = sample_totals(http.get(app.url + "/metrics").text)
+    return totals.get("ernie_requests_total", 0.0)
+
+
+async def saved_thread(http: httpx.AsyncClient, tid: str) -> dict[str, Any]:
+    """The thread once its reply is saved (Chainlit writes steps in the background)."""
+
+    async def probe() -> dict[str, Any] | None:
+        thread: dict[str, Any] = (await http.get(f"/project/thread/{tid}")).json()
+        return thread if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])} else None
+
+    async with asyncio.timeout(120):
+        while (found := await probe()) is None:
+            await asyncio.sleep(0.2)
+    return found
+
+
+class PollingChat(ChatSocket):
+    """A chat over a browser's first transport alone, HTTP long-polling: each of its requests carries the browser's
+    cookies from a cookie jar, as a browser's do (the socket.io client sends the given headers with the first only)."""
+
+    async def connect(self, resume: str | None = None) -> None:
+        jar = aiohttp.CookieJar(unsafe=True)  # unsafe: it keeps cookies of an address (127.0.0.1)
+        jar.update_cookies(dict(self.http.cookies.items()) if self.http else {}, URL(self.url))
+        self.session = aiohttp.ClientSession(cookie_jar=jar)
+        self.sio = socketio.AsyncClient(reconnection=False, http_session=self.session)
+        self.sio.on("*", self._record)
+        self.transports = ["polling"]
+        await super().connect(resume)
+
+    async def close(self) -> None:
+        await super().close()
+        await self.session.close()
+
+
+# The socket.io client's polling transport leaves its last long-poll's connection unreleased when it disconnects
+# (aiohttp then warns when the object is collected): the client library's, not the app's; collected in the test.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:Unclosed connection:ResourceWarning")
+async def test_the_proxy_keeps_each_browser_on_one_process(fleet: Fleet) -> None:
+    """Socket.IO's HTTP long-polling (how a browser starts) sends many requests per session: each must reach the
+    process that holds the session. Four browsers, each with its own cookie, chat over polling alone."""
+    before = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
+    browsers = [await login(fleet.proxy_url, "bob", PASSWORD) for _ in range(4)]
+    try:
+        for http in browsers:
+            chat = PollingChat(fleet.proxy_url, http)
+            await chat.connect()
+            await chat.ask("Hello!")
+            assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
+            await chat.close()
+    finally:
+        for http in browsers:
+            await http.aclose()
+    gc.collect()
+    after = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
+    assert all(a > b for a, b in zip(after, before, strict=True)), f"both processes got browsers: {before} -> {after}"
+
+
+async def workshop(http: httpx.AsyncClient, method: str, path: str, **body: Any) -> httpx.Response:
+    return await http.request(method, "/workshop/api" + path, json=body or None)
+
+
+async def test_a_template_saved_on_one_process_serves_the_chat_of_the_other(
+    fleet: Fleet, alice_at: list[httpx.AsyncClient]
+) -> None:
+    stem, word = f"fleet-{uuid.uuid4().hex[:8]}", f"zq{uuid.uuid4().hex[:6]}"
+    template = f"name: {stem}\npriority: 60\nkeywords: [{word}]\nuser: |\n  Answer in one line.\n  {{input}}\n"
+    created = await workshop(alice_at[0], "POST", "/templates", stem=stem, yaml=template)
+    assert created.status_code == 201, created.text
+    chat = ChatSocket(fleet.apps[1].url, alice_at[1])
+    await chat.connect()
+    await chat.ask(f"Say {word}.")
+    await chat.close()
+    assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
+    assert chat.last_reply["metadata"][DETAILS_KEY]["template"] == stem, "the other process's chat used it"
+
+
+async def conflict_after(first: httpx.AsyncClient, second: httpx.AsyncClient, stem: str) -> dict[str, Any]:
+    """Both open `stem`; the first saves; the second saves over the version it opened: its refusal."""
+    opened = [(await workshop(http, "GET", f"/templates/{stem}")).json() for http in (first, second)]
+    assert opened[0]["version"] == opened[1]["version"]
+    saved = await workshop(first, "PUT", f"/templates/{stem}", yaml=opened[0]["yaml"] + "# one\n",
+                           base=opened[0]["version"])  # fmt: skip
+    assert saved.status_code == 200, saved.text
+    refused = await workshop(second, "PUT", f"/templates/{stem}", yaml=opened[1]["yaml"] + "# two\n",
+                             base=opened[1]["version"])  # fmt: skip
+    assert refused.status_code == 409, refused.text
+    error: dict[str, Any] = refused.json()["error"]
+    return error
+
+
+async def test_two_editors_on_two_processes_get_the_same_conflict_as_on_one(
+    fleet: Fleet, alice_at: list[httpx.AsyncClient]
+) -> None:
+    bob_at = [await login(app.url, "bob", PASSWORD) for app in fleet.apps]
+    try:
+        stems = []
+        for _ in range(2):
+            stems.append(f"edit-{uuid.uuid4().hex[:8]}")
+            body = f"name: {stems[-1]}\npriority: 61\nkeywords: [{stems[-1]}]\nuser: '{{input}}'\n"
+            assert (await workshop(alice_at[0], "POST", "/templates", stem=stems[-1], yaml=body)).status_code == 201
+        on_one = await conflict_after(alice_at[0], bob_at[0], stems[0])  # both editors on process 1
+        on_two = await conflict_after(alice_at[0], bob_at[1], stems[1])  # alice on process 1, bob on process 2
+        assert on_one["code"] == on_two["code"] == "workshop.conflict"
+
+        def shape(error: dict[str, Any], stem: str) -> str:
+            when = error["message"].split("(alice, ", 1)[1].split(")", 1)[0]
+            return str(error["message"]).replace(stem, "STEM").replace(when, "WHEN")
+
+        assert shape(on_one, stems[0]) == shape(on_two, stems[1]), (on_one, on_two)
+        history = (await workshop(bob_at[1], "GET", f"/templates/{stems[1]}/versions")).json()["versions"]
+        assert [v["who"] for v in history] == ["alice", "alice"], "process 2 sees process 1's history"
+    finally:
+        for http in bob_at:
+            await http.aclose()
+
+
+async def give_feedback(http: httpx.AsyncClient, chat: ChatSocket, value: int) -> None:
+    """What the page's thumbs send: Chainlit finds the chat's session by its id, so it must reach the process that
+    holds it (the proxy's cookie does that)."""
+    assert chat.last_reply is not None and chat.thread_id
+    feedback = {"forId": chat.last_reply["id"], "threadId": chat.thread_id, "value": value, "comment": None}
+    response = await http.put("/feedback", json={"feedback": feedback, "sessionId": chat.session_id})
+    assert response.status_code == 200, response.text
+
+
+async def test_feedback_and_metrics_count_per_process_and_sum_over_them(
+    fleet: Fleet, alice_at: list[httpx.AsyncClient]
+) -> None:
+    def scrape() -> list[dict[str, float]]:
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            return [sample_totals(http.get(app.url + "/metrics").text) for app in fleet.apps]
+
+    feedback = "ernie_feedback_total"
+    before = await asyncio.to_thread(scrape)
+    threads = []
+    for app, http, value in zip(fleet.apps, alice_at, (1, 0), strict=True):
+        chat = ChatSocket(app.url, http)
+        await chat.connect()
+        await chat.ask("Hello there!")
+        await saved_thread(http, str(chat.thread_id))
+        await give_feedback(http, chat, value)
+        await chat.close()
+        threads.append(str(chat.thread_id))
+    after = await asyncio.to_thread(scrape)
+    per_process = [a.get(feedback, 0) - b.get(feedback, 0) for a, b in zip(after, before, strict=True)]
+    assert per_process == [1, 1], "each process counts the feedback it was given"
+    turns = [a.get("ernie_requests_total", 0) - b.get("ernie_requests_total", 0) for a, b in zip(after, before,
+             strict=True)]  # fmt: skip
+    assert turns == [1, 1], "and the chat turns it answered"
+    # a scraper sums the processes' counters (Prometheus: sum without (instance)): the database holds the same
+    engine = open_engine(fleet.database_url)
+    try:
+        async with engine.connect() as conn:
+            query = text('SELECT COUNT(*) FROM feedbacks WHERE CAST("threadId" AS TEXT) = ANY(:ids)')
+            kept = (await conn.execute(query, {"ids": threads})).scalar()
+    finally:
+        await engine.dispose()
+    assert sum(per_process) == kept == 2
