@@ -30,8 +30,9 @@ from backend.engines.llamacpp import demo_gguf
 from backend.errors import render
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.schema import display_path
-from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app, wait_until
+from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

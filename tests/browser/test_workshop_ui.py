@@ -27,8 +27,9 @@ from backend.chat.render import reason_text
 from backend.config import ROOT
 from backend.errors import render
 from backend.prompts.schema import display_path
-from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
+from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
