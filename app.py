@@ -28,7 +28,7 @@ from backend.chat.page import (
 )
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
 from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession, Done, Event
+from backend.chat.turn import ChatSession
 from backend.config import load_config
 from backend.errors import ConfigError, QuotaError
 from backend.logs import setup_logging
@@ -190,30 +190,21 @@ async def _answer(session: ChatSession, text: str, command: str | None, message_
         await say(t("error", _lang(), error=describe(exc, _lang())))
 
 
-def _count(lease: Lease | None, event: Event) -> Event:
-    """Note a finished turn's tokens against the user's quota (and in the metrics)."""
-    if isinstance(event, Done) and GATEWAY is not None:
-        stats = event.stats
-        prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
-        GATEWAY.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
-    return event
-
-
 async def _answer_turn(
     session: ChatSession, text: str, command: str | None, message_id: str, lease: Lease | None
 ) -> None:
-    assert SERVICE is not None
+    assert SERVICE is not None and GATEWAY is not None
     page = TurnPage(_lang(), SERVICE.describe, turn_metadata, message_id)
     turn = SERVICE.reply(session, text, command, message_id)
     try:
         async for event in turn:
-            await page.show(_count(lease, event))
+            await page.show(GATEWAY.count_turn(lease, event))
     except asyncio.CancelledError as stop:
         if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: say so, nothing to finish
             await say(t("stopped", page.lang))
             return
         # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
-        await page.show(_count(lease, await turn.athrow(stop)))
+        await page.show(GATEWAY.count_turn(lease, await turn.athrow(stop)))
     if page.finished:
         await offer_actions(page.reply, page.lang)
     await _show_storage_problem()

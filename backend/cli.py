@@ -29,7 +29,7 @@ from backend.benchmarks.workload import DEFAULT_PROMPT_SET
 from backend.config import APP_PORT, AppConfig, load_config, print_config
 from backend.engines.base import Api, engine_python
 from backend.engines.llamacpp import quantize_binary
-from backend.engines.registry import engine
+from backend.engines.registry import GENERIC_API, engine
 from backend.engines.trtllm import build_trt_engine_command
 from backend.errors import ConfigError
 from backend.logs import setup_logging
@@ -37,8 +37,9 @@ from backend.models.gguf import QUANTS, convert_gguf_command
 from backend.models.resolve import prepare_model_command
 from backend.ops.doctor import doctor_command
 from backend.prompts.store import check_folder
+from backend.serving.answers.command import check_answers_command
+from backend.serving.answers.tolerance import TOLERANCES
 from backend.serving.hardware import detect_gpus
-from backend.serving.logprob_check import TOLERANCES, check_answers_command
 from backend.serving.preflight import check_flags_command
 from backend.serving.profiles import choose_profile, effective_flags
 from backend.tuning.tuner import tune_command
@@ -364,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="the engine's root URL (default: server.base_url, else server.host:server.port)")
     p.add_argument("--key", default="", help="its API key (default: none)")
     p.add_argument("--name", help="the served model name (default: model.served_name)")
-    p.add_argument("--api", type=Api, choices=list(Api), default=Api.VLLM, help="the server's kind")
+    p.add_argument("--api", type=Api, choices=list(Api), default=GENERIC_API, help="the server's dialect")
     p.add_argument("--format", default="bfloat16", help=f"tolerance preset: {', '.join(TOLERANCES)}")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole check")
 

@@ -167,8 +167,8 @@ async def measure(name: str, env: dict[str, str], args: argparse.Namespace, out:
         if not await service.supervisor.wait_ready(900):
             raise SystemExit(f"{name}: not ready: {service.supervisor.status}")
         ready_s = time.monotonic() - started
-        guard = service.supervisor.guard
-        check = guard.summary() if guard else {}
+        canary = service.supervisor.canary
+        check = canary.summary() if canary else {}
         ep = service.endpoint
         run_dir = out / "runs" / f"{name.replace(' ', '_')}-r{args.round}"
         cmd = [

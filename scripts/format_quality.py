@@ -64,7 +64,7 @@ async def check(name: str, env: dict[str, str], canary_dir: Path) -> dict[str, A
     supervisor.start_background()
     try:
         ready = await supervisor.wait_ready(900)
-        summary = supervisor.guard.summary() if supervisor.guard else {}
+        summary = supervisor.canary.summary() if supervisor.canary else {}
         return {"config": name, "ready": ready, "seconds": round(time.monotonic() - started, 1),
                 "candidate": summary.get("candidate"), "check": summary.get("check"),
                 "fallbacks": summary.get("fallbacks"), "stats": summary.get("stats"),
@@ -78,7 +78,7 @@ def table(rows: list[dict[str, Any]], cpu: str) -> str:
         "# The quality price of each format (log-probabilities against HF transformers float32, same weights)",
         "",
         f"CPU: {cpu}; {time.strftime('%Y-%m-%d')}; `scripts/format_quality.py`, the app's own answer check "
-        "(backend/serving/logprob_check.py: five English and Chinese chat prompts, teacher-forced along 16 tokens), "
+        "(backend/serving/answers/: five English and Chinese chat prompts, teacher-forced along 16 tokens), "
         "with a fresh verdict folder. |Δ| in nats over the tokens both list in the reference's window.",
         "",
         "| model, engine, format | verdict | median \\|Δ\\| | p95 | max | top-1 agreement | top-k overlap (mean) |",

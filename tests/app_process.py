@@ -10,21 +10,24 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from backend.catalogue import CATALOG
 from backend.config import ROOT, EngineName, load_config
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import free_port, new_api_key
+from tests.http_server import ThreadedServer
 from tests.launching import launch
+from tests.openai_stream import reply_events
+from tests.waiting import WAIT_S, wait_alive
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -41,21 +44,14 @@ CHROMIUM_ARGS = [
 REPLY = '.step[data-step-type="assistant_message"] .message-content'
 USER = '.step[data-step-type="user_message"]'
 READY = "#chat-settings-open-modal"  # the settings panel is the last thing a chat's start (or resume) sends
-WAIT_S = 180.0  # generous: the machine may be busy with other tests
 
-T = TypeVar("T")
+# How every conversation-database error begins, as the catalogue words it (a new wording is followed here).
+STORAGE_OPENINGS = {CATALOG[code].en[0].split("{")[0] for code in CATALOG if code.startswith("storage.")}
 
 
-def wait_until(probe: Callable[[], T | None], what: str, timeout: float = WAIT_S) -> T:
-    """Poll `probe` until it returns something other than None or False, and return that (fail after `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
+def storage_problems(log: str) -> list[str]:
+    """The lines of an app log that tell a conversation-database error (backend.catalogue's storage.* texts)."""
+    return [line for line in log.splitlines() if any(opening in line for opening in STORAGE_OPENINGS)]
 
 
 def get_json(url: str) -> tuple[int, dict]:
@@ -141,17 +137,14 @@ class RunningApp:
 
     def wait_ready(self, timeout: float = 300) -> None:
         """Wait until the app answers and its engine is ready; fail at once if the app died."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the app exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+
+        def ready() -> bool:
             try:
-                if self.health().get("status") == "ok":
-                    return
+                return bool(self.health().get("status") == "ok")
             except OSError:
-                pass
-            time.sleep(1)
-        raise AssertionError("the app's engine did not become ready:\n" + self.log_text()[-3000:])
+                return False
+
+        wait_alive(self.proc, ready, "the app (its engine ready)", self.log_text, timeout, interval=1)
 
     def stop(self, timeout: float = 60) -> None:
         """Ctrl-C, as a person stops it; then make sure nothing of the group is left."""
@@ -228,15 +221,7 @@ def login_env(data: Path, model: Path, users_file: Path, database_url: str = "")
     }
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away (a stopped reply) is fine
-            super().handle_error(request, client_address)
-
-
-class FakeEngine:
+class FakeEngine(ThreadedServer):
     """An OpenAI-compatible server in this process that records every chat request and answers a fixed reply.
 
     The app uses it as an external engine (engine.name external, server.base_url): nothing starts, and the test
@@ -251,18 +236,10 @@ class FakeEngine:
         self.hold_path: str | None = None
         self.held, self.release = threading.Event(), threading.Event()
         self._lock = threading.Lock()
-        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-engine", daemon=True)
-        self.port = self._server.server_address[1]
+        super().__init__(self._handler(), "fake-engine")
 
-    def __enter__(self) -> FakeEngine:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def closing(self) -> None:
         self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
 
     def app_overrides(self) -> dict[str, str]:
         """start_app() overrides that make the app talk to this server."""
@@ -318,26 +295,15 @@ class FakeEngine:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                words = engine.reply.split(" ")
-                for i, word in enumerate(words):
-                    self._event([{"index": 0, "delta": {"content": word if i == len(words) - 1 else word + " "}}])
-                self._event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
-                usage = {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}
-                self._event([], usage)
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
+                for data in reply_events(engine.served_name, engine.reply):
+                    self.wfile.write(data)
+                    self.wfile.flush()
                 self.close_connection = True
-
-            def _event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> None:
-                chunk = {"id": "fake", "object": "chat.completion.chunk", "created": 0, "model": engine.served_name,
-                         "choices": choices, "usage": usage}  # fmt: skip
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
 
         return Handler
 
 
-class RecordingProxy:
+class RecordingProxy(ThreadedServer):
     """A pass-through in front of a real engine that keeps every chat request's JSON body: engine-side evidence of
     what the model was sent (llama-server and vLLM keep no prompt anyone can read back). The app uses it as an
     external engine; requests and replies, streamed ones included, go through unchanged but for the API key."""
@@ -346,17 +312,7 @@ class RecordingProxy:
         self.upstream, self.api_key = upstream.rstrip("/"), api_key
         self.requests: list[dict[str, Any]] = []  # the JSON bodies of POST /v1/chat/completions, in order
         self._lock = threading.Lock()
-        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, name="recording-proxy", daemon=True)
-        self.port = self._server.server_address[1]
-
-    def __enter__(self) -> RecordingProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(self._handler(), "recording-proxy")
 
     def app_overrides(self) -> dict[str, str]:
         """start_app() overrides that make the app talk to the engine through this proxy."""
@@ -420,17 +376,14 @@ def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterat
     try:
 
         def healthy() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"{name} exited with {proc.returncode}: {(data / 'engine.log').read_text()[-2000:]}"
-                )
             try:
                 with urllib.request.urlopen(f"{spec.base_url}{spec.health_path}", timeout=5) as resp:
                     return bool(resp.status == 200)
             except OSError:
                 return False
 
-        wait_until(healthy, f"{name} serving {model}", timeout=600)
+        engine_log = (data / "engine.log").read_text
+        wait_alive(proc, healthy, f"{name} serving {model}", engine_log, timeout=600)
         yield spec.base_url, key
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import URL, make_url
+
+from tests.waiting import wait_alive
 
 EXTERNAL_ENV = "ERNIE_TEST_POSTGRES_URL"
 START_TIMEOUT_S = 60.0
@@ -150,14 +151,13 @@ class ThrowawayServer:
             self.proc = subprocess.Popen(
                 cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **self.account
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while READY_LINE not in self.log_text():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"postgres not ready after {START_TIMEOUT_S:.0f} s:\n{self.log_text()[-3000:]}")
-            time.sleep(0.1)
+        try:
+            wait_alive(
+                self.proc, lambda: READY_LINE in self.log_text(), "postgres", self.log_text, START_TIMEOUT_S, 0.1
+            )
+        except AssertionError as exc:
+            self.stop()
+            raise RuntimeError(str(exc)) from None
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

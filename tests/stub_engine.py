@@ -19,6 +19,8 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from openai_stream import http_chunk, reply_events  # its neighbour in tests/ (this runs as a script)
+
 
 def main() -> None:
     port, model = int(sys.argv[1]), sys.argv[2]
@@ -72,26 +74,15 @@ def main() -> None:
             self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Connection", "close")
             self.end_headers()
-            words = reply.split(" ")
-            for i, word in enumerate(words):
-                if break_after is not None and i >= break_after:
+            pieces = len(reply.split(" "))
+            for i, data in enumerate(reply_events(model, reply)):
+                if break_after is not None and break_after <= i < pieces:
                     return  # no finish_reason and no last chunk
-                self._event({"delta": {"content": word if i == len(words) - 1 else word + " "}, "finish_reason": None})
-            self._event({"delta": {}, "finish_reason": "stop"})
-            usage = {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}
-            self._event(None, usage)
-            self._chunk(b"data: [DONE]\n\n")
+                self._chunk(data)
             self._chunk(b"")
 
-        def _event(self, choice: dict[str, object] | None, usage: dict[str, int] | None = None) -> None:
-            data: dict[str, object] = {"id": "stub", "object": "chat.completion.chunk", "created": 0, "model": model}
-            data["choices"] = [{"index": 0, **choice}] if choice is not None else []
-            if usage is not None:
-                data["usage"] = usage
-            self._chunk(b"data: " + json.dumps(data).encode() + b"\n\n")
-
         def _chunk(self, data: bytes) -> None:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.write(http_chunk(data))
             self.wfile.flush()
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

@@ -22,9 +22,6 @@ class PasswordHashError(UsersFileError, ValueError):
     """A stored hash is not in the `scrypt$n$r$p$salt$hash` format (in the users file or ERNIE_AUTH__USERS)."""
 
 
-REHASH = "Make the hash again with `python -m backend add-user NAME` (add --print for ERNIE_AUTH__USERS)."
-
-
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -44,15 +41,15 @@ def parse_hash(stored: str) -> tuple[int, int, int, bytes, bytes]:
     """Split a stored hash into (n, r, p, salt, key); raise PasswordHashError when it is malformed."""
     parts = stored.split("$")
     if len(parts) != 6 or parts[0] != SCHEME:
-        raise PasswordHashError("not a password hash of the form scrypt$n$r$p$salt$hash", REHASH)
+        raise PasswordHashError.of("password.not_a_hash")
     try:
         n, r, p = (int(x) for x in parts[1:4])
         salt = base64.b64decode(parts[4], validate=True)
         key = base64.b64decode(parts[5], validate=True)
     except ValueError as exc:
-        raise PasswordHashError("the numbers or the base64 parts of the hash are damaged", REHASH) from exc
+        raise PasswordHashError.of("password.damaged") from exc
     if n < 2 or n & (n - 1) or not (1 <= r <= 64 and 1 <= p <= 16) or len(salt) < 8 or len(key) < 16:
-        raise PasswordHashError("the hash parameters are out of range", REHASH)
+        raise PasswordHashError.of("password.out_of_range")
     return n, r, p, salt, key
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from backend.accounts.passwords import PasswordHashError, parse_hash
 from backend.config import yaml_error_line, yaml_problem
-from backend.errors import UsersFileError
+from backend.errors import Phrase, UsersFileError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 ROLES = ("user", "editor", "admin")
@@ -26,88 +26,86 @@ HEADER = (
 )
 
 
+def name_problem(name: str) -> Phrase | None:
+    """Why `name` is not a valid user name (what is allowed), or None."""
+    return None if NAME.match(name) else Phrase("users.name_not_allowed", name=name)
+
+
+def role_problem(role: str) -> Phrase | None:
+    """Why `role` is not one of ROLES (naming them), or None."""
+    return None if role in ROLES else Phrase("users.role_unknown", role=role, roles=", ".join(ROLES))
+
+
 def check_name(name: str) -> str:
     """Return `name` if it is a valid user name, else raise ValueError saying what is allowed."""
-    if not NAME.match(name):
-        raise ValueError(
-            f"user name {name!r} is not allowed: use 1-64 letters, digits and . _ @ - (starting with a letter or digit)"
-        )
+    if problem := name_problem(name):
+        raise ValueError(str(problem))
     return name
 
 
 def check_role(role: str) -> str:
     """Return `role` if it is one of ROLES, else raise ValueError naming them."""
-    if role not in ROLES:
-        raise ValueError(f"role {role!r} is not known: use one of {', '.join(ROLES)}")
+    if problem := role_problem(role):
+        raise ValueError(str(problem))
     return role
 
 
-def _check_entry(name: object, stored: object) -> str | None:
+def _check_entry(name: object, stored: object) -> Phrase | None:
     """Why a name/hash pair is invalid, or None."""
     if not isinstance(name, str):
-        return f"the user name {name!r} must be text"
-    try:
-        check_name(name)
-    except ValueError as exc:
-        return str(exc)
+        return Phrase("users.name_not_text", name=name)
+    if problem := name_problem(name):
+        return problem
     if not isinstance(stored, str):
-        return f"user {name!r}: the value must be a password hash (scrypt$...) made by add-user"
+        return Phrase("users.value_not_hash", name=name)
     try:
         parse_hash(stored)
     except PasswordHashError as exc:
-        return f"user {name!r}: {exc.message}"
+        return Phrase("users.bad_hash", name=name, reason=exc)
     return None
 
 
 def parse_users_document(text: str, path: Path) -> tuple[dict[str, str], dict[str, str]]:
     """Parse the users file text into ({name: hash}, {name: role}); raise UsersFileError naming file and line."""
-    fix = f"Fix {path} (or recreate it with `python -m backend add-user NAME`)."
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         line = yaml_error_line(exc)
-        where = f", line {line}" if line is not None else ""
-        raise UsersFileError(f"{path}{where}: not valid YAML ({yaml_problem(exc)}).", fix) from exc
+        where = Phrase("config.at_line", line=line) if line is not None else ""
+        raise UsersFileError.of("users.bad_yaml", path=path, where=where, problem=yaml_problem(exc)) from exc
     if root is None:
         return {}, {}
     if not isinstance(root, yaml.MappingNode):
-        raise UsersFileError(f"{path}, line {root.start_mark.line + 1}: expected `users:` at the top.", fix)
+        raise UsersFileError.of("users.not_a_mapping", path=path, line=root.start_mark.line + 1)
     users: dict[str, str] = {}
     roles: dict[str, str] = {}
     for key, value in root.value:
         line = key.start_mark.line + 1
         if key.value not in ("users", "roles"):
-            raise UsersFileError(
-                f"{path}, line {line}: unknown key {key.value!r} (only `users:` and `roles:` are expected).", fix
-            )
+            raise UsersFileError.of("users.unknown_key", path=path, line=line, key=key.value)
         if isinstance(value, yaml.ScalarNode) and value.value in ("", "~", "null"):
             continue
         found, check, form = (
             (users, _check_entry, "name: hash") if key.value == "users" else (roles, _check_role_entry, "name: role")
         )
         if not isinstance(value, yaml.MappingNode):
-            raise UsersFileError(f"{path}, line {line}: `{key.value}:` must hold lines of the form `{form}`.", fix)
+            raise UsersFileError.of("users.not_lines", path=path, line=line, key=key.value, form=form)
         for name_node, item_node in value.value:
             line = name_node.start_mark.line + 1
             if not isinstance(name_node, yaml.ScalarNode) or not isinstance(item_node, yaml.ScalarNode):
-                raise UsersFileError(f"{path}, line {line}: expected `{form}`.", fix)
+                raise UsersFileError.of("users.bad_line", path=path, line=line, form=form)
             problem = check(name_node.value, item_node.value)
             if problem:
-                raise UsersFileError(f"{path}, line {line}: {problem}.", fix)
+                raise UsersFileError.of("users.bad_entry", path=path, line=line, problem=problem)
             if name_node.value in found:
-                raise UsersFileError(f"{path}, line {line}: user {name_node.value!r} appears twice.", fix)
+                raise UsersFileError.of("users.twice", path=path, line=line, name=name_node.value)
             found[name_node.value] = item_node.value
     return users, roles
 
 
-def _check_role_entry(name: object, role: object) -> str | None:
+def _check_role_entry(name: object, role: object) -> Phrase | None:
     """Why a name/role pair is invalid, or None."""
-    try:
-        check_name(str(name))
-        check_role(str(role))
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return name_problem(str(name)) or role_problem(str(role))
 
 
 def parse_users_env_roles(value: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -119,15 +117,11 @@ def parse_users_env_roles(value: str) -> tuple[dict[str, str], dict[str, str]]:
             continue
         name, sep, rest = entry.partition(":")
         stored, _, role = rest.partition(":")  # a hash holds no ":"; what follows one is the role
-        problem = _check_entry(name.strip(), stored.strip()) if sep else "expected name:hash"
+        problem = _check_entry(name.strip(), stored.strip()) if sep else Phrase("users.expected_pair")
         if not problem and role:
             problem = _check_role_entry(name.strip(), role.strip())
         if problem:
-            raise UsersFileError(
-                f"ERNIE_AUTH__USERS, entry {number}: {problem}.",
-                "Give name:hash (or name:hash:role) entries separated by commas; "
-                "`python -m backend add-user NAME --print` makes one.",
-            )
+            raise UsersFileError.of("users.env_entry", number=number, problem=problem)
         users[name.strip()] = stored.strip()
         if role:
             roles[name.strip()] = role.strip()
@@ -141,7 +135,7 @@ def read_users_document(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     except FileNotFoundError:
         return {}, {}
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsersFileError(f"{path}: cannot be read ({exc}).", "Check the file's permissions and encoding.") from exc
+        raise UsersFileError.of("users.unreadable", path=path, reason=str(exc)) from exc
     return parse_users_document(text, path)
 
 

@@ -35,6 +35,7 @@ from backend.api.serving import ApiServing, Prepared, detached
 from backend.api.store import ApiDatabase
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
+from backend.chat.turn import Done, Event
 from backend.errors import (
     ApiError,
     BackendError,
@@ -199,6 +200,14 @@ class Gateway:
         if lease is not None:
             lease.record(prompt, reply)
         self.observe("chat", outcome, int(prompt or 0), int(reply or 0))
+
+    def count_turn(self, lease: Lease | None, event: Event) -> Event:
+        """Note a finished chat turn's tokens against the user's quota (and in the metrics); pass `event` on."""
+        if isinstance(event, Done):
+            stats = event.stats
+            prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
+            self.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
+        return event
 
     # ----- completions ----------------------------------------------------------------------------------------
     async def complete(self, request: Request) -> Response:

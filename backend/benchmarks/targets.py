@@ -15,7 +15,8 @@ from backend.benchmarks.memory import metrics_rss_bytes, tree_rss_bytes
 from backend.chat.client import ChatClient
 from backend.chat.service import ChatService
 from backend.config import AppConfig
-from backend.engines.base import Api, Endpoint, bearer
+from backend.engines.base import Endpoint, bearer
+from backend.engines.registry import detect_api
 from backend.errors import BenchmarkError
 
 MemoryReader = Callable[[], Awaitable[int | None]]
@@ -93,10 +94,8 @@ async def external_server(cfg: AppConfig, base_url: str, api_key: str, model: st
         if model is None and not names:
             raise BenchmarkError(f"{root} lists no model.", "Pass --model.")
         model = model or names[0]
-        # llama.cpp's server has /props (vLLM answers 404): its /tokenize takes text, not messages.
-        props = await http.get(root + "/props", headers=bearer(api_key))
-        llama = props.status_code == 200 and "default_generation_settings" in props.text  # llama-server's /props
-        endpoint = Endpoint(root, api_key, str(model), api=Api.LLAMACPP if llama else Api.VLLM)
+        api = await detect_api(http, root, bearer(api_key))  # how it counts tokens (llama-server's /props)
+        endpoint = Endpoint(root, api_key, str(model), api=api)
         client = ChatClient(endpoint, cfg.timeouts.connect_s, cfg.timeouts.read_s, cfg.restart.request_retries)
 
         async def memory() -> int | None:

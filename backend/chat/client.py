@@ -18,7 +18,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from backend.chat.context import Message
 from backend.engines.base import Api, Endpoint
-from backend.engines.llamacpp import render_from_probe, with_probe
+from backend.engines.dialect import TokenCounter
+from backend.engines.registry import dialect
 from backend.errors import BackendError, PromptTooLongError, ServiceError
 
 log = logging.getLogger(__name__)
@@ -276,8 +277,8 @@ class ChatClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=32),
             trust_env=False,  # the engine is on loopback: never route it through a proxy
         )
-        # llama-server: a conversation head (JSON) -> its template rendered with the probe last ("": not usable)
-        self._probed: dict[str, str] = {}
+        # The token counter of each dialect the endpoint spoke (its api changes on a fallback to another engine)
+        self._counters: dict[Api, TokenCounter] = {}
         # max_retries=0: retries live in one layer only (ChatStream), and only before the first token.
         self.openai = AsyncOpenAI(
             base_url=endpoint.base_url + "/v1",
@@ -316,47 +317,17 @@ class ChatClient:
         return None if count == 0 and messages else count
 
     async def _count_request(self, messages: list[Message]) -> httpx.Response:
-        """The request(s) that count `messages`: the response of the last (/tokenize, or a 404 of the first)."""
-        headers = self.endpoint.headers
-        url = self.endpoint.base_url
-        if self.endpoint.api is Api.LLAMACPP:
-            # llama-server renders the chat template and tokenizes in two steps; a message after a head it
-            # rendered before costs one (the template rendered here from the probe, backend.engines.llamacpp).
-            prompt = await self._llamacpp_prompt(messages) if messages else None
-            if prompt is None:
-                resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
-                if resp.status_code == 200:
-                    prompt = str(resp.json()["prompt"])
-            if prompt is not None:
-                body = {"content": prompt, "add_special": True, "parse_special": True}
-                resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
-        else:
-            body = {"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True}
-            resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
-        return resp
+        """The request(s) that count `messages` in the endpoint's dialect: /tokenize's response, or a 404."""
+        api = self.endpoint.api
+        if api not in self._counters:
+            self._counters[api] = dialect(api).counter(self.http, self.endpoint)
+        response: httpx.Response = await self._counters[api].request(messages)
+        return response
 
     def forget_templates(self) -> None:
-        """Drop the rendered probes (another model, another template, answers now)."""
-        self._probed.clear()
-
-    async def _llamacpp_prompt(self, messages: list[Message]) -> str | None:
-        """llama-server's prompt for `messages` rendered from its head's probe (None: the template is asked).
-
-        A head is the system text of one-message conversations (the chat's one count per message); its probe is
-        rendered once, the first time, and kept (a few heads: the templates' system texts)."""
-        if messages[-1]["role"] != "user" or any(m["role"] != "system" for m in messages[:-1]):
-            return None  # a turn of an older history, counted once: not worth a probe
-        key = json.dumps(messages[:-1], ensure_ascii=False)
-        if key not in self._probed:
-            headers = self.endpoint.headers
-            body = {"messages": with_probe(messages)}
-            resp = await self.http.post(self.endpoint.base_url + "/apply-template", json=body, headers=headers)
-            if resp.status_code != 200:
-                return None  # the two-step path reports the error
-            if len(self._probed) >= 64:
-                self._probed.clear()
-            self._probed[key] = str(resp.json()["prompt"])
-        return render_from_probe(self._probed[key], messages[-1]["content"]) if self._probed[key] else None
+        """Drop what the counters learned of the chat template (another model, another template, answers now)."""
+        for counter in self._counters.values():
+            counter.forget()
 
     async def max_model_len(self) -> int | None:
         """The context window the server reports for our model (vLLM's /v1/models), if it says."""

@@ -15,12 +15,12 @@ from typing import Any
 from backend.chat.request import UserSettings
 from backend.config import AppConfig
 from backend.prompts.routing import command as slash_command
-from backend.prompts.schema import SAMPLING_KEYS  # the sampling a template may set
-from backend.prompts.store import TemplateStore, UnknownTemplate
+from backend.prompts.schema import SAMPLING_KEYS, Reason  # the sampling a template may set
+from backend.prompts.store import Templates, UnknownTemplate
 
 CHAT_KEYS = ("temperature", "top_p", "max_tokens")  # the chat's defaults (config: chat)
 DEMO_KEYS = ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")  # config: demo
-COMMAND_REASON = "command"  # the template was asked for by name: /name, or the / menu
+COMMAND_REASON = Reason(Reason.COMMAND)  # the template was asked for by name: /name, or the / menu
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Decision:
     """What one message is sent as: the template and why, the system and user text, the sampling settings."""
 
     template: str
-    reason: str  # a keyword, a pattern, the user's choice, a command; backend.chat.render words it
+    reason: Reason  # a keyword, a pattern, the user's choice, a command; backend.chat.render words it
     system: str | None
     user: str
     sampling: dict[str, Any]
@@ -36,7 +36,7 @@ class Decision:
 
 
 def decide(
-    templates: TemplateStore,
+    templates: Templates,
     cfg: AppConfig,
     text: str,
     settings: UserSettings,

@@ -7,18 +7,11 @@ import re
 from typing import Any
 
 from backend.chat.context import Message
-from backend.chat.i18n import describe, describe_parts, t
+from backend.chat.i18n import MESSAGES, describe, describe_parts, t
 from backend.chat.turn import Done, EngineWait, Notice, Refused, Serving
+from backend.prompts.schema import Reason
 
 DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
-# The reasons backend.prompts and the service give for a template, as keys of backend.chat.i18n.MESSAGES.
-_RULE = re.compile(r'(keyword|pattern|demo_off) "(.*)"', re.DOTALL)  # demo_off: backend.prompts.store.DEMO_OFF
-_REASONS = {
-    "no rule matched": "reason_default",
-    "chosen": "reason_chosen",
-    "command": "reason_command",
-    "demo model: automatic templates are off": "reason_demo",  # replies saved before templates routed on the demo
-}
 STARTERS = ("write", "summary", "translation", "explain")  # backend.chat.i18n: starter_<name>, starter_<name>_message
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
@@ -57,11 +50,12 @@ def reply_text(event: Done, locale: str) -> str:
     return f"{event.text}\n\n{ending}" if event.text else ending
 
 
-def reason_text(reason: str, locale: str) -> str:
-    """Why a template answered, in the user's language (a reason this module does not know is shown as it is)."""
-    if rule := _RULE.fullmatch(reason):
-        return t(f"reason_{rule.group(1)}", locale, value=rule.group(2))
-    return t(_REASONS[reason], locale) if reason in _REASONS else reason
+def reason_text(reason: Reason | dict[str, str] | str, locale: str) -> str:
+    """Why a template answered, in the user's language: a Reason, or one as saved (its data, or an older thread's
+    English text); a reason the catalogue has no words for is shown as it is."""
+    found = Reason.read(reason)
+    key = f"reason_{found.code}"
+    return t(key, locale, value=found.value) if key in MESSAGES else found.value
 
 
 def localized(description: str, locale: str) -> str:
@@ -88,7 +82,7 @@ def reply_details(event: Done) -> dict[str, Any]:
     prompt = stats.prompt_tokens if stats and stats.prompt_tokens is not None else event.prompt_tokens
     return {
         "template": event.template,
-        "reason": event.reason,
+        "reason": event.reason.saved(),
         "ttft_s": None if ttft is None else round(ttft, 3),
         "tokens_per_s": speed,
         "prompt_tokens": prompt or None,

@@ -10,6 +10,7 @@ from typing import Any
 from backend.chat.context import Frame, Message
 from backend.config import AppConfig
 from backend.errors import InvalidInputError
+from backend.prompts.schema import Reason
 
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # What the settings panel changes: key -> (lowest, highest, step) of its slider.
@@ -60,7 +61,7 @@ class ChatRequest:
     messages: list[Message]
     sampling: dict[str, Any]
     template: str
-    reason: str  # why this template: a keyword, a pattern, the user's choice
+    reason: Reason  # why this template: a keyword, a pattern, the user's choice
     user_text: str  # the rendered user message, as kept in the history
     prompt_tokens: int
     dropped: int

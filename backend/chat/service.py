@@ -37,7 +37,7 @@ from backend.engines.base import Endpoint
 from backend.engines.registry import configured_engine, engine
 from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
 from backend.models.resolve import DEMO_NAME
-from backend.prompts.store import TemplateStore
+from backend.prompts.store import Templates, TemplateStore
 from backend.serving.hardware import gpu_label
 from backend.serving.launch import Chooser, make_supervisor
 from backend.serving.supervisor import State, Supervisor
@@ -188,9 +188,10 @@ class ChatService:
         """A template's description ("" for one that is gone)."""
         return dict(self.templates.describe()).get(template, "")
 
-    def template_news(self, session: ChatSession) -> Notice | None:
+    def template_news(self, session: ChatSession, templates: Templates | None = None) -> Notice | None:
         """The templates' problems, when they changed since this chat was last told (once per change)."""
-        problems = [str(p) for p in self.templates.problems()]
+        found = self.templates.snapshot() if templates is None else templates
+        problems = [str(p) for p in found.problems]
         news = problems and problems != session.template_problems
         session.template_problems = problems
         return Notice("template_problems", items=tuple(problems)) if news else None
@@ -210,7 +211,9 @@ class ChatService:
         except InvalidInputError as exc:
             yield Refused(exc)
             return
-        news = self.template_news(session)
+        # The template folder, read once for the turn and off the event loop (a stat per file, a changed one read).
+        templates = await asyncio.to_thread(self.templates.snapshot)
+        news = self.template_news(session, templates)
         if news is not None:
             yield news
         waited: EngineWait | None = None
@@ -225,7 +228,9 @@ class ChatService:
         if session.counted_by != self.counter_id():  # counts of another model or engine: counted again, once
             session.tokens, session.counted_by = [], self.counter_id()
         try:
-            request = await self.build_request(session.history, text, session.settings, command, session.kept_tokens())
+            request = await self.build_request(
+                session.history, text, session.settings, command, session.kept_tokens(), templates=templates
+            )
         except ServiceError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
@@ -364,10 +369,13 @@ class ChatService:
             self.client.forget_templates()
         return self._accounting[1]
 
-    def decide(self, text: str, settings: UserSettings, command: str | None = None) -> Decision:
+    def decide(
+        self, text: str, settings: UserSettings, command: str | None = None, templates: Templates | None = None
+    ) -> Decision:
         """Which template, system text and sampling `text` is sent with, and why, on the model that serves now
-        (backend.chat.decision: the workshop's preview and try ask the same)."""
-        return decide(self.templates, self.cfg, text, settings, self.serving_demo, command)
+        (backend.chat.decision: the workshop's preview and try ask the same); `templates`: the turn's snapshot."""
+        found = self.templates.snapshot() if templates is None else templates
+        return decide(found, self.cfg, text, settings, self.serving_demo, command)
 
     async def build_request(
         self,
@@ -377,14 +385,16 @@ class ChatService:
         command: str | None = None,
         kept: Counts | None = None,
         system: str | None = None,
+        templates: Templates | None = None,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
         the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
         `kept` None (a caller that sends the whole conversation each time: the API), one count of the whole prompt,
         and the turns one by one only where it does not fit.
 
-        `system`: a system text of the caller's own (the API's) in place of the template's."""
-        decision = self.decide(text, settings, command)
+        `system`: a system text of the caller's own (the API's) in place of the template's; `templates`: the turn's
+        snapshot of the template folder (None: read now)."""
+        decision = self.decide(text, settings, command, templates)
         sampling = dict(decision.sampling)
         system = decision.system if system is None else system
         window = await self.context_window()

@@ -15,6 +15,7 @@ from backend.chat.client import StreamStats
 from backend.chat.context import Counts, Message
 from backend.chat.request import UserSettings
 from backend.errors import Phrase, ServiceError
+from backend.prompts.schema import Reason
 
 
 def turn_messages(user_text: str, reply_text: str) -> list[Message]:
@@ -113,7 +114,7 @@ class Done:
 
     text: str
     template: str
-    reason: str
+    reason: Reason
     user_text: str  # the user message as the model saw it (after the template)
     ending: Ending = "finished"
     error: ServiceError | None = None

@@ -5,7 +5,7 @@ usage: python -m backend.child.logprob_reference MODEL OUT.json [--gguf-file NAM
 
 For a fixed list of chat prompts it renders the model's own chat template to token ids, greedily generates a
 short continuation in float32, and records, for every continuation position, the reference's top log-probabilities
-of the distribution that predicts that token. `backend.serving.logprob_check` compares an engine against this file.
+of the distribution that predicts that token. `backend.serving.answers` compares an engine against this file.
 Imports only the standard library, torch and transformers (gguf and accelerate for a GGUF), so it runs in the
 engine's environment without the app's packages.
 """

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from backend.config import ROOT, AppConfig, EngineFlags, EngineName
+from backend.engines.options import FlagParser
 from backend.models.info import ModelInfo
 from backend.models.resolve import ResolvedModel, resolve_model
 
@@ -25,10 +26,10 @@ Note = Callable[[str | None], None]  # shows a line about the model (converting,
 
 
 class Api(enum.StrEnum):
-    """Which extras a server has beside the OpenAI API (token counting and log-probabilities differ)."""
+    """The name of a server's dialect beside the OpenAI API (backend.engines.dialect; the registry maps it)."""
 
-    VLLM = "vllm"  # vLLM and servers like it: /tokenize takes messages, prompt_logprobs
-    LLAMACPP = "llama.cpp"  # llama-server: /apply-template then /tokenize (a probe saves the first: llamacpp.PROBE)
+    VLLM = "vllm"  # vLLM and servers like it: /tokenize takes messages, prompt_logprobs (engines/vllm.py)
+    LLAMACPP = "llama.cpp"  # llama-server: /apply-template then /tokenize, /completion's n_probs (engines/llamacpp.py)
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Weights:
 
     model: str  # a folder (or the folder of a GGUF file) transformers loads in float32
     gguf_file: str | None  # the GGUF file inside `model` to load, when the weights are a GGUF
-    number_format: str  # logprob_check.tolerance_for's key: float32, bfloat16, q8_0, q4_k_m, q4_1...
+    number_format: str  # a key of serving.answers.tolerance.TOLERANCES: float32, bfloat16, q8_0, q4_k_m, q4_1...
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,9 @@ class Engine:
     api: ClassVar[Api] = Api.VLLM
     on_gpu: ClassVar[bool] = False  # needs an NVIDIA GPU: GPU profiles and checks apply
     spawns: ClassVar[bool] = True  # the app starts it as a child process (False: an external server)
-    options_package: ClassVar[str | None] = None  # the package whose own parser checks the flags (preflight)
+    flag_parser: ClassVar[FlagParser | None] = None  # its own parser, which checks the flags (preflight)
     uses_profiles: ClassVar[bool] = True  # its flags come from the hardware profiles (llama.cpp's do not)
+    flag_for: ClassVar[Mapping[str, str]] = {}  # EngineFlags field -> the flag it becomes (for messages naming keys)
     # CPU flags of which one must be present for an FP8 KV cache (None: no such limit)
     fp8_kv_cpu_flags: ClassVar[frozenset[str] | None] = None
 
@@ -156,6 +158,10 @@ class Engine:
     def flags(self, cfg: AppConfig, profile_flags: EngineFlags) -> EngineFlags:
         """The flags the rest of the app reads (context window, dtype) from the profile's."""
         return profile_flags
+
+    def section_flags(self, cfg: AppConfig) -> dict[str, str]:
+        """Flags its own configuration section puts on the command line -> that key (for messages naming keys)."""
+        return {}
 
     def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
         """The ways to run it, best first; the canary starts the next when one crashes or answers wrongly."""
@@ -175,7 +181,7 @@ class Engine:
         """Raise ConfigError when the installed engine (its `supported` model registries) cannot run `model`."""
 
     def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
-        """The number format a candidate computes in: a key of logprob_check.TOLERANCES."""
+        """The number format a candidate computes in: a key of backend.serving.answers.tolerance.TOLERANCES."""
         return "float32" if variant == "float32" else "bfloat16"
 
     def tune_formats(self, cfg: AppConfig, model: ResolvedModel, python: str) -> list[str]:
@@ -196,4 +202,4 @@ class Engine:
 
     def build_id(self, cfg: AppConfig, python: str) -> str:
         """An identifier of the installed engine build (a new build invalidates cached verdicts)."""
-        return installed_dists(python, self.options_package or self.name)
+        return installed_dists(python, self.flag_parser.name if self.flag_parser else self.name)

@@ -14,15 +14,29 @@ on the command line), and inherited LLAMA_* variables are dropped so that none o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from backend.child.llamacpp_build import LADDER, cpu_flags
 from backend.config import ROOT, AppConfig, EngineFlags
-from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Note, Target, Weights
+from backend.engines.base import Api, Candidate, Endpoint, Engine, LaunchSpec, Note, Target, Weights
+from backend.engines.dialect import (
+    ANSWER_HINT,
+    Dialect,
+    EngineAnswerError,
+    Http,
+    LogprobSource,
+    Position,
+    TokenCounter,
+    post_json,
+    token_list,
+)
 from backend.errors import EngineNotInstalledError, ModelNotFoundError
 from backend.models.gguf import QUANTS, cached_gguf, convert_log, ensure_gguf, quantization
 from backend.models.resolve import ResolvedModel, resolve_model
@@ -34,6 +48,7 @@ HEALTH_PATH = "/health"
 # requests. A conversation's head rendered once with this text in place of its last message shows where the
 # template puts that text: a new message is then rendered here and counted with one /tokenize.
 PROBE = " \u2063ernie-chat-message\u2063 "
+PROBES_KEPT = 64  # conversation heads whose probe a client keeps (the templates' system texts: a few)
 DEFAULT_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
 GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|bf16|f16|f32)", re.IGNORECASE)
 
@@ -252,3 +267,119 @@ class LlamaCpp(Engine):
 
     def build_id(self, cfg: AppConfig, python: str) -> str:
         return str(install_prefix(cfg).resolve())
+
+
+class LlamaCppCounter(TokenCounter):
+    """llama-server renders the chat template and tokenizes in two steps; a message after a head it rendered before
+    costs one (the template rendered here from the head's probe)."""
+
+    def __init__(self, http: Http, endpoint: Endpoint) -> None:
+        super().__init__(http, endpoint)
+        self._probed: dict[str, str] = {}  # a conversation head (JSON) -> its probe rendered ("": not usable)
+
+    async def request(self, messages: list[dict[str, str]]) -> Any:
+        url, headers = self.endpoint.base_url, self.endpoint.headers
+        prompt = await self._from_probe(messages) if messages else None
+        resp = None
+        if prompt is None:
+            resp = await self.http.post(url + "/apply-template", json={"messages": messages}, headers=headers)
+            if resp.status_code == 200:
+                prompt = str(resp.json()["prompt"])
+        if prompt is not None:
+            body = {"content": prompt, "add_special": True, "parse_special": True}
+            resp = await self.http.post(url + "/tokenize", json=body, headers=headers)
+        return resp
+
+    def forget(self) -> None:
+        self._probed.clear()
+
+    async def _from_probe(self, messages: list[dict[str, str]]) -> str | None:
+        """llama-server's prompt for `messages` rendered from its head's probe (None: the template is asked).
+
+        A head is the system text of one-message conversations (the chat's one count per message); its probe is
+        rendered once, the first time, and kept."""
+        if messages[-1]["role"] != "user" or any(m["role"] != "system" for m in messages[:-1]):
+            return None  # a turn of an older history, counted once: not worth a probe
+        key = json.dumps(messages[:-1], ensure_ascii=False)
+        if key not in self._probed:
+            body = {"messages": with_probe(messages)}
+            url = self.endpoint.base_url + "/apply-template"
+            resp = await self.http.post(url, json=body, headers=self.endpoint.headers)
+            if resp.status_code != 200:
+                return None  # the two-step path reports the error
+            if len(self._probed) >= PROBES_KEPT:
+                self._probed.clear()
+            self._probed[key] = str(resp.json()["prompt"])
+        return render_from_probe(self._probed[key], messages[-1]["content"]) if self._probed[key] else None
+
+
+class LlamaCppLogprobs(LogprobSource):
+    """llama-server: no prompt log-probs, so one request per position; prompt caching makes each cost one token.
+    `n_probs` without `post_sampling_probs` gives the softmax of the raw logits (server source:
+    populate_token_probs / get_token_probabilities), and a prompt given as token ids gets no BOS added."""
+
+    def __init__(self, http: Http, served_name: str) -> None:
+        super().__init__(http, served_name)
+        self._plain_token: int | None = None
+
+    async def _tokenize(self, content: str, add_special: bool) -> list[int]:
+        body = {"content": content, "add_special": add_special, "parse_special": True}
+        return token_list(await post_json(self.http, "/tokenize", body), "/tokenize")
+
+    async def render(self, messages: list[dict[str, str]]) -> list[int]:
+        data = await post_json(self.http, "/apply-template", {"messages": messages})
+        try:
+            prompt = str(data["prompt"])
+        except (KeyError, TypeError) as exc:
+            raise EngineAnswerError(f"/apply-template gave no prompt: {str(data)[:200]}", ANSWER_HINT) from exc
+        # add_special as the chat endpoint tokenizes its rendered prompt (a BOS when the vocabulary asks for one)
+        return await self._tokenize(prompt, add_special=True)
+
+    async def positions(self, prompt_ids: list[int], continuation_ids: list[int], k: int) -> list[Position]:
+        if self._plain_token is None:
+            plain = await self._tokenize("a", add_special=False)
+            if not plain:
+                raise EngineAnswerError("/tokenize gave no token for the text 'a'", ANSWER_HINT)
+            self._plain_token = plain[-1]
+        ids = prompt_ids + continuation_ids
+        out = []
+        for i in range(len(prompt_ids), len(ids)):
+            body = {
+                "prompt": ids[:i],
+                "n_predict": 1,
+                "n_probs": k,
+                "temperature": 0,
+                "cache_prompt": True,
+                "post_sampling_probs": False,
+                # The server reports no probabilities for a sampled token that ends inside a UTF-8 character
+                # (half a Chinese character, in byte-level vocabularies); forcing a plain ASCII token as the
+                # sample avoids that. Sampling works on a copy, so the raw-logit probabilities stay as they are.
+                "logit_bias": [[self._plain_token, 1e4]],
+            }
+            data = await post_json(self.http, "/completion", body)
+            try:
+                evaluated = int(data["tokens_evaluated"])
+                listed = data["completion_probabilities"][0]["top_logprobs"]
+                top = sorted(((int(e["id"]), float(e["logprob"])) for e in listed), key=lambda x: -x[1])
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise EngineAnswerError(
+                    f"/completion gave no readable top_logprobs: {str(data)[:300]}", ANSWER_HINT
+                ) from exc
+            if evaluated != i:
+                raise EngineAnswerError(
+                    f"llama-server evaluated {evaluated} tokens for a prompt of {i} (a BOS added?)", ANSWER_HINT
+                )
+            out.append(Position(top[:k], dict(top).get(ids[i])))
+        return out
+
+
+class LlamaCppDialect(Dialect):
+    """llama-server's: /apply-template and a /tokenize of text, /completion with n_probs, /props."""
+
+    api = Api.LLAMACPP
+    counter_type = LlamaCppCounter
+    logprobs_type = LlamaCppLogprobs
+
+    async def recognizes(self, http: Http, root: str, headers: Mapping[str, str]) -> bool:
+        props = await http.get(root + "/props", headers=headers)  # vLLM answers 404
+        return bool(props.status_code == 200 and "default_generation_settings" in props.text)

@@ -15,21 +15,16 @@ import logging
 import re
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from backend.child.engine_probe import MARKER
 from backend.config import ROOT
-from backend.errors import EngineNotInstalledError
+from backend.errors import EngineNotInstalledError, Phrase
 
 log = logging.getLogger(__name__)
-
-PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
-LABELS = {"vllm": "vLLM", "trtllm": "trtllm-serve (TensorRT-LLM)"}
-# Packages whose parser is vLLM's FlexibleArgumentParser: "_" and "-" alike in flag names, -O3 shorthands.
-FLEXIBLE_PARSERS = frozenset({"vllm"})
 
 
 class OptionsUnavailableError(EngineNotInstalledError, RuntimeError):
@@ -40,10 +35,34 @@ UNCHECKED = "The engine's flags stay unchecked: install the engine into engine.p
 
 
 @dataclass(frozen=True)
+class Hint:
+    """What to say about a flag that guides use but this engine does not have."""
+
+    phrase: str  # its words: a phrase of backend/catalogue.yaml
+    instead: str | None = None  # a real flag to suggest, when this engine version has it
+
+
+Origin = Callable[[str], "str | Phrase"]  # a flag -> the configuration key (or the phrase) that put it there
+
+
+@dataclass(frozen=True)
+class FlagParser:
+    """An engine's own command-line parser: how backend.child.engine_probe reads it and how its flags are spelled.
+
+    The engine module that has one defines it (Engine.flag_parser); nothing here knows an engine by name."""
+
+    name: str  # backend.child.engine_probe's argument for it, and the cache file's prefix
+    package: str  # the Python package it lives in (its version names the cache file)
+    label: str  # how messages name the engine
+    flexible: bool = False  # vLLM's FlexibleArgumentParser: "_" and "-" alike in flag names, -O3 shorthands
+    hints: Mapping[str, Hint] = field(default_factory=dict)  # flags guides invent -> what to say (dashed keys)
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """One engine version's command-line options: option string -> {"nargs": ..., "choices": [...]}."""
 
-    engine: str
+    parser: FlagParser
     version: str
     options: dict[str, dict[str, Any]]
     values: dict[str, list[str]] = field(default_factory=dict)  # valid values the parser does not enforce
@@ -51,45 +70,8 @@ class EngineOptions:
 
     @property
     def label(self) -> str:
-        return f"{LABELS.get(self.engine, self.engine)} {self.version}"
+        return f"{self.parser.label} {self.version}"
 
-
-@dataclass(frozen=True)
-class Hint:
-    """What to say about a flag that guides use but this engine does not have."""
-
-    text: str
-    instead: str | None = None  # a real flag to suggest, when this engine version has it
-
-
-# Flags from published guides that vLLM does not have (invented, or removed); keys use vLLM's dashes.
-VLLM_HINTS: dict[str, Hint] = {
-    "--enable-tensorrt-llm": Hint(
-        "vLLM has no TensorRT-LLM mode. TensorRT-LLM is a separate engine this app can run instead: set "
-        "engine.name: trtllm (see docs/engines.md)."
-    ),
-    "--tensorrt-llm-model-dir": Hint(
-        "TensorRT engines are served by trtllm-serve, not vLLM: set engine.name: trtllm and trtllm.engine_dir "
-        "(build one with `python -m backend build-trt-engine`)."
-    ),
-    "--config-path": Hint(
-        "vLLM's --config takes a YAML file of its own command-line options and has no 'scheduler' section; put "
-        "scheduler settings (max_num_seqs, max_num_batched_tokens) in engine.flags instead.",
-        "--config",
-    ),
-    "--awq-ckpt-path": Hint(
-        "vLLM reads AWQ weights from the model folder itself: set model.id to the AWQ checkpoint folder; the "
-        "method comes from its config.json (quantization_config), so --quantization awq is optional.",
-        "--quantization",
-    ),
-    "--swap-space": Hint(
-        "vLLM's V1 engine removed swap space: a preempted request is recomputed, not swapped. To keep KV cache "
-        "in CPU memory use --kv-offloading-size GIB; the profiles size max_num_seqs x max_model_len so that "
-        "nothing is preempted.",
-        "--kv-offloading-size",
-    ),
-}
-HINTS = {"vllm": VLLM_HINTS}
 
 _memo: dict[tuple[str, str, str], EngineOptions] = {}
 _memo_lock = threading.Lock()
@@ -109,18 +91,19 @@ def _run(python: str, args: list[str], timeout_s: float) -> subprocess.Completed
         raise OptionsUnavailableError(f"could not run {python}: {exc}", UNCHECKED) from exc
 
 
-def engine_version(engine: str, python: str, timeout_s: float = 60) -> tuple[str, str]:
+def engine_version(parser: FlagParser, python: str, timeout_s: float = 60) -> tuple[str, str]:
     """Return (version, package folder) of the engine's package for `python`, without importing it."""
-    proc = _run(python, ["version", PACKAGES[engine]], timeout_s)
+    proc = _run(python, ["version", parser.package], timeout_s)
     if proc.returncode != 0:
-        raise OptionsUnavailableError(f"{PACKAGES[engine]} is not installed for {python}", UNCHECKED)
+        raise OptionsUnavailableError(f"{parser.package} is not installed for {python}", UNCHECKED)
     version, _, location = proc.stdout.strip().partition(" ")
     return version, location
 
 
-def read_options(engine: str, python: str, cache_dir: Path, timeout_s: float = 300) -> EngineOptions:
+def read_options(parser: FlagParser, python: str, cache_dir: Path, timeout_s: float = 300) -> EngineOptions:
     """The engine's options for `python`: from memory, the cache file of its version, or its parser."""
-    version, location = engine_version(engine, python)
+    engine = parser.name
+    version, location = engine_version(parser, python)
     digest = hashlib.sha1(location.encode()).hexdigest()[:10]
     cache_file = cache_dir / "engine-options" / f"{engine}-{version}-{digest}.json"
     key = (engine, str(cache_file), python)
@@ -138,7 +121,7 @@ def read_options(engine: str, python: str, cache_dir: Path, timeout_s: float = 3
             tmp.write_text(json.dumps(data), encoding="utf-8")
             tmp.replace(cache_file)
         options = EngineOptions(
-            engine=engine,
+            parser=parser,
             version=str(data.get("version", version)),
             options=data["options"],
             values=data.get("values", {}),
@@ -160,9 +143,9 @@ def _probe(engine: str, python: str, timeout_s: float) -> dict[str, Any]:
     )
 
 
-def _normalize(engine: str, key: str) -> str:
+def _normalize(parser: FlagParser, key: str) -> str:
     # vLLM's FlexibleArgumentParser turns "_" into "-" between the leading "--" and the first ".".
-    if engine in FLEXIBLE_PARSERS and key.startswith("--"):
+    if parser.flexible and key.startswith("--"):
         head, dot, rest = key[2:].partition(".")
         return "--" + head.replace("_", "-") + dot + rest
     return key
@@ -177,34 +160,44 @@ def _closest(word: str, candidates: list[str]) -> str | None:
     return found[0] if found else None
 
 
-def describe_unknown(flag: str, opts: EngineOptions) -> str:
+def describe_unknown(flag: str, opts: EngineOptions, at: Phrase | str = "") -> Phrase:
     """The sentence for a flag the engine does not have: what it is, and the real flag to use."""
-    text = f"{opts.label} has no flag {flag}."
-    hint = HINTS.get(opts.engine, {}).get(_normalize(opts.engine, flag))
+    said = {"at": at, "label": opts.label, "flag": flag}
+    hint = opts.parser.hints.get(_normalize(opts.parser, flag))
     if hint is not None:
         instead = hint.instead if hint.instead in opts.options else None
-        return f"{text} Did you mean {instead}? {hint.text}" if instead else f"{text} {hint.text}"
-    close = _closest(_normalize(opts.engine, flag), [o for o in opts.options if o.startswith("--")])
+        if instead:
+            return Phrase("flags.unknown_hint_instead", **said, instead=instead, hint=Phrase(hint.phrase))
+        return Phrase("flags.unknown_hint", **said, hint=Phrase(hint.phrase))
+    close = _closest(_normalize(opts.parser, flag), [o for o in opts.options if o.startswith("--")])
     if close:
-        return f"{text} Did you mean {close}?"
-    return f"{text} `python -m backend check-flags --list` prints the flags it has."
+        return Phrase("flags.unknown_close", **said, close=close)
+    return Phrase("flags.unknown", **said)
 
 
-def _check_values(flag: str, values: list[str], opts: EngineOptions, spec: dict[str, Any]) -> list[str]:
+def _check_values(
+    flag: str, values: list[str], opts: EngineOptions, spec: dict[str, Any], at: Phrase | str
+) -> list[Phrase]:
     allowed: list[str] = list(spec.get("choices") or opts.values.get(flag) or [])
     problems = []
     for value in values if allowed else []:
         if value not in allowed:
+            said = {"at": at, "flag": flag, "value": value, "label": opts.label, "allowed": ", ".join(allowed)}
             close = _closest(value, allowed)
-            suggestion = f" Did you mean {close}?" if close else ""
-            problems.append(f"{flag} {value!r} is not one of {opts.label}'s values ({', '.join(allowed)}).{suggestion}")
+            problems.append(
+                Phrase("flags.bad_value_close", **said, close=close) if close else Phrase("flags.bad_value", **said)
+            )
     return problems
 
 
-def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str] | None = None) -> list[str]:
-    """Check an argument list (without program and positional model) against the engine's options."""
-    where = origin or (lambda flag: "")
-    problems: list[str] = []
+def check_args(args: list[str], opts: EngineOptions, origin: Origin | None = None) -> list[Phrase]:
+    """Check an argument list (without program and positional model) against the engine's options: each problem as
+    a phrase of the catalogue (shown in the reader's language), prefixed with where it comes from (`origin`)."""
+
+    def where(flag: str) -> Phrase | str:
+        return Phrase("flags.at", origin=origin(flag)) if origin is not None else ""
+
+    problems: list[Phrase] = []
     seen: set[str] = set()
     switch = ""  # the switch just read, for a value written after it
     i = 0
@@ -212,22 +205,22 @@ def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str
         token = args[i]
         i += 1
         if _is_value(token):
-            after = f"{switch}, a switch that takes no value" if switch else "no flag that takes a value"
-            problems.append(f"{where(token)}{token!r} follows {after}.")
+            after = Phrase("flags.after_switch", switch=switch) if switch else Phrase("flags.after_nothing")
+            problems.append(Phrase("flags.stray_value", at=where(token), token=token, after=after))
             switch = ""
             continue
         switch = ""
         key, has_inline, inline = token.partition("=")
-        if opts.engine in FLEXIBLE_PARSERS and key.startswith("-O") and not key.startswith("--"):
+        if opts.parser.flexible and key.startswith("-O") and not key.startswith("--"):
             # vLLM's shorthand for --optimization-level: -O3, -O=3, or -O 3.
             if key == "-O" and not has_inline and i < len(args) and args[i].isdigit():
                 i += 1
             continue
-        name = _normalize(opts.engine, key)
+        name = _normalize(opts.parser, key)
         base = name.partition(".")[0].rstrip("+")  # --json-arg.key and --json-arg.key+ set JSON fields
         spec = opts.options.get(base)
         if spec is None:
-            problems.append(where(key) + describe_unknown(key, opts))
+            problems.append(describe_unknown(key, opts, where(key)))
             if not has_inline and i < len(args) and _is_value(args[i]):
                 i += 1  # its value, most likely
             continue
@@ -240,7 +233,7 @@ def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str
         values: list[str] = []
         if nargs == 0:
             if has_inline:
-                problems.append(f"{where(key)}{key} is a switch and takes no value (got {token!r}).")
+                problems.append(Phrase("flags.switch_value", at=where(key), flag=key, token=token))
             switch = key
             continue
         if has_inline:
@@ -251,10 +244,10 @@ def check_args(args: list[str], opts: EngineOptions, origin: Callable[[str], str
                 values.append(args[i])
                 i += 1
             if not values and nargs not in ("?", "*"):
-                problems.append(f"{where(key)}{key} needs a value.")
+                problems.append(Phrase("flags.needs_value", at=where(key), flag=key))
                 continue
         if base == name:
-            problems += [where(key) + p for p in _check_values(base, values, opts, spec)]
+            problems += _check_values(base, values, opts, spec, where(key))
     return problems
 
 

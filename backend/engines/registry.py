@@ -8,14 +8,20 @@ check. Where nothing was measured (tune.enabled false), CPU_ENGINES' order stand
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from backend.config import AppConfig, EngineName
-from backend.engines.base import Engine
+from backend.engines.base import Api, Engine
+from backend.engines.dialect import Dialect, Http
 from backend.engines.external import External
-from backend.engines.llamacpp import LlamaCpp
+from backend.engines.llamacpp import LlamaCpp, LlamaCppDialect
 from backend.engines.trtllm import Trtllm
-from backend.engines.vllm import Vllm, VllmCpu
+from backend.engines.vllm import Vllm, VllmCpu, VllmDialect
 
 ENGINES: dict[EngineName, Engine] = {e.name: e for e in (Vllm(), VllmCpu(), LlamaCpp(), Trtllm(), External())}
+# The dialects, the generic one (recognised when no other is) last.
+DIALECTS: dict[Api, Dialect] = {d.api: d for d in (LlamaCppDialect(), VllmDialect())}
+GENERIC_API = Api.VLLM
 CPU_ENGINES: tuple[EngineName, ...] = ("llama.cpp", "vllm-cpu")
 CPU_PROFILE = "cpu"  # the hardware profile for no GPU (config/backend.yaml profiles.cpu)
 VLLM_BUILDS: dict[bool, EngineName] = {True: "vllm", False: "vllm-cpu"}  # on a GPU, on the CPU
@@ -66,3 +72,16 @@ def engine_for_profile(chosen: Engine, profile: str) -> Engine:
     if chosen.name in VLLM_BUILDS.values():
         return ENGINES[VLLM_BUILDS[profile != CPU_PROFILE]]
     return chosen
+
+
+def dialect(api: Api) -> Dialect:
+    """The dialect called `api`: how that server counts tokens and gives log-probabilities."""
+    return DIALECTS[api]
+
+
+async def detect_api(http: Http, root: str, headers: Mapping[str, str]) -> Api:
+    """The dialect of the server at `root` (one the app did not start): the first that recognises it, else generic."""
+    for found in DIALECTS.values():
+        if await found.recognizes(http, root, headers):
+            return found.api
+    return GENERIC_API

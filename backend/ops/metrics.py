@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx2
-import openai
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
 from backend.chat.client import StreamStats
@@ -19,17 +17,16 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 REPLY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
+# Codes that say more than their error's type: how talking to the engine failed (backend.chat.client's errors).
+CODE_KINDS = {"backend.timeout": "timeout", "backend.broken": "connection"}
+
+
 def error_kind(error: BaseException | str) -> str:
-    """A short label for an error: the kind of ServiceError, refined by the transport error behind it."""
+    """A short label for an error, read from it: its code where that says more, else its type's key."""
     if isinstance(error, str):
         return error
-    cause = error.__cause__ or error
-    if isinstance(cause, openai.APITimeoutError | httpx2.TimeoutException):
-        return "timeout"
-    if isinstance(cause, openai.APIConnectionError | httpx2.TransportError):
-        return "connection"
     if isinstance(error, ServiceError):
-        return error.key.removeprefix("error.").replace(".", "_")
+        return CODE_KINDS.get(error.code or "") or error.key.removeprefix("error.").replace(".", "_")
     return "internal"
 
 

@@ -36,7 +36,7 @@ def health_payload(service: ChatService) -> dict[str, Any]:
         },
         # The canary (backend.serving.canary): which way of running the engine serves, what its answer check said,
         # and which ones were tried before and why they were dropped.
-        "check": service.supervisor.guard.summary() if service.supervisor.guard else None,
+        "check": service.supervisor.canary.summary() if service.supervisor.canary else None,
         # The engine tune (backend.tuning): which engine and format measured fastest on this machine, and the figures.
         "tune": service.supervisor.tune,
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from backend.prompts.schema import RenderedPrompt, Template
+from backend.prompts.schema import Reason, RenderedPrompt, Template
 
 REQUEST_CHARS = 80  # rules look only at the instruction part of a message, at most this long
 _COMMAND = re.compile(r"\s*/([A-Za-z0-9_-]+)(?:[\s:：]+(.*)|$)", re.DOTALL)
@@ -35,7 +35,7 @@ def pick(ordered: list[Template], message: str) -> RenderedPrompt:
             reason = template.match(part)
             if reason:
                 return template.render(message, reason)
-    return ordered[-1].render(message, "no rule matched")
+    return ordered[-1].render(message, Reason(Reason.DEFAULT))
 
 
 def command(message: str) -> tuple[str, str] | None:

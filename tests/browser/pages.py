@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.chat.i18n import MESSAGES, lang_of
-from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
+from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app
+from tests.waiting import wait_until
 
 LOCALES = ["en-US", "zh-CN"]
 DETAILS = ".reply-details"  # the details element under every finished reply (public/elements/ReplyDetails.jsx)

@@ -15,9 +15,10 @@ import pytest
 
 from backend.chat.i18n import t
 from backend.errors import CATALOG, lang_of
-from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, start_app, wait_until
+from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, start_app
 from tests.browser.pages import DETAILS, LOCALES, details_of, send, wait_finished, wait_turn_over
 from tests.chat_api import ChatSocket
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -14,9 +14,10 @@ import pytest
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import READY, REPLY, USER, RunningApp, launch_app, login_env, wait_until
+from tests.app_process import READY, REPLY, USER, RunningApp, launch_app, login_env
 from tests.browser.pages import send, wait_finished
 from tests.chat_api import ChatSocket, login, rendered_finished
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 

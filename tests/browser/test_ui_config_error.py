@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from backend.errors import CATALOG, lang_of
-from tests.app_process import REPLY, RunningApp, start_app, wait_until
+from tests.app_process import REPLY, RunningApp, start_app
 from tests.browser.pages import LOCALES, open_page, send, wait_turn_over
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import READY, REPLY, RunningApp, wait_until
+from tests.app_process import READY, REPLY, RunningApp
 from tests.browser.pages import LOCALES, app_with_fake_engine, send, wait_finished
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

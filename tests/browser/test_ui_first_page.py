@@ -17,8 +17,9 @@ from backend.chat.i18n import MESSAGES, lang_of, t
 from backend.chat.render import STARTERS
 from backend.config import ROOT
 from backend.models.resolve import DEMO_NAME
-from tests.app_process import READY, REPLY, USER, start_app, wait_until
+from tests.app_process import READY, REPLY, USER, start_app
 from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, details_of, send, wait_finished
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

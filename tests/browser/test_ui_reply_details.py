@@ -13,6 +13,7 @@ import pytest
 
 from backend.chat.i18n import MESSAGES, lang_of, t
 from backend.chat.render import localized, reason_text
+from backend.prompts.schema import Reason
 from tests.app_process import REPLY
 from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, details_of, open_page, send, wait_finished
 
@@ -39,7 +40,7 @@ async def test_details_under_the_reply_in_the_page_language(browser, tmp_path: P
         title = await page.locator(REPLY).nth(before).locator(DETAILS).get_attribute("title")
     assert text == REPLY_TEXT, "the reply's text is the model's alone"
     template, reason, ttft, speed, tokens = items
-    assert (template, reason) == ("summary", reason_text('keyword "总结"', locale))
+    assert (template, reason) == ("summary", reason_text(Reason("keyword", "总结"), locale))
     assert re.fullmatch(pattern("detail_ttft", locale), ttft), ttft
     assert re.fullmatch(pattern("detail_speed", locale), speed), speed
     assert tokens == t("detail_tokens", locale, prompt=1, output=len(REPLY_TEXT.split(" ")))

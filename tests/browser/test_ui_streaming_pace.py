@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_process import CHROMIUM, REPLY, RunningApp, start_app, wait_until
+from tests.app_process import CHROMIUM, REPLY, RunningApp, start_app
 from tests.browser.pages import DETAILS, open_page, send, wait_finished, wait_turn_over
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

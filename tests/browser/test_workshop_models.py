@@ -29,9 +29,10 @@ from backend.config import ROOT, load_config
 from backend.engines.llamacpp import demo_gguf
 from backend.errors import render
 from backend.models.resolve import DEMO_NAME
-from backend.prompts.schema import display_path
-from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app, wait_until
+from backend.prompts.schema import Reason, display_path
+from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -137,7 +138,7 @@ async def test_the_preview_the_try_and_the_chat_agree_on_this_model(browser, sit
     asked = len(site.engine.requests)
     await send(chat, message)
     details = await details_of(chat, before + (1 if site.demo else 0))  # on the demo, its notice comes first
-    assert details[:2] == [stem, reason_text(f'keyword "{keyword}"', locale)], details
+    assert details[:2] == [stem, reason_text(Reason("keyword", keyword), locale)], details
     sent = await asyncio.to_thread(
         wait_until,
         lambda: next((r for r in site.engine.requests[asked:] if r["messages"][-1]["content"] == message), None),

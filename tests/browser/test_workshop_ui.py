@@ -26,9 +26,10 @@ from backend.accounts.users import write_users_file
 from backend.chat.render import reason_text
 from backend.config import ROOT
 from backend.errors import render
-from backend.prompts.schema import display_path
-from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app, wait_until
+from backend.prompts.schema import Reason, display_path
+from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -171,7 +172,7 @@ async def test_create_check_preview_try_save_use_restore(browser, site: Site, lo
     await page.wait_for_selector('#versions li.version[data-number="1"]')
     assert "Poem one:" in template_text(site, stem)
     details = await chat_details(browser, site, locale, f"{keyword} about the moon")
-    assert details[:2] == [stem, reason_text(f'keyword "{keyword}"', locale)], details
+    assert details[:2] == [stem, reason_text(Reason("keyword", keyword), locale)], details
 
     # a second version, then the first one restored in one click
     shown = await status_text(page)

@@ -23,8 +23,9 @@ import socketio
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.storage.resume import counts_from_thread
-from tests.app_process import WAIT_S, RunningApp, launch_app, login_env, wait_until
+from tests.app_process import WAIT_S, RunningApp, launch_app, login_env, storage_problems
 from tests.chat_api import ChatSocket, login, rendered_finished
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -204,7 +205,7 @@ async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Si
     # Alone, the follow-up makes a shorter prompt than the first question did; resumed, a longer one: the first
     # question and its reply went to the model again. (No reply length is assumed.)
     assert alone < first < with_history, (alone, first, with_history)
-    assert "conversation database" not in site.app.log_text(), "no storage errors"
+    assert storage_problems(site.app.log_text()) == [], "no storage errors"
 
 
 async def test_deleted_thread_is_gone_with_its_messages(site: Site, alice: httpx.AsyncClient) -> None:
@@ -217,7 +218,7 @@ async def test_deleted_thread_is_gone_with_its_messages(site: Site, alice: httpx
         with sqlite3.connect(site.data / "chat.db") as db:
             left = db.execute('SELECT COUNT(*) FROM steps WHERE "threadId" = ?', (tid,)).fetchone()
         assert left == (0,)
-    assert "conversation database" not in site.app.log_text(), "no storage errors"
+    assert storage_problems(site.app.log_text()) == [], "no storage errors"
 
 
 async def test_damaged_database_leaves_a_working_chat_without_history(

@@ -17,8 +17,9 @@ import pytest
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import RunningApp, launch_app, login_env, wait_until
+from tests.app_process import RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

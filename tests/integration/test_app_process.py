@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_process import group_alive, start_app, wait_until
+from tests.app_process import group_alive, start_app
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
-from backend.serving.logprob_check import Reference
+from backend.serving.answers.reference import Reference
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration
@@ -55,11 +55,11 @@ async def test_demo_model_is_served_announced_and_checked_against_its_reference(
 ) -> None:
     note = demo_service.supervisor.status.note or ""
     assert "cannot be reached" in note and "SmolLM2" in note
-    guard, spec = demo_service.supervisor.guard, demo_service.supervisor.spec
-    assert guard is not None and spec is not None and spec.weights is not None
-    check = guard.summary()
+    canary, spec = demo_service.supervisor.canary, demo_service.supervisor.spec
+    assert canary is not None and spec is not None and spec.weights is not None
+    check = canary.summary()
     assert check["candidate"] == "vllm-cpu bfloat16" and check["check"] == "passed", check
-    reference = Reference.load(guard.reference_file(spec.weights))
+    reference = Reference.load(canary.reference_file(spec.weights))
     positions = sum(len(p.positions) for p in reference.prompts)
     assert check["stats"]["positions"] == positions > 0, "log-probabilities at every position were compared"
     settings = UserSettings.defaults(demo_service.cfg)

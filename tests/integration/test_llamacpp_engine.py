@@ -28,7 +28,7 @@ from backend.engines.llamacpp import DEFAULT_PREFIX, install_prefix
 from backend.models.gguf import cached_gguf
 from backend.ops.prometheus_text import sample_totals
 from backend.serving import supervisor as supervisor_module
-from backend.serving.logprob_check import Reference
+from backend.serving.answers.reference import Reference
 from backend.serving.process import port_is_free
 from backend.serving.supervisor import State
 from tests.streams import cancel_at_first_piece, leave_at_first_piece
@@ -98,15 +98,15 @@ async def started(cfg: AppConfig) -> ChatService:
 
 
 def check_of(service: ChatService) -> dict[str, object]:
-    assert service.supervisor.guard is not None
-    return service.supervisor.guard.summary()
+    assert service.supervisor.canary is not None
+    return service.supervisor.canary.summary()
 
 
 def reference_positions(service: ChatService) -> int:
     """How many token positions the answer check's float32 reference for the served weights holds."""
-    guard, spec = service.supervisor.guard, service.supervisor.spec
-    assert guard is not None and spec is not None and spec.weights is not None
-    reference = Reference.load(guard.reference_file(spec.weights))
+    canary, spec = service.supervisor.canary, service.supervisor.spec
+    assert canary is not None and spec is not None and spec.weights is not None
+    reference = Reference.load(canary.reference_file(spec.weights))
     return sum(len(p.positions) for p in reference.prompts)
 
 

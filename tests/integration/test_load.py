@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from backend.benchmarks.loadtest import run
-from tests.app_process import RunningApp, start_app, wait_until
+from tests.app_process import RunningApp, start_app
 from tests.chat_api import ChatSocket, rendered_finished
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

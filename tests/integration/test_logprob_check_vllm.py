@@ -15,7 +15,10 @@ import pytest_asyncio
 
 from backend.chat.service import ChatService
 from backend.config import ROOT
-from backend.serving.logprob_check import Reference, Verdict, check_engine, tolerance_for
+from backend.serving.answers.check import check_engine
+from backend.serving.answers.comparison import Verdict
+from backend.serving.answers.reference import Reference
+from backend.serving.answers.tolerance import tolerance_for
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.catalogue import CATALOG, PHRASES, lang_of
 from backend.errors import (
-    CATALOG,
-    PHRASES,
     BackendError,
     ConfigError,
     EngineStartError,
@@ -21,9 +20,9 @@ from backend.errors import (
     StorageError,
     UsersFileError,
     fields,
-    lang_of,
     render,
 )
+from tests.app_process import storage_problems
 
 BACKEND = Path(__file__).resolve().parents[2] / "backend"
 # Control flow inside one module, never shown to anyone as such (their text becomes part of a ServiceError).
@@ -170,10 +169,10 @@ def test_moved_classes_are_still_importable_where_they_were() -> None:
 
 def test_the_former_outsiders_are_in_the_family_and_keep_their_builtin_bases() -> None:
     from backend.accounts.passwords import PasswordHashError
+    from backend.engines.dialect import EngineAnswerError
     from backend.engines.options import OptionsUnavailableError
     from backend.errors import EngineNotInstalledError
     from backend.prompts.store import UnknownTemplate
-    from backend.serving.logprob_check import EngineAnswerError
     from backend.storage.schema import SchemaError
 
     assert issubclass(OptionsUnavailableError, EngineNotInstalledError) and issubclass(
@@ -298,3 +297,12 @@ def test_every_catalog_use_in_backend_names_a_known_code_with_all_its_parameters
                 if missing := set(params) - given:
                     problems.append(f"{where}: missing {sorted(missing)}")
     assert not problems, problems
+
+
+def test_the_tests_see_every_storage_error_in_an_app_log() -> None:
+    """The integration tests' "no storage errors" check reads the catalogue: a new wording cannot slip past it."""
+    for code in (c for c in CATALOG if c.startswith("storage.")):
+        error = StorageError.of(code, **{name: "x" for name in CATALOG[code].params})
+        line = f"2026-12-02 10:00:00 ERROR backend.storage.persistence: {error}"
+        assert storage_problems(f"INFO started\n{line}\nINFO saved\n") == [line], code
+    assert storage_problems("INFO conversation saved (3 steps)\n") == []

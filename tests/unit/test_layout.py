@@ -1,6 +1,6 @@
 """The house rules of backend/, checked on its source: arrows run one way, no cycles, nothing hidden in functions.
 
-Layers, lowest first (a module imports its own package and lower layers only):
+Layers, lowest first (a module imports its own package and lower layers only): catalogue (the words) →
 errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop, api →
 ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
 imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
@@ -17,6 +17,7 @@ from backend.config import ROOT, EngineName
 
 BACKEND = ROOT / "backend"
 RANKS = {
+    "catalogue": -1,
     "errors": 0,
     "logs": 0,
     "child": 0,

@@ -61,6 +61,9 @@ const STRINGS = {
     streaming: "…",
     finished: "finished ({tokens} tokens)",
     failed: "Failed",
+    // a number field's range, from the template schema (GET /fields)
+    range_ge_le: "{ge} to {le}",
+    range_gt_le: "above {gt} and at most {le}",
     field_help: {
       name: "A short name, also used as /name in the chat: lowercase letters, digits, - or _.",
       description: "What the template is for; shown in the chat's template list.",
@@ -70,9 +73,9 @@ const STRINGS = {
       system: "Instructions for the model before the conversation (optional).",
       user: "The message the model receives; {input} is where the user's text goes (required).",
       variables: "Extra placeholders with default values, one `name: value` per line; use them as {name}.",
-      temperature: "How varied the replies are, 0 to 2; empty keeps the chat's setting.",
-      top_p: "Choose among the most likely words up to this share, above 0 and at most 1; empty keeps the chat's.",
-      max_tokens: "The longest reply in tokens, 1 to 32768; empty keeps the chat's setting.",
+      temperature: "How varied the replies are, {range}; empty keeps the chat's setting.",
+      top_p: "Choose among the most likely words up to this share, {range}; empty keeps the chat's.",
+      max_tokens: "The longest reply in tokens, {range}; empty keeps the chat's setting.",
       stop: "Texts that end the reply when the model writes them, one per line.",
       route_on_demo: "Whether messages go to this template by its keywords and patterns while the offline demo model answers. /name and the settings choose it either way.",
     },
@@ -135,6 +138,8 @@ const STRINGS = {
     streaming: "…",
     finished: "已完成（{tokens} 个 token）",
     failed: "失败",
+    range_ge_le: "{ge} 到 {le}",
+    range_gt_le: "大于 {gt}、最大 {le}",
     field_help: {
       name: "简短的名字，也可在聊天中用 /名字 选用：小写字母、数字、- 或 _。",
       description: "模板的用途；显示在聊天的模板列表中。",
@@ -144,9 +149,9 @@ const STRINGS = {
       system: "对话开始前给模型的指示（可选）。",
       user: "模型收到的消息；{input} 处放入用户的文字（必填）。",
       variables: "带默认值的额外占位符，每行一个 `名字: 值`；在文本中写作 {名字}。",
-      temperature: "回复的多样程度，0 到 2；留空则使用聊天的设置。",
-      top_p: "只在可能性最高、累计占比不超过此值的词中选择，大于 0、最大 1；留空则使用聊天的设置。",
-      max_tokens: "回复的最大长度（token 数），1 到 32768；留空则使用聊天的设置。",
+      temperature: "回复的多样程度，{range}；留空则使用聊天的设置。",
+      top_p: "只在可能性最高、累计占比不超过此值的词中选择，{range}；留空则使用聊天的设置。",
+      max_tokens: "回复的最大长度（token 数），{range}；留空则使用聊天的设置。",
       stop: "模型写出这些文字时结束回复，每行一个。",
       route_on_demo: "离线演示模型回答时，是否按关键词和匹配规则把消息交给此模板。用 /名字 或在设置中选择时总会使用它。",
     },
@@ -155,21 +160,26 @@ const STRINGS = {
 
 const LANG = (navigator.language || "en").toLowerCase().startsWith("zh") ? "zh" : "en";
 const T = STRINGS[LANG];
-// field -> how the form shows it: a line, a text block, a list (one item per line), a mapping, a number
-const FIELDS = [
-  ["name", "line"], ["description", "line"], ["priority", "number"], ["keywords", "list"], ["patterns", "list"],
-  ["system", "block"], ["user", "block"], ["variables", "mapping"],
-  ["temperature", "number"], ["top_p", "number"], ["max_tokens", "number"], ["stop", "list"],
-  ["route_on_demo", "choice"],
-];
+// [field, how the form shows it: a line, a text block, a list (one item per line), a mapping, a number, a choice],
+// in file order, and each number's range: both from the template schema (GET /fields), read at the start
+let FIELDS = [];
+let RANGES = {};
 const CHECK_DELAY_MS = 350;
 
 const state = { stem: null, base: null, isNew: false, view: "form", extra: {}, seq: 0, timer: null, yaml: "", tries: null };
 const $ = (id) => document.getElementById(id);
 
-function t(key, params = {}) {
-  const text = T[key] ?? STRINGS.en[key] ?? key;
+function fill(text, params) {
   return text.replace(/\{(\w+)\}/g, (all, name) => (name in params ? String(params[name]) : all));
+}
+
+function t(key, params = {}) {
+  return fill(T[key] ?? STRINGS.en[key] ?? key, params);
+}
+
+function rangeText(range) {
+  const key = "range_" + Object.keys(range || {}).sort().join("_");  // ge_le, gt_le
+  return key in T ? t(key, range) : "";
 }
 
 async function api(method, path, body) {
@@ -234,7 +244,7 @@ function buildForm() {
     input.addEventListener(kind === "choice" ? "change" : "input", () => schedule());
     const help = document.createElement("p");
     help.className = "help";
-    help.textContent = T.field_help[name];
+    help.textContent = fill(T.field_help[name] || "", { range: rangeText(RANGES[name]) });
     row.append(label, input, help);
     form.append(row);
   }
@@ -656,6 +666,9 @@ async function start() {
   document.title = t("title");
   for (const el of document.querySelectorAll("[data-t]")) el.textContent = t(el.dataset.t);
   for (const el of document.querySelectorAll("[data-t-placeholder]")) el.placeholder = t(el.dataset.tPlaceholder);
+  const { data: schema } = await api("GET", "/fields");
+  FIELDS = schema.fields.map((f) => [f.name, f.kind]);
+  RANGES = Object.fromEntries(schema.fields.map((f) => [f.name, f.range]));
   buildForm();
   const { data } = await api("GET", "/me");
   if (!data.may_edit) {

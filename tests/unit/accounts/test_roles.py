@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
+import yaml
 
 from backend import cli
 from backend.accounts.login import Accounts
@@ -30,7 +31,7 @@ def test_roles_round_trip_and_the_default_is_not_written(tmp_path: Path) -> None
     write_users_file(path, {"alice": HASH, "bob": HASH, "carol": HASH}, {"alice": "editor", "bob": "user"})
     text = path.read_text()
     assert "roles:\n  alice: editor\n" in text
-    assert "bob: user" not in text
+    assert yaml.safe_load(text)["roles"] == {"alice": "editor"}, "the default role is not written"
     assert read_users_document(path) == ({"alice": HASH, "bob": HASH, "carol": HASH}, {"alice": "editor"})
     assert read_users_document(path)[0] == {"alice": HASH, "bob": HASH, "carol": HASH}
 
@@ -67,3 +68,15 @@ def test_add_user_sets_a_role_and_keeps_it_on_a_password_change(
         add_user(["bob", "--file", str(path), "--role", "boss"], "bob-password", monkeypatch)
     assert refused.value.code == 2
     assert "bob" not in read_users_document(path)[0]
+
+
+def test_a_users_file_problem_is_catalogued_and_reads_in_chinese(tmp_path: Path) -> None:
+    path = tmp_path / "users.yaml"
+    path.write_text("users:\n  bob: 123\n", encoding="utf-8")
+    with pytest.raises(UsersFileError) as info:
+        read_users_document(path)
+    assert info.value.code == "users.bad_entry"
+    assert str(info.value).startswith(f"{path}, line 2: user 'bob': not a password hash of the form scrypt$")
+    assert info.value.text("zh-CN").startswith(
+        f"{path} 第 2 行：用户 'bob'：不是 scrypt$n$r$p$salt$hash 形式的密码哈希。"
+    )

@@ -9,7 +9,10 @@ import pytest
 
 from backend.api.quotas import Lease
 from backend.api.router import Gateway
+from backend.chat.client import StreamStats
+from backend.chat.turn import Done, Text
 from backend.errors import QuotaError, StorageError
+from backend.prompts.schema import Reason
 
 
 class FakeQuotas:
@@ -45,3 +48,17 @@ async def test_over_a_quota_the_turn_is_refused_and_a_broken_database_lets_it_go
     broken = FakeQuotas(StorageError.of("storage.locked", where="x", doing="saving", reason="locked"))
     async with gateway(broken).turn("alice") as lease:
         assert lease is None
+
+
+def test_a_finished_turn_counts_the_engines_tokens_or_the_requests_estimate() -> None:
+    seen: list[tuple[str, str, int, int]] = []
+    gate = Gateway(SimpleNamespace(), SimpleNamespace(), None, None, observe=lambda *a: seen.append(a))  # type: ignore[arg-type]
+    lease = Lease("1", "alice", "chat")  # type: ignore[arg-type]
+    measured = StreamStats(prompt_tokens=12, completion_tokens=30)
+    done = Done("x", "default", Reason("default"), "q", stats=measured, prompt_tokens=99)
+    assert gate.count_turn(lease, done) is done
+    assert (lease.prompt_tokens, lease.reply_tokens) == (12, 30)
+    stopped = Done("", "default", Reason("default"), "q", "stopped", stats=StreamStats(), prompt_tokens=7)
+    gate.count_turn(None, stopped)  # no usage reported: the request's own count
+    gate.count_turn(lease, Text("a piece"))  # not a finished turn: nothing counted
+    assert seen == [("chat", "finished", 12, 30), ("chat", "stopped", 7, 0)]

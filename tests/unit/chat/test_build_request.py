@@ -17,6 +17,7 @@ from backend.chat.service import MIN_REPLY_TOKENS, ChatService
 from backend.chat.turn import ChatSession, Done, Notice, Refused, Text
 from backend.config import AppConfig, EngineFlags
 from backend.errors import InvalidInputError, PromptTooLongError
+from backend.prompts.schema import Reason
 from backend.prompts.store import TemplateStore
 from tests.conftest import MakeConfig
 
@@ -211,7 +212,7 @@ async def test_the_reply_reserve_is_at_most_half_the_window(build: Build) -> Non
 async def test_the_templates_sampling_wins_over_the_config(build: Build) -> None:
     svc, _ = build(window=4096, max_tokens=512)
     request = await svc.build_request([], "a poem about the sea", defaults(svc))
-    assert request.template == "creative" and request.reason == 'keyword "poem"'
+    assert request.template == "creative" and request.reason == Reason("keyword", "poem")
     assert request.sampling == {"temperature": 1.3, "top_p": 0.5, "max_tokens": 50, "stop": ["END"]}
     plain = await svc.build_request([], "hello", defaults(svc))
     assert plain.template == "default"

@@ -16,6 +16,9 @@ import pytest
 from backend.chat.client import ChatClient, ChatStream
 from backend.engines.base import Endpoint
 from backend.errors import BackendError, PromptTooLongError
+from tests.openai_stream import event, http_chunk, usage
+from tests.openai_stream import finish as stream_finish
+from tests.openai_stream import piece as stream_piece
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 GENEROUS_S = 20.0  # a safety net against a hanging test, never a synchronisation
@@ -27,35 +30,18 @@ Behaviour = Callable[["ScriptedServer", Reader, Writer], Awaitable[None]]
 
 def sse(data: dict[str, Any] | str) -> bytes:
     """One server-sent event as one HTTP chunk."""
-    text = data if isinstance(data, str) else json.dumps(data)
-    event = f"data: {text}\n\n".encode()
-    return f"{len(event):x}\r\n".encode() + event + b"\r\n"
+    return http_chunk(event(data))
 
 
 def piece(text: str) -> dict[str, Any]:
-    return {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
-    }
+    return stream_piece("m", text)
 
 
 def finish() -> dict[str, Any]:
-    chunk = piece("")
-    chunk["choices"][0].update(delta={}, finish_reason="stop")
-    return chunk
+    return stream_finish("m")
 
 
-USAGE = {
-    "id": "c1",
-    "object": "chat.completion.chunk",
-    "created": 0,
-    "model": "m",
-    "choices": [],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-}
+USAGE = usage("m", 3, 2)
 
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"

@@ -16,6 +16,7 @@ from backend.chat.turn import Serving
 from backend.config import ROOT, EngineFlags, load_config
 from backend.engines.base import LaunchSpec
 from backend.models.resolve import DEMO_NAME
+from backend.prompts.schema import Reason
 from backend.prompts.store import TemplateStore
 from backend.serving.hardware import Gpu, parse_nvidia_smi
 from backend.serving.supervisor import State, Status
@@ -64,14 +65,14 @@ async def test_a_message_no_template_catches_gets_the_demo_sampling_and_system_p
     }
     assert request.messages[0] == {"role": "system", "content": demo.system_prompt}
     assert request.messages[-1] == {"role": "user", "content": "What is the capital of France?"}
-    assert (request.template, request.reason) == ("default", "no rule matched")
+    assert (request.template, request.reason) == ("default", Reason("default"))
 
 
 async def test_the_shipped_templates_state_that_they_do_not_route_on_the_demo() -> None:
     # measured: the ERNIE-written Chinese templates make the demo model write garbage (results/demo-quality/)
     svc = service(demo=True)
     request = await svc.build_request([], "Write a short poem about the sea.", UserSettings.defaults(svc.cfg, True))
-    assert (request.template, request.reason) == ("default", 'demo_off "writing"')
+    assert (request.template, request.reason) == ("default", Reason("demo_off", "writing"))
     assert request.messages[0] == {"role": "system", "content": svc.cfg.demo.system_prompt}
     assert [n for n in svc.templates.names() if not svc.templates.get(n).route_on_demo] == [
         "translation", "summary", "writing"
@@ -95,7 +96,7 @@ def demo_service(tmp_path: Path) -> ChatService:
 async def test_a_saved_template_routes_on_the_demo_with_its_own_system_prompt(tmp_path: Path) -> None:
     svc = demo_service(tmp_path)
     request = await svc.build_request([], "zebrakey: tell me a joke", UserSettings.defaults(svc.cfg, demo=True))
-    assert (request.template, request.reason) == ("zebra", 'keyword "zebrakey"')
+    assert (request.template, request.reason) == ("zebra", Reason("keyword", "zebrakey"))
     assert request.messages[0] == {"role": "system", "content": "Always begin with ZEBRA."}
     demo = svc.cfg.demo  # what the template leaves unset: the demo's measured defaults, penalties included
     assert request.sampling["temperature"] == demo.temperature
@@ -110,7 +111,7 @@ async def test_a_template_that_is_off_on_the_demo_is_skipped_by_routing_but_name
     write(svc.templates.folder, "zebra", "name: zebra\nkeywords: [zebrakey]\nroute_on_demo: false\nuser: 'Z {input}'\n")
     settings = UserSettings.defaults(svc.cfg, demo=True)
     skipped = await svc.build_request([], "zebrakey please", settings)
-    assert (skipped.template, skipped.reason) == ("default", 'demo_off "zebra"')
+    assert (skipped.template, skipped.reason) == ("default", Reason("demo_off", "zebra"))
     assert skipped.messages[0] == {"role": "system", "content": svc.cfg.demo.system_prompt}
     named = await svc.build_request([], "/zebra please", settings)
     assert (named.template, named.user_text) == ("zebra", "Z please"), "/name chooses it all the same"

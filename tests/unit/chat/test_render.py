@@ -17,6 +17,11 @@ from backend.chat.render import (
 )
 from backend.chat.turn import Done
 from backend.errors import InvalidInputError
+from backend.prompts.schema import Reason
+
+SUMMARY = Reason("keyword", "总结")
+DEFAULT, CHOSEN = Reason("default"), Reason("chosen")
+CODES = [Reason.KEYWORD, Reason.PATTERN, Reason.DEFAULT, Reason.CHOSEN, Reason.COMMAND, Reason.DEMO_OFF]
 
 
 def stats(prompt: int | None = 12, output: int | None = 30) -> StreamStats:
@@ -25,27 +30,39 @@ def stats(prompt: int | None = 12, output: int | None = 30) -> StreamStats:
 
 
 def test_a_finished_reply_is_the_model_text_alone() -> None:
-    assert reply_text(Done("Paris.", "default", "no rule matched", "q"), "zh-CN") == "Paris."
+    assert reply_text(Done("Paris.", "default", DEFAULT, "q"), "zh-CN") == "Paris."
 
 
 def test_a_stopped_reply_ends_with_one_stop_line_in_the_language() -> None:
-    assert reply_text(Done("Par", "default", "chosen", "q", "stopped"), "zh-CN") == "Par\n\n⏹ *已停止。*"
-    assert reply_text(Done("", "default", "chosen", "q", "stopped"), "en-US") == "⏹ *Stopped.*"
+    assert reply_text(Done("Par", "default", CHOSEN, "q", "stopped"), "zh-CN") == "Par\n\n⏹ *已停止。*"
+    assert reply_text(Done("", "default", CHOSEN, "q", "stopped"), "en-US") == "⏹ *Stopped.*"
 
 
 def test_a_failed_reply_without_text_is_the_error() -> None:
     error = InvalidInputError.of("input.empty")
-    assert reply_text(Done("", "default", "chosen", "q", "failed", error), "en-US") == f"⚠️ {error.text('en')}"
+    assert reply_text(Done("", "default", CHOSEN, "q", "failed", error), "en-US") == f"⚠️ {error.text('en')}"
 
 
 def test_reasons_read_in_chinese() -> None:
+    assert reason_text(SUMMARY, "zh-CN") == "关键词“总结”"
+    assert reason_text(SUMMARY, "en-US") == 'keyword "总结"'
+    assert reason_text(Reason("pattern", "^def "), "zh-CN") == "匹配规则“^def ”"
+    assert reason_text(DEFAULT, "zh-CN") == "未匹配任何规则（默认模板）"
+    assert reason_text(Reason("demo_off", "writing"), "en") == (
+        "writing matches, but does not route on the demo model (default)"
+    )
+    assert reason_text(SUMMARY.saved(), "zh-CN") == "关键词“总结”", "as saved in a reply's metadata"
+
+
+def test_reasons_saved_as_english_text_in_older_threads_still_read() -> None:
     assert reason_text('keyword "总结"', "zh-CN") == "关键词“总结”"
-    assert reason_text('keyword "总结"', "en-US") == 'keyword "总结"'
     assert reason_text('pattern "^def "', "zh-CN") == "匹配规则“^def ”"
     assert reason_text("no rule matched", "zh-CN") == "未匹配任何规则（默认模板）"
-    assert reason_text("demo model: automatic templates are off", "zh-CN") == "演示模型：不自动选择模板"  # old replies
+    assert reason_text("chosen", "zh-CN") == "在 ⚙️ 设置中选择" and reason_text("command", "zh-CN") == "用 /名称 选择"
+    assert reason_text("demo model: automatic templates are off", "zh-CN") == "演示模型：不自动选择模板"
     assert reason_text('demo_off "writing"', "en") == "writing matches, but does not route on the demo model (default)"
     assert reason_text("something new", "zh-CN") == "something new"
+    assert [Reason.read(Reason(code, "v").saved()) for code in CODES] == [Reason(code, "v") for code in CODES]
 
 
 def test_a_bilingual_description_gives_the_half_in_the_language() -> None:
@@ -56,10 +73,10 @@ def test_a_bilingual_description_gives_the_half_in_the_language() -> None:
 
 
 def test_details_from_the_stream_numbers() -> None:
-    details = reply_details(Done("x", "summary", 'keyword "总结"', "q", stats=stats(), prompt_tokens=99))
+    details = reply_details(Done("x", "summary", SUMMARY, "q", stats=stats(), prompt_tokens=99))
     assert details == {
         "template": "summary",
-        "reason": 'keyword "总结"',
+        "reason": {"code": "keyword", "value": "总结"},  # data, worded when shown
         "ttft_s": 0.25,
         "tokens_per_s": 15.0,
         "prompt_tokens": 12,  # the engine's count wins over the request's estimate
@@ -68,7 +85,7 @@ def test_details_from_the_stream_numbers() -> None:
 
 
 def test_details_line_in_chinese_and_the_metadata() -> None:
-    done = Done("x", "summary", 'keyword "总结"', "q", stats=stats(), prompt_tokens=99)
+    done = Done("x", "summary", SUMMARY, "q", stats=stats(), prompt_tokens=99)
     props, metadata = details_element(done, "zh-CN", "总结：三句话 / Summary: three sentences")
     assert props["items"] == [
         "summary",
@@ -83,7 +100,7 @@ def test_details_line_in_chinese_and_the_metadata() -> None:
 
 def test_details_leave_out_what_the_stream_did_not_measure() -> None:
     # stopped before any text and before the engine reported usage: the request's own prompt count
-    done = Done("", "default", "chosen", "q", "stopped", stats=StreamStats(started=1.0), prompt_tokens=7)
+    done = Done("", "default", CHOSEN, "q", "stopped", stats=StreamStats(started=1.0), prompt_tokens=7)
     props, _ = details_element(done, "en-US", "")
     assert props["items"] == ["default", "chosen in ⚙️ settings", "7 prompt tokens"]
 

@@ -11,7 +11,9 @@ import pytest
 
 from backend.config import ROOT, AppConfig, EngineFlags, load_config
 from backend.engines.options import EngineOptions, OptionsUnavailableError, check_args, read_options
-from backend.errors import ConfigError
+from backend.engines.trtllm import TRTLLM_PARSER
+from backend.engines.vllm import VLLM_PARSER
+from backend.errors import ConfigError, Phrase
 from backend.serving.preflight import check_flags, check_flags_command
 from backend.serving.profiles import effective_flags
 from tests.launching import failed_start, launch
@@ -24,7 +26,7 @@ CFG = load_config(environ={})
 
 @pytest.fixture(scope="session")
 def vllm_options(engine_py: str) -> EngineOptions:
-    options = read_options("vllm", engine_py, OPTIONS_CACHE)
+    options = read_options(VLLM_PARSER, engine_py, OPTIONS_CACHE)
     assert options.version and "--max-model-len" in options.options
     return options
 
@@ -40,12 +42,17 @@ def launch_args(cfg: AppConfig, profile: str, engine_py: str, flags: EngineFlags
 def test_options_are_cached_per_version(vllm_options: EngineOptions, engine_py: str) -> None:
     files = list((OPTIONS_CACHE / "engine-options").glob(f"vllm-{vllm_options.version}-*.json"))
     assert files, "the options were not cached"
-    assert read_options("vllm", engine_py, OPTIONS_CACHE) is vllm_options  # and kept in memory
+    assert read_options(VLLM_PARSER, engine_py, OPTIONS_CACHE) is vllm_options  # and kept in memory
 
 
 def test_engine_without_the_package(engine_py: str, tmp_path: Path) -> None:
     with pytest.raises(OptionsUnavailableError, match="tensorrt_llm is not installed"):
-        read_options("trtllm", engine_py, tmp_path)
+        read_options(TRTLLM_PARSER, engine_py, tmp_path)
+
+
+def said(problems: list[Phrase]) -> list[str]:
+    """The problems as the English log and messages say them."""
+    return [str(problem) for problem in problems]
 
 
 @pytest.mark.parametrize("profile", sorted(CFG.profiles))
@@ -79,8 +86,8 @@ INVENTED = [
 def test_invented_flags_are_refused_with_a_suggestion(
     flag: str, values: list[str], suggestion: str, vllm_options: EngineOptions
 ) -> None:
-    problems = check_args(
-        [flag, *values, "--max-model-len", "2048"], vllm_options, lambda f: "engine.flags.extra_args: "
+    problems = said(
+        check_args([flag, *values, "--max-model-len", "2048"], vllm_options, lambda f: "engine.flags.extra_args")
     )
     assert len(problems) == 1
     assert problems[0].startswith(f"engine.flags.extra_args: vLLM {vllm_options.version} has no flag {flag}.")
@@ -88,10 +95,10 @@ def test_invented_flags_are_refused_with_a_suggestion(
 
 
 def test_misspelt_flag_gets_the_closest_real_one(vllm_options: EngineOptions) -> None:
-    assert check_args(["--max-model-length", "2048"], vllm_options) == [
+    assert said(check_args(["--max-model-length", "2048"], vllm_options)) == [
         f"vLLM {vllm_options.version} has no flag --max-model-length. Did you mean --max-model-len?"
     ]
-    assert "Did you mean --gpu-memory-utilization?" in check_args(["--gpu-memory-util", "0.5"], vllm_options)[0]
+    assert "Did you mean --gpu-memory-utilization?" in str(check_args(["--gpu-memory-util", "0.5"], vllm_options)[0])
 
 
 def test_vllm_spellings_that_are_fine(vllm_options: EngineOptions) -> None:
@@ -114,14 +121,19 @@ def test_vllm_spellings_that_are_fine(vllm_options: EngineOptions) -> None:
 
 
 def test_values_and_switches(vllm_options: EngineOptions) -> None:
-    problems = check_args(
+    found = check_args(
         ["--enforce-eager", "true", "--dtype", "bf16", "--quantization", "awq4", "--max-model-len"], vllm_options
     )
+    problems = said(found)
     assert problems[0] == "'true' follows --enforce-eager, a switch that takes no value."
     assert problems[1].startswith("--dtype 'bf16' is not one of") and problems[1].endswith("Did you mean bfloat16?")
     assert problems[2].startswith("--quantization 'awq4' is not one of") and "Did you mean awq?" in problems[2]
     assert problems[3] == "--max-model-len needs a value."
-    assert check_args(["--enforce-eager=1"], vllm_options) == [
+    assert [p.text("zh-CN") for p in found[::3]] == [
+        "'true' 跟在不带值的开关 --enforce-eager之后。",
+        "--max-model-len 需要一个值。",
+    ]
+    assert said(check_args(["--enforce-eager=1"], vllm_options)) == [
         "--enforce-eager is a switch and takes no value (got '--enforce-eager=1')."
     ]
 

@@ -15,6 +15,7 @@ from backend import cli
 from backend.config import AppConfig, EngineFlags
 from backend.engines.options import EngineOptions, check_args
 from backend.engines.trtllm import (
+    TRTLLM_PARSER,
     build_command,
     check_architecture,
     check_trtllm_installed,
@@ -33,7 +34,7 @@ REGISTRIES = {
 }
 # trtllm-serve's click options as the probe lists them.
 SERVE_OPTIONS = EngineOptions(
-    engine="trtllm",
+    parser=TRTLLM_PARSER,
     version="1.3.0",
     options={
         opt: {"nargs": 0 if opt == "--trust_remote_code" else None, "choices": None}
@@ -118,7 +119,7 @@ def test_serve_command_line_tensorrt_backend(tmp_path: Path, make_config: Callab
 
 
 def test_unknown_serve_flag_is_refused() -> None:
-    problems = check_args(["--max-batch-size", "8", "--backend", "onnx"], SERVE_OPTIONS)
+    problems = [str(p) for p in check_args(["--max-batch-size", "8", "--backend", "onnx"], SERVE_OPTIONS)]
     assert (
         problems[0] == "trtllm-serve (TensorRT-LLM) 1.3.0 has no flag --max-batch-size. Did you mean --max_batch_size?"
     )

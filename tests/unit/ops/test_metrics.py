@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import httpx2
-import openai
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -91,13 +89,10 @@ def test_replies_timings_and_outcomes() -> None:
 
 
 def test_error_kinds() -> None:
-    request = httpx2.Request("POST", "http://engine/v1/chat/completions")
-    timeout = BackendError("The engine did not answer in time.")
-    timeout.__cause__ = openai.APITimeoutError(request=request)
-    broken = BackendError("The connection to the engine broke.")
-    broken.__cause__ = openai.APIConnectionError(request=request)
+    timeout = BackendError.of("backend.timeout")
     assert error_kind(timeout) == "timeout"
-    assert error_kind(broken) == "connection"
+    assert error_kind(BackendError.of("backend.broken")) == "connection"
+    assert error_kind(BackendError.of("backend.auth")) == "backend"
     assert error_kind(PromptTooLongError("too long")) == "too_long"
     assert error_kind(RuntimeError("?")) == "internal"
     assert error_kind("unavailable") == "unavailable"

@@ -17,7 +17,7 @@ from backend.chat.client import Endpoint
 from backend.config import AppConfig, EngineFlags, load_config
 from backend.engines.base import Candidate, LaunchSpec, Weights
 from backend.errors import EngineStartError, Phrase
-from backend.serving.canary import Guard
+from backend.serving.canary import Canary
 from backend.serving.process import free_port
 from backend.serving.supervisor import State, Supervisor
 
@@ -238,15 +238,15 @@ def guarded(tmp_path: Path, plan: dict[str, list[str]]) -> Supervisor:
             "ERNIE_CANARY__ENABLED": "false",
         }
     )
-    guard = Guard(cfg, [Candidate("stub", v) for v in plan], sys.executable)
+    canary = Canary(cfg, [Candidate("stub", v) for v in plan], sys.executable)
     port = free_port()
 
     def prepare() -> LaunchSpec:
-        argv = [sys.executable, str(STUB), str(port), "m", *plan[guard.current.variant]]
+        argv = [sys.executable, str(STUB), str(port), "m", *plan[canary.ladder.current.variant]]
         spec = LaunchSpec("stub", argv, dict(os.environ), "127.0.0.1", port, "m", "k")
         return spec.with_check(Weights(str(tmp_path / "model"), None, "bfloat16"), "stub-build-1")
 
-    return Supervisor(cfg, prepare, Endpoint(f"http://127.0.0.1:{port}", "k", "m"), EngineFlags(), guard=guard)
+    return Supervisor(cfg, prepare, Endpoint(f"http://127.0.0.1:{port}", "k", "m"), EngineFlags(), canary=canary)
 
 
 async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remembered(tmp_path: Path) -> None:
@@ -255,17 +255,19 @@ async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remem
     sup.start_background()
     try:
         assert await sup.wait_ready(GENEROUS_S), sup.status
-        assert sup.guard is not None and sup.guard.current.variant == "avx512"
-        assert sup.guard.rejected == ["stub amx: crashed with SIGILL during start-up"]
-        summary = sup.guard.summary()
-        assert summary["candidate"] == "stub avx512" and summary["fallbacks"] == sup.guard.rejected
+        assert sup.canary is not None and sup.canary.ladder.current.variant == "avx512"
+        assert sup.canary.ladder.rejected == ["stub amx: crashed with SIGILL during start-up"]
+        summary = sup.canary.summary()
+        assert summary["candidate"] == "stub avx512" and summary["fallbacks"] == sup.canary.ladder.rejected
     finally:
         await sup.stop()
     again = guarded(tmp_path, plan)  # the next start of the app on this machine
     again.start_background()
     try:
         assert await again.wait_ready(GENEROUS_S), again.status
-        assert again.guard is not None and again.guard.rejected[0].endswith("(remembered from an earlier start)")
+        assert again.canary is not None and again.canary.ladder.rejected[0].endswith(
+            "(remembered from an earlier start)"
+        )
         assert "starting: " + sys.executable in sup.log_path.read_text()
         assert again.log_path.read_text().count("--die-with") == 1, "the crashing candidate is not started again"
     finally:
@@ -275,7 +277,7 @@ async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remem
     try:
         assert await third.wait_ready(GENEROUS_S), third.status
         remembered = "stub amx: crashed with SIGILL during start-up (remembered from an earlier start)"
-        assert third.guard is not None and third.guard.rejected == [remembered]
+        assert third.canary is not None and third.canary.ladder.rejected == [remembered]
     finally:
         await third.stop()
 

@@ -13,6 +13,7 @@ from backend.chat.service import ChatService
 from backend.config import ROOT
 from backend.engines.base import LaunchSpec
 from backend.models.resolve import DEMO_NAME
+from backend.prompts.schema import Reason
 from backend.prompts.store import check_folder
 from backend.workshop.drafts import (
     chat_view,
@@ -40,6 +41,8 @@ def service(make_config: MakeConfig, folder: Path) -> ChatService:
     return ChatService.from_config(cfg)
 
 
+KEYWORD_POEM = {"code": "keyword", "value": "poem"}  # a reason as the workshop sends it (Reason.saved)
+KEYWORD_WRITE = {"code": "keyword", "value": "写"}
 DRAFTS = {
     "unknown field": "name: poem\ntemprature: 3\nuser: '{input}'\n",
     "no input": "name: poem\nuser: Write a poem\n",
@@ -105,16 +108,19 @@ def test_routing_says_when_the_draft_wins_and_when_another_template_comes_first(
     low = "name: poem\npriority: 5\nkeywords: [poem, 写]\nuser: '{input}'\n"
     with draft_folder(folder, "poem", low) as check:
         plain = routing(service, check.store, check.template, "a poem about the sea")
-        assert (plain["picked"], plain["reason"], plain["outcome"]) == ("poem", 'keyword "poem"', "draft")
+        assert (plain["picked"], plain["reason"], plain["outcome"]) == ("poem", KEYWORD_POEM, "draft")
         lost = routing(service, check.store, check.template, "写一首诗")
-        assert (lost["picked"], lost["reason"], lost["outcome"]) == ("writing", 'keyword "写"', "other_first")
+        assert (lost["picked"], lost["reason"], lost["outcome"]) == ("writing", KEYWORD_WRITE, "other_first")
         order = [(c["name"], c["priority"], c["draft"]) for c in lost["candidates"]]
         assert order.index(("writing", 10, False)) < order.index(("poem", 5, True))
-        assert next(c for c in lost["candidates"] if c["draft"])["reason"] == 'keyword "写"'
+        assert next(c for c in lost["candidates"] if c["draft"])["reason"] == KEYWORD_WRITE
         missed = routing(service, check.store, check.template, "hello there")
         assert (missed["picked"], missed["outcome"]) == ("default", "no_match")
         command = routing(service, check.store, check.template, "/poem 写一首诗")
-        assert (command["picked"], command["reason"]) == ("poem", "command")  # a /name command, as in the chat
+        assert (command["picked"], command["reason"]) == (
+            "poem",
+            {"code": "command", "value": ""},
+        )  # a /name command, as in the chat
     with draft_folder(folder, "poem", low.replace("priority: 5", "priority: 15")) as check:
         won = routing(service, check.store, check.template, "写一首诗")
         assert (won["picked"], won["outcome"]) == ("poem", "draft")
@@ -137,7 +143,8 @@ async def test_the_preview_is_the_request_the_chat_sends_on_the_model_serving(se
         sent = await chat.build_request([], "zebrakey about the sea", chat.new_session().settings)
     assert (shown["routing"]["outcome"], shown["routing"]["picked"], shown["demo"]) == ("draft", "zebra", demo)
     request = shown["request"]
-    assert (request["template"], request["reason"]) == (sent.template, sent.reason) == ("zebra", 'keyword "zebrakey"')
+    assert (request["template"], request["reason"]) == (sent.template, sent.reason.saved())
+    assert sent.template == "zebra" and sent.reason == Reason("keyword", "zebrakey")
     assert request["system"] == "Always begin with ZEBRA." and request["user"] == "Z: zebrakey about the sea"
     assert request["messages"] == sent.messages and request["sampling"] == sent.sampling
     assert ("frequency_penalty" in request["sampling"]) == demo, "the demo's penalties where the template sets none"
@@ -150,7 +157,10 @@ async def test_the_preview_says_when_a_draft_is_off_on_the_demo(service: ChatSer
     with draft_folder(service.templates.folder, "zebra", text) as check:
         shown = await preview(service, check, "zebrakey please")
     assert (shown["routing"]["outcome"], shown["routing"]["picked"]) == ("demo_off", "default")
-    assert shown["request"]["reason"] == 'demo_off "zebra"' and shown["request"]["user"] == "zebrakey please"
+    assert (
+        shown["request"]["reason"] == {"code": "demo_off", "value": "zebra"}
+        and shown["request"]["user"] == "zebrakey please"
+    )
     assert next(c for c in shown["routing"]["candidates"] if c["draft"])["route_on_demo"] is False
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +16,12 @@ import numpy as np
 import pytest
 
 from backend.engines.base import Api
-from backend.serving.logprob_check import (
-    SOURCES,
-    TOLERANCES,
-    LogprobCheckError,
-    Observed,
-    Position,
-    Reference,
-    check_engine,
-    compare,
-    template_mismatch,
-    tolerance_for,
-)
+from backend.engines.dialect import Position
+from backend.serving.answers.check import LogprobCheckError, check_engine
+from backend.serving.answers.comparison import Observed, compare, template_mismatch
+from backend.serving.answers.reference import Reference
+from backend.serving.answers.tolerance import TOLERANCES, tolerance_for
+from tests.http_server import ThreadedServer
 
 VOCAB = 400
 TOP = 20
@@ -200,7 +193,6 @@ def test_tolerance_presets() -> None:
     assert TOLERANCES["float32"].max_nats < TOLERANCES["bfloat16"].max_nats <= TOLERANCES["q4_k_m"].max_nats
     with pytest.raises(ValueError, match="no log-probability tolerance"):
         tolerance_for("int3")
-    assert set(SOURCES) == set(Api), "every kind of server the app can talk to has a log-probability source"
 
 
 def test_reference_file_round_trip(tmp_path: Path) -> None:
@@ -235,7 +227,7 @@ def test_reference_file_round_trip(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ stub servers over HTTP
 
 
-class Stub:
+class Stub(ThreadedServer):
     """A tiny HTTP server answering like vLLM or llama-server from a synthetic model; `fail` forces HTTP 500."""
 
     def __init__(self, kind: str, logits: Logits, reference: Reference) -> None:
@@ -264,9 +256,7 @@ class Stub:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(Handler, "answer-check-stub")
 
     def answer(self, path: str, body: dict[str, Any]) -> Any:
         if self.kind == "vllm" and path == "/tokenize":
@@ -299,14 +289,6 @@ class Stub:
                 "completion_probabilities": [{**best, "top_logprobs": top}],
             }
         return {"unexpected": path}
-
-    def __enter__(self) -> Stub:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -1,0 +1,50 @@
+"""Waiting in tests: one polling loop, and one start-and-wait for a child process (its probe AND that it lives).
+
+As vLLM's test server helper does: a child that dies fails the wait at once, with its exit code and its log's tail,
+instead of after the timeout."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+WAIT_S = 180.0  # generous: the machine may be busy with other tests
+TAIL_CHARS = 3000
+
+
+def wait_until(probe: Callable[[], T | None], what: str, timeout: float = WAIT_S, interval: float = 0.2) -> T:
+    """Poll `probe` until it returns something other than None or False, and return that (fail after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_alive(
+    proc: subprocess.Popen[bytes],
+    ready: Callable[[], bool],
+    what: str,
+    log: Callable[[], str],
+    timeout: float = WAIT_S,
+    interval: float = 0.2,
+) -> None:
+    """Wait until `ready()` while `proc` runs; its exit or the timeout fails with the tail of `log()`."""
+
+    def probe() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode}:\n{log()[-TAIL_CHARS:]}")
+        return ready()
+
+    try:
+        wait_until(probe, what, timeout, interval)
+    except AssertionError as exc:
+        if proc.poll() is None:  # the timeout: say what the log said
+            raise AssertionError(f"{exc}:\n{log()[-TAIL_CHARS:]}") from None
+        raise
