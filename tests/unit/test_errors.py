@@ -306,3 +306,17 @@ def test_the_tests_see_every_storage_error_in_an_app_log() -> None:
         line = f"2026-12-02 10:00:00 ERROR backend.storage.persistence: {error}"
         assert storage_problems(f"INFO started\n{line}\nINFO saved\n") == [line], code
     assert storage_problems("INFO conversation saved (3 steps)\n") == []
+
+
+def test_every_code_the_code_names_is_in_the_catalogue() -> None:
+    """Every error code (`X.of("code")`) and phrase (`Phrase("code")`) written in backend/ has its catalogue
+    entry: a missing one is a KeyError at the moment the error happens, where nobody sees it in a test."""
+    root = Path(__file__).resolve().parents[2] / "backend"
+    named: dict[str, set[str]] = {"error": set(), "phrase": set()}
+    for source in root.rglob("*.py"):
+        text = source.read_text()
+        named["error"] |= set(re.findall(r'\.of\(\s*"([a-z_]+\.[a-z_.]+)"', text))
+        named["phrase"] |= set(re.findall(r'Phrase\(\s*"([a-z_]+\.[a-z_.]+)"', text))
+    assert len(named["error"]) > 50 and len(named["phrase"]) > 5, "the search found the codes"
+    assert sorted(named["error"] - set(CATALOG)) == []
+    assert sorted(named["phrase"] - set(PHRASES)) == []
