@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from collections.abc import AsyncGenerator
 
 import chainlit as cl
 from chainlit.chat_context import chat_context
@@ -17,8 +17,6 @@ from backend.chat.i18n import describe, t
 from backend.chat.page import (
     EXPORT,
     REGENERATE,
-    TurnPage,
-    asked_ids,
     offer_actions,
     run_as_task,
     say,
@@ -27,14 +25,15 @@ from backend.chat.page import (
     take_back_last_reply,
 )
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
+from backend.chat.replies import Replies, on_every_connection
+from backend.chat.saved import asked_ids, counts_from_thread, history_from_thread
 from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession, Done, Event
+from backend.chat.turn import ChatSession, Done, Event, Refused
 from backend.config import load_config
 from backend.errors import ConfigError, QuotaError
 from backend.logs import setup_logging
 from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
-from backend.storage.resume import counts_from_thread, history_from_thread, turn_metadata
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
@@ -42,6 +41,7 @@ CHAINLIT_STOP_NOTICE = "Task manually stopped."  # chainlit/socket.py's stop han
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
+REPLIES: Replies | None = None  # the replies being written, which pages follow (backend.chat.replies)
 # Decided at import: Chainlit asks whether a login page is needed right after importing this file.
 ACCOUNTS = setup_login()
 PERSISTENCE = Persistence()
@@ -66,7 +66,7 @@ def _lang() -> str:
 
 @cl.on_app_startup
 async def startup() -> None:
-    global SERVICE, STARTUP_ERROR, GATEWAY
+    global SERVICE, STARTUP_ERROR, GATEWAY, REPLIES
     setup_logging()
     try:
         SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS, choose=first_start_choice)
@@ -79,11 +79,15 @@ async def startup() -> None:
     web.install_routes(SERVICE, api=GATEWAY)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
+    REPLIES = Replies(SERVICE.cfg.chat, SERVICE.describe, login=ACCOUNTS is not None)
+    on_every_connection(REPLIES.came_back)
     SERVICE.start()
 
 
 @cl.on_app_shutdown
 async def shutdown() -> None:
+    if REPLIES is not None:
+        await REPLIES.shutdown()  # each reply being written is saved, marked cut off by the restart
     if SERVICE is not None:
         await SERVICE.stop()
     if GATEWAY is not None:
@@ -112,19 +116,26 @@ async def first_page_starters(user: cl.User | None, language: str | None = None)
 @cl.on_chat_start
 async def chat_start() -> None:
     metrics.chat_started(cl.context.session.id)
-    await _open(SERVICE.new_session() if SERVICE else None, greet=True)
+    kept = REPLIES.tab_chat() if REPLIES else None  # without login, a reloaded tab gets its chat back
+    await _open(kept or (SERVICE.new_session() if SERVICE else None), greet=kept is None)
+    if kept is not None:
+        await REPLIES.show_tab(_lang())  # type: ignore[union-attr]
 
 
 @cl.on_chat_resume
 async def chat_resume(thread: ThreadDict) -> None:
-    saved, asked = cl.context.session.chat_settings or {}, asked_ids(list(thread.get("steps") or []))
+    steps = await REPLIES.resumed(thread, _lang()) if REPLIES else []  # a reply still being written: followed live
+    saved, asked = cl.context.session.chat_settings or {}, asked_ids(steps)
     history, counts = history_from_thread(thread), counts_from_thread(thread)
     await _open(SERVICE.resumed_session(history, saved, asked, counts) if SERVICE else None, greet=False)
 
 
 @cl.on_stop
 async def stopped() -> None:
-    """Chainlit says "Task manually stopped." in English: the stopped reply says it in the user's language."""
+    """Stop the reply this page shows (wherever it was asked); Chainlit says "Task manually stopped." in English:
+    the stopped reply says it in the user's language."""
+    if REPLIES is not None:
+        REPLIES.stop()
     for message in reversed(chat_context.get()):
         if message.content == CHAINLIT_STOP_NOTICE:
             await message.remove()
@@ -139,6 +150,8 @@ async def feedback(given: Feedback) -> None:
 @cl.on_chat_end
 async def chat_end() -> None:
     metrics.chat_ended(cl.context.session.id)
+    if REPLIES is not None:
+        REPLIES.went_away()  # its reply goes on
 
 
 async def _send_settings(session: ChatSession) -> None:
@@ -179,15 +192,27 @@ async def on_message(message: cl.Message) -> None:
 
 
 async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
-    """One turn within the user's quota (shared with their API requests): over it, say so and when to try again."""
-    assert SERVICE is not None and GATEWAY is not None
+    """One turn, in a task of its own (backend.chat.replies): this page shows it, as can any other of its owner."""
+    assert SERVICE is not None and REPLIES is not None
     user = cl.context.session.user.identifier if ACCOUNTS is not None and cl.context.session.user else None
+    view = await REPLIES.answer(session, _turn(session, text, command, message_id, user), message_id, _lang())
+    if view.finished:
+        await offer_actions(view.reply, view.lang)
+    await _show_storage_problem()
+
+
+async def _turn(
+    session: ChatSession, text: str, command: str | None, message_id: str, user: str | None
+) -> AsyncGenerator[Event, None]:
+    """The turn's events, within the user's quota (shared with their API requests): over it, why and until when."""
+    assert SERVICE is not None and GATEWAY is not None
     try:
         async with GATEWAY.turn(user) as lease:
-            await _answer_turn(session, text, command, message_id, lease)
+            async for event in SERVICE.reply(session, text, command, message_id):
+                yield _count(lease, event)
     except QuotaError as exc:
         GATEWAY.chat_finished(None, "over_quota", 0, 0)
-        await say(t("error", _lang(), error=describe(exc, _lang())))
+        yield Refused(exc)
 
 
 def _count(lease: Lease | None, event: Event) -> Event:
@@ -197,26 +222,6 @@ def _count(lease: Lease | None, event: Event) -> Event:
         prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
         GATEWAY.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
     return event
-
-
-async def _answer_turn(
-    session: ChatSession, text: str, command: str | None, message_id: str, lease: Lease | None
-) -> None:
-    assert SERVICE is not None
-    page = TurnPage(_lang(), SERVICE.describe, turn_metadata, message_id)
-    turn = SERVICE.reply(session, text, command, message_id)
-    try:
-        async for event in turn:
-            await page.show(_count(lease, event))
-    except asyncio.CancelledError as stop:
-        if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: say so, nothing to finish
-            await say(t("stopped", page.lang))
-            return
-        # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
-        await page.show(_count(lease, await turn.athrow(stop)))
-    if page.finished:
-        await offer_actions(page.reply, page.lang)
-    await _show_storage_problem()
 
 
 @cl.action_callback(REGENERATE)

@@ -49,6 +49,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "或使用中文，请安装 ERNIE 模型（见 README）。",
     },
     "stopped": {"en": "⏹ *Stopped.*", "zh": "⏹ *已停止。*"},
+    "restarted": {
+        "en": "⚠️ *Cut off by a restart of the app: this is what was written before it.*",
+        "zh": "⚠️ *应用重启，回复被中断：以上是中断前已生成的内容。*",
+    },
     "interrupted": {
         "en": "⚠️ *The reply was interrupted:* {error}",
         "zh": "⚠️ *回复中断：* {error}",

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from backend.storage.database import HistoryStore, StorageError, redact
 from backend.storage.persistence import Persistence, database_url
-from backend.storage.resume import history_from_thread, turn_metadata
+from backend.chat.saved import history_from_thread, turn_metadata
 from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, create_tables
 from tests.conftest import MakeConfig
 from tests.postgres_server import PostgresForTests, free_port

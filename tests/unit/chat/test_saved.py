@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 
-from backend.storage.resume import (
+from backend.chat.saved import (
+    ASKED_KEY,
+    LIVE_KEY,
     TOKENS_KEY,
     TURN_KEY,
+    asked_ids,
     counts_from_steps,
     counts_from_thread,
     history_from_steps,
     history_from_thread,
+    live_steps,
     turn_metadata,
 )
 
@@ -89,3 +93,22 @@ def test_damaged_counts_are_left_out() -> None:
     ]
     assert counts_from_steps(steps)[0] == [None] * 8
     assert counts_from_steps([]) == ([], "")
+
+
+def test_the_asking_ids_come_from_the_replies_metadata_as_dict_or_sqlite_text() -> None:
+    steps = [
+        {"id": "u1", "type": "user_message", "metadata": {}},
+        {"id": "r1", "type": "assistant_message", "metadata": {ASKED_KEY: "u1"}},
+        {"id": "n", "type": "assistant_message", "metadata": None},  # a notice
+        {"id": "u2", "type": "user_message", "metadata": "{}"},
+        {"id": "r2", "type": "assistant_message", "metadata": json.dumps({ASKED_KEY: "u2"})},
+        {"id": "bad", "type": "assistant_message", "metadata": "not json"},
+    ]
+    assert asked_ids(steps) == ["u1", "u2"]
+
+
+def test_a_reply_saved_while_it_was_written_is_found_by_its_mark() -> None:
+    growing = step("assistant_message", "Assistant", "half", "1", turn_metadata("q", "half") | {LIVE_KEY: True})
+    done = step("assistant_message", "Assistant", "whole", "2", json.dumps(turn_metadata("q", "whole")))
+    assert live_steps([growing, done]) == [growing]
+    assert history_from_steps([growing]) == turn_metadata("q", "half")[TURN_KEY], "what was written is kept"
