@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
 
 import chainlit as cl
 from chainlit.chat_context import chat_context
@@ -11,7 +10,6 @@ from chainlit.data.base import BaseDataLayer
 from chainlit.types import Feedback, ThreadDict
 
 from backend.accounts.login import setup_login
-from backend.api.quotas import Lease
 from backend.api.router import Gateway
 from backend.chat.i18n import describe, t
 from backend.chat.page import (
@@ -26,18 +24,17 @@ from backend.chat.page import (
 )
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
 from backend.chat.replies import Replies, on_every_connection
-from backend.chat.saved import asked_ids, counts_from_thread, history_from_thread
+from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread
 from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession, Done, Event, Refused
+from backend.chat.turn import ChatSession
 from backend.config import load_config
-from backend.errors import ConfigError, QuotaError
+from backend.errors import ConfigError
 from backend.logs import setup_logging
 from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
-CHAINLIT_STOP_NOTICE = "Task manually stopped."  # chainlit/socket.py's stop handler sends it
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
@@ -193,35 +190,13 @@ async def on_message(message: cl.Message) -> None:
 
 async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
     """One turn, in a task of its own (backend.chat.replies): this page shows it, as can any other of its owner."""
-    assert SERVICE is not None and REPLIES is not None
+    assert SERVICE is not None and REPLIES is not None and GATEWAY is not None
     user = cl.context.session.user.identifier if ACCOUNTS is not None and cl.context.session.user else None
-    view = await REPLIES.answer(session, _turn(session, text, command, message_id, user), message_id, _lang())
+    turn = GATEWAY.chat_turn(user, SERVICE.reply(session, text, command, message_id))
+    view = await REPLIES.answer(session, turn, message_id, _lang())
     if view.finished:
         await offer_actions(view.reply, view.lang)
     await _show_storage_problem()
-
-
-async def _turn(
-    session: ChatSession, text: str, command: str | None, message_id: str, user: str | None
-) -> AsyncGenerator[Event, None]:
-    """The turn's events, within the user's quota (shared with their API requests): over it, why and until when."""
-    assert SERVICE is not None and GATEWAY is not None
-    try:
-        async with GATEWAY.turn(user) as lease:
-            async for event in SERVICE.reply(session, text, command, message_id):
-                yield _count(lease, event)
-    except QuotaError as exc:
-        GATEWAY.chat_finished(None, "over_quota", 0, 0)
-        yield Refused(exc)
-
-
-def _count(lease: Lease | None, event: Event) -> Event:
-    """Note a finished turn's tokens against the user's quota (and in the metrics)."""
-    if isinstance(event, Done) and GATEWAY is not None:
-        stats = event.stats
-        prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
-        GATEWAY.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
-    return event
 
 
 @cl.action_callback(REGENERATE)

@@ -26,6 +26,9 @@ TURN_KEY = "ernie_turn"
 TOKENS_KEY = "ernie_tokens"  # {"by": the model and engine that counted, "counts": [user, reply]}
 ASKED_KEY = "ernie_asked"  # the page's id of the user message that asked the turn
 LIVE_KEY = "ernie_live"  # the reply was still being written when this was saved
+# Chainlit's stop handler says this in English beside the stopped reply (which says it in the user's language): the
+# page removes it, and it is never saved.
+CHAINLIT_STOP_NOTICE = "Task manually stopped."
 
 
 def turn_metadata(
