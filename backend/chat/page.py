@@ -83,6 +83,7 @@ class ReplyView:
         self.details: dict[str, Any] | None = None  # the props of the reply's details, once shown
         self.reply = cl.Message(content="", id=live.reply_id)
         self._user_text = ""
+        self._streamed = False  # the page has the reply message (streamed), to be updated
         self._saved_at = 0.0
         self._lock = asyncio.Lock()  # one update of the page at a time: a catch-up never splits one
 
@@ -135,22 +136,29 @@ class ReplyView:
     async def _stream(self, text: str) -> None:
         async with self._lock:
             await self.reply.stream_token(text)
+            self._streamed = True
 
     async def _save_growing(self) -> None:
         """Save the reply as it is now, marked live (an app killed meanwhile shows it cut off when it comes back)."""
         self._saved_at = time.monotonic()
-        layer = get_data_layer()
-        if layer is None or not self.reply.content:
+        if not self.reply.content:
             return
         step = self.reply.to_dict()
         step["metadata"] = turn_metadata(self._user_text, self.reply.content) | {
             ASKED_KEY: self.live.asked,
             LIVE_KEY: True,
         }
+        await self._save(step)
+
+    async def _save(self, step: Any) -> None:
+        """Save the reply (awaited: a shutdown waits for it; a save never overtakes the one before)."""
+        layer = get_data_layer()
+        if layer is None:
+            return
         try:
             await layer.update_step(step)
         except Exception as exc:  # the page goes on; the data layer reports its problems itself
-            log.warning("Could not save a reply being written: %s", exc)
+            log.warning("Could not save a reply: %s", exc)
 
     async def finish(self, event: Done) -> None:
         ending = reply_text(event, self.lang)
@@ -163,13 +171,14 @@ class ReplyView:
             if self.chat is not self.live.session:  # a page that came back: its chat has the turn too
                 self.chat.add_turn(event.user_text, event.text, self.live.asked, event.tokens)
         async with self._lock:
-            self.reply.content, self.reply.metadata = ending, metadata
+            self.reply.content, self.reply.metadata, self.reply.streaming = ending, metadata, False
+            self.reply.created_at = self.reply.created_at or utc_now()
+            chat_context.add(self.reply)
+            step = self.reply.to_dict()
+            emitter = cl.context.emitter
+            await (emitter.update_step(step) if self._streamed else emitter.send_step(step))
             if self.own:
-                await (self.reply.update() if event.text else self.reply.send())
-            else:
-                self.reply.streaming = False
-                chat_context.add(self.reply)
-                await cl.context.emitter.update_step(self.reply.to_dict())
+                await self._save(step)
             # last: the details under the reply tell the page (and the tests) that the reply is finished
             self.details = props
             await send_details(self.reply.id, props)
@@ -181,8 +190,10 @@ class ReplyView:
             self.attached = True
             self.live.attach()
         async with self._lock:
-            if self.reply.content or self.details is not None:
-                await cl.context.emitter.update_step(self.reply.to_dict() | {"streaming": not self.ended})
+            if self._streamed or self.details is not None:
+                step = self.reply.to_dict()
+                step["streaming"] = not self.ended
+                await cl.context.emitter.update_step(step)
             if self.details is not None:
                 await send_details(self.reply.id, self.details)
         if not self.ended:

@@ -139,9 +139,10 @@ class Replies:
         for step in live_steps(steps):
             if live is not None and live.reply_id == step.get("id"):
                 steps.remove(step)
-                cl.user_session.set("follow", True)
             else:
                 await _mark_cut_off(step, lang)
+        if live is not None and all(step.get("id") != live.reply_id for step in steps):
+            cl.user_session.set("follow", True)  # being written, or not saved yet: shown from the reply itself
         kept = [(step["id"], step_metadata(step).get(DETAILS_KEY)) for step in steps]
         cl.user_session.set("saved_details", [(i, d) for i, d in kept if isinstance(d, dict)])
         return steps
