@@ -24,7 +24,7 @@ from backend.chat.page import (
 )
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
 from backend.chat.replies import Replies, on_every_connection
-from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread
+from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread, notices
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession
 from backend.config import load_config
@@ -115,8 +115,8 @@ async def chat_start() -> None:
     metrics.chat_started(cl.context.session.id)
     kept = REPLIES.tab_chat() if REPLIES else None  # without login, a reloaded tab gets its chat back
     await _open(kept or (SERVICE.new_session() if SERVICE else None), greet=kept is None)
-    if kept is not None:
-        await REPLIES.show_tab(_lang())  # type: ignore[union-attr]
+    if kept is not None and REPLIES is not None:
+        await REPLIES.show_tab(_lang())
 
 
 @cl.on_chat_resume
@@ -124,7 +124,8 @@ async def chat_resume(thread: ThreadDict) -> None:
     steps = await REPLIES.resumed(thread, _lang()) if REPLIES else []  # a reply still being written: followed live
     saved, asked = cl.context.session.chat_settings or {}, asked_ids(steps)
     history, counts = history_from_thread(thread), counts_from_thread(thread)
-    await _open(SERVICE.resumed_session(history, saved, asked, counts) if SERVICE else None, greet=False)
+    resumed = SERVICE.resumed_session(history, saved, asked, counts, notices(steps)) if SERVICE else None
+    await _open(resumed, greet=False)
 
 
 @cl.on_stop

@@ -29,8 +29,8 @@ from backend.chat.render import (
     wait_text,
 )
 from backend.chat.request import SETTING_RANGES, UserSettings
-from backend.chat.saved import ASKED_KEY, LIVE_KEY, SYSTEM_AUTHOR, turn_metadata
-from backend.chat.turn import ChatSession, Done, EngineWait, Event, Started, Text
+from backend.chat.saved import ASKED_KEY, LIVE_KEY, NOTICE_KEY, SYSTEM_AUTHOR, turn_metadata
+from backend.chat.turn import ChatSession, Done, EngineWait, Event, Notice, Started, Text
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,11 @@ REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py'
 SAVE_EVERY_S = 1.0  # a reply being written is saved this often (an app killed meanwhile keeps what was written)
 
 
-async def say(text: str) -> cl.Message:
-    """A notice from the app (not the model)."""
-    return await cl.Message(content=text, author=SYSTEM_AUTHOR).send()
+async def say(text: str, notice: str = "") -> cl.Message:
+    """A notice from the app (not the model); `notice`: which one (kept with it: a resumed chat knows it was told)."""
+    return await cl.Message(
+        content=text, author=SYSTEM_AUTHOR, metadata={NOTICE_KEY: notice} if notice else None
+    ).send()
 
 
 def settings_widgets(
@@ -92,6 +94,9 @@ class ReplyView:
         start = 0
         if not self.own:
             self.live.attach()
+            starting = cl.context.session.current_task  # the page's start: it ends by hiding the stop button
+            if starting is not None and starting is not asyncio.current_task() and not starting.done():
+                await asyncio.wait([starting])
             snapshot = self.live.snapshot()
             start = snapshot.index
             self.reply.created_at = utc_now()
@@ -130,8 +135,10 @@ class ReplyView:
                 await self._save_growing()
         elif isinstance(event, Done):
             await self.finish(event)
+        elif self.own:
+            await say(notice_text(event, self.lang), event.key if isinstance(event, Notice) else "")
         else:
-            await (say if self.own else show_only)(notice_text(event, self.lang))
+            await show_only(notice_text(event, self.lang))
 
     async def _stream(self, text: str) -> None:
         async with self._lock:

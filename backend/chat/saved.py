@@ -26,6 +26,7 @@ TURN_KEY = "ernie_turn"
 TOKENS_KEY = "ernie_tokens"  # {"by": the model and engine that counted, "counts": [user, reply]}
 ASKED_KEY = "ernie_asked"  # the page's id of the user message that asked the turn
 LIVE_KEY = "ernie_live"  # the reply was still being written when this was saved
+NOTICE_KEY = "ernie_notice"  # an app notice's key in backend.chat.i18n (the demo model's, the trimmed history...)
 # Chainlit's stop handler says this in English beside the stopped reply (which says it in the user's language): the
 # page removes it, and it is never saved.
 CHAINLIT_STOP_NOTICE = "Task manually stopped."
@@ -115,6 +116,11 @@ def asked_ids(steps: Iterable[Mapping[str, Any]]) -> list[str]:
     after a resume drops its turn, as in the chat that asked it)."""
     found = [step_metadata(step).get(ASKED_KEY) for step in steps]
     return [asked for asked in found if isinstance(asked, str)]
+
+
+def notices(steps: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The keys of the app's notices a saved thread was told (a resumed chat is not told the demo model again)."""
+    return {str(step_metadata(step).get(NOTICE_KEY)) for step in steps if step_metadata(step).get(NOTICE_KEY)}
 
 
 def live_steps(steps: Iterable[Step]) -> list[Step]:

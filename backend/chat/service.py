@@ -161,10 +161,12 @@ class ChatService:
         saved_settings: dict[str, Any],
         turn_ids: list[str] | None = None,
         counts: tuple[Counts, str] | None = None,
+        told: set[str] | None = None,
     ) -> ChatSession:
         """A saved chat's state: its history, the ids of the messages that asked its latest turns, its settings,
-        the counts kept with its turns and the model and engine that counted them."""
+        the counts kept with its turns and the model and engine that counted them, the notices it was told."""
         session = self.new_session()
+        session.demo_told = "demo" in (told or set())
         session.history = history
         session.tokens, session.counted_by = counts or ([], "")
         session.turn_ids = (turn_ids or [])[-(len(history) // 2) :] if len(history) >= 2 else []
