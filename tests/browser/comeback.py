@@ -66,7 +66,7 @@ class Frames:
 
     def final(self, reply_id: str, since: int = 0) -> dict[str, Any] | None:
         """The reply's last full update after `since` (the finished reply, with its metadata)."""
-        found = [data for _, event, data in self.events[since:] if event == "update_message"]
+        found = [data for _, event, data in self.events[since:] if event in ("update_message", "new_message")]
         ours = [data for data in found if isinstance(data, dict) and data.get("id") == reply_id]
         return ours[-1] if ours else None
 

@@ -129,10 +129,15 @@ async def metric(app: RunningApp, name: str) -> float:
     return await asyncio.to_thread(app.engine_metric, name)
 
 
-async def generated_since(app: RunningApp, before: float) -> float:
-    """The tokens the engine generated since its counter read `before` (once it has counted the reply)."""
-    value = await asyncio.to_thread(wait_until, lambda: (v := app.engine_metric(GENERATED)) > before and v, GENERATED)
-    return float(value) - before
+async def generated(app: RunningApp, data: Path, frames: Frames, reply: str, text: str, before: float) -> int:
+    """The reply's token count as the engine reported it with the reply, checked against the engine's own counter
+    (since it read `before`) and its count of `text` (the page's text is what the engine wrote)."""
+    final = frames.final(reply)
+    assert final is not None
+    count = int(final["metadata"]["ernie_details"]["completion_tokens"])
+    await asyncio.to_thread(wait_until, lambda: app.engine_metric(GENERATED) - before == count, f"{count} generated")
+    assert await asyncio.to_thread(engine_tokens, data, text) == count
+    return count
 
 
 async def engine_idle(app: RunningApp) -> None:
@@ -168,7 +173,7 @@ async def test_a_reload_mid_reply_shows_the_text_so_far_and_streams_it_to_the_en
     assert pieces and pieces[0][1] == "stream_start" and pieces[0][2]["output"], "the text so far, at once"
     assert [event for _, event, _ in pieces].count("stream_token") >= 1, "then the rest, live"
     text = the_whole_reply(frames, reply, mark)
-    assert await asyncio.to_thread(engine_tokens, app.log.parent, text) == await generated_since(app, before)
+    await generated(app, app.log.parent, frames, reply, text, before)
     assert await page.locator(USER).count() == 1, "the question is there again"
 
 
@@ -256,18 +261,16 @@ async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site:
 
     page, frames = await log_in(browser, site.app, "en-US")
     await page.locator("#thread-history").get_by_text(ask).click()
-    reply = await reply_started(frames, chars=1)  # live, or (a quick engine) saved whole with its details
+    reply = await reply_started(frames, chars=1)
     await finished(page)
-    text = the_whole_reply(frames, reply, 0) if frames.final(reply) else frames.text(reply)
-    generated = await generated_since(site.app, before)
-    assert await asyncio.to_thread(engine_tokens, site.data, text) == generated
+    text = the_whole_reply(frames, reply, 0)
+    count = await generated(site.app, site.data, frames, reply, text, before)
     # The model's history has the turn as shown: a follow-up's prompt holds the question and that reply.
     prompt = await metric(site.app, "prompt_tokens")
     await send(page, "And then?")
     grown = await asyncio.to_thread(wait_until, lambda: (v := site.app.engine_metric("prompt_tokens")) > prompt and v,
                                     "the follow-up's prompt")  # fmt: skip
-    await page.click("#stop-button")
-    assert float(grown) - prompt > generated, "the follow-up was sent with the earlier reply"
+    assert float(grown) - prompt > count, "the follow-up was sent with the earlier reply"
     await engine_idle(site.app)
 
 
