@@ -20,9 +20,9 @@ from chainlit.user import User
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
+from backend.chat.saved import history_from_thread, turn_metadata
 from backend.storage.database import HistoryStore, StorageError, redact
 from backend.storage.persistence import Persistence, database_url
-from backend.chat.saved import history_from_thread, turn_metadata
 from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, create_tables
 from tests.conftest import MakeConfig
 from tests.postgres_server import PostgresForTests, free_port
