@@ -205,6 +205,9 @@ def on_every_connection(hook: Callable[[], Awaitable[None]]) -> None:
     async def connected(sid: str) -> None:
         await chainlits(sid)
         init_ws_context(sid)
-        await hook()
+        try:
+            await hook()
+        except Exception:  # the page works on without what the hook adds
+            log.exception("After a page connected")
 
     handlers["connection_successful"] = connected

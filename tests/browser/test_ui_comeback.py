@@ -24,7 +24,7 @@ from backend.accounts.users import write_users_file
 from backend.chat.i18n import t
 from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, launch_app, login_env, start_app, wait_until
 from tests.browser.comeback import LONG_ASK, Frames, engine_of, engine_tokens
-from tests.browser.pages import DETAILS, LOCALES, send, wait_finished
+from tests.browser.pages import DETAILS, LOCALES, send, sign_in, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
@@ -101,13 +101,17 @@ async def open_chat(browser: Any, app: RunningApp, locale: str) -> tuple[Any, Fr
 
 async def log_in(browser: Any, app: RunningApp, locale: str, name: str = "alice") -> tuple[Any, Frames]:
     page, frames = await new_page(browser, locale)
-    await page.goto(app.url)
-    await page.wait_for_selector("#email", timeout=60_000)
-    await page.fill("#email", name)
-    await page.fill("#password", PASSWORD)
-    await page.click('button[type="submit"]')
-    await page.wait_for_selector(READY, timeout=60_000)
+    await sign_in(page, app.url, name, PASSWORD)
     return page, frames
+
+
+async def asked(browser: Any, site: Site, locale: str) -> tuple[Any, Frames, str]:
+    """Alice's page with a long question asked in a new thread, once its reply has begun; and the reply's id."""
+    page, frames = await log_in(browser, site.app, locale)
+    await send(page, f"{LONG_ASK} ({uuid.uuid4().hex[:8]})")
+    reply = await reply_started(frames)
+    await page.wait_for_url("**/thread/*", timeout=60_000)
+    return page, frames, reply
 
 
 async def reply_started(frames: Frames, since: int = 0, chars: int = 20) -> str:
@@ -275,10 +279,7 @@ async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site:
 
 
 async def test_two_tabs_on_one_thread_both_see_the_reply(site: Site, browser: Any) -> None:
-    first, first_frames = await log_in(browser, site.app, "zh-CN")
-    await send(first, f"{LONG_ASK} ({uuid.uuid4().hex[:8]})")
-    reply = await reply_started(first_frames)
-    await first.wait_for_url("**/thread/*", timeout=60_000)
+    first, first_frames, reply = await asked(browser, site, "zh-CN")
     second, second_frames = await log_in(browser, site.app, "zh-CN")
     mark = second_frames.mark()
     await second.goto(first.url)
@@ -289,10 +290,7 @@ async def test_two_tabs_on_one_thread_both_see_the_reply(site: Site, browser: An
 
 
 async def test_another_user_cannot_follow_a_reply(site: Site, browser: Any) -> None:
-    page, frames = await log_in(browser, site.app, "en-US")
-    await send(page, f"{LONG_ASK} ({uuid.uuid4().hex[:8]})")
-    reply = await reply_started(frames)
-    await page.wait_for_url("**/thread/*", timeout=60_000)
+    page, _, reply = await asked(browser, site, "en-US")
     other, other_frames = await log_in(browser, site.app, "en-US", name="bob")
     await other.goto(page.url)
     await finished(page)
@@ -301,10 +299,7 @@ async def test_another_user_cannot_follow_a_reply(site: Site, browser: Any) -> N
 
 
 async def test_an_app_killed_mid_reply_keeps_what_was_written_marked_cut_off(site: Site, browser: Any) -> None:
-    page, frames = await log_in(browser, site.app, "en-US")
-    await send(page, f"{LONG_ASK} ({uuid.uuid4().hex[:8]})")
-    reply = await reply_started(frames)
-    await page.wait_for_url("**/thread/*", timeout=60_000)
+    page, _, reply = await asked(browser, site, "en-US")
 
     def saved_growing() -> str | None:  # the reply as saved while it was written
         with sqlite3.connect(site.data / "chat.db") as db:
