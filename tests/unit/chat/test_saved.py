@@ -23,30 +23,24 @@ def step(kind: str, name: str, output: str, when: str, metadata: object = None) 
     return {"type": kind, "name": name, "output": output, "createdAt": when, "metadata": metadata or {}}
 
 
+def reply(output: str, second: str, metadata: object) -> dict:
+    """A model reply saved at that second of a test day."""
+    return step("assistant_message", "Assistant", output, f"2026-01-01T00:00:{second}Z", metadata)
+
+
 def test_turns_come_back_in_order_without_notices() -> None:
     steps = [
         step("assistant_message", "system", "ℹ️ demo model notice", "2026-01-01T00:00:00Z"),
         step("user_message", "alice", "/code sort a list", "2026-01-01T00:00:01Z"),
-        step(
-            "assistant_message",
-            "Assistant",
-            "sorted(x)\n\n*Template: code · /code*",
-            "2026-01-01T00:00:02Z",
-            turn_metadata("Write Python code: sort a list", "sorted(x)"),
-        ),
+        reply("sorted(x)\n\n*Template: code*", "02", turn_metadata("Write Python code: sort a list", "sorted(x)")),
         step("assistant_message", "system", "⏳ The model server is restarting", "2026-01-01T00:00:03Z"),
         step("user_message", "alice", "and reversed?", "2026-01-01T00:00:04Z"),
         # stopped before any text: no turn, as in a live chat
         step("assistant_message", "Assistant", "⏹ Stopped.", "2026-01-01T00:00:05Z"),
         step("assistant_message", "Assistant", "Task manually stopped.", "2026-01-01T00:00:06Z"),
         step("user_message", "alice", "and reversed?", "2026-01-01T00:00:07Z"),
-        step(
-            "assistant_message",
-            "Assistant",
-            "sorted(x, reverse=True)\n\n*Template: default*",
-            "2026-01-01T00:00:08Z",
-            json.dumps(turn_metadata("and reversed?", "sorted(x, reverse=True)")),  # SQLite gives JSON as text
-        ),
+        # SQLite gives JSON as text
+        reply("sorted(x, reverse=True)", "08", json.dumps(turn_metadata("and reversed?", "sorted(x, reverse=True)"))),
     ]
     expected = [
         {"role": "user", "content": "Write Python code: sort a list"},
