@@ -43,6 +43,7 @@ class LiveReply:
         self.done: Done | None = None  # how it ended (None: stopped or failed before a reply began)
         self.saved = asyncio.Event()  # the page that asked it has saved it as it ended
         self.pages = 0  # pages following it now
+        self._chats: list[ChatSession] = []  # the chats of other pages that show it (their history gets the turn too)
         self._changed = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
@@ -62,6 +63,8 @@ class LiveReply:
                     self.events.append(event)
                     if isinstance(event, Done):
                         self.done = event
+                        for chat in self._chats:
+                            self._add_turn(chat)
                     self._wake()
         except asyncio.CancelledError:
             log.info("Reply %s stopped before it began", self.reply_id)
@@ -72,6 +75,19 @@ class LiveReply:
             if self._idle is not None:
                 self._idle.cancel()
             self._wake()
+
+    def share(self, chat: ChatSession) -> None:
+        """Another page's chat shows this reply: it gets the finished turn too (at once if it has ended)."""
+        if chat is self.session or chat in self._chats:
+            return
+        self._chats.append(chat)
+        if self.done is not None:
+            self._add_turn(chat)
+
+    def _add_turn(self, chat: ChatSession) -> None:
+        done = self.done
+        if done is not None and done.text:
+            chat.add_turn(done.user_text, done.text, self.asked, done.tokens)
 
     def _wake(self) -> None:
         self._changed.set()

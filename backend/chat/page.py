@@ -94,6 +94,7 @@ class ReplyView:
         start = 0
         if not self.own:
             self.live.attach()
+            self.live.share(self.chat)  # a page that came back: its chat gets the turn too
             starting = cl.context.session.current_task  # the page's start: it ends by hiding the stop button
             if starting is not None and starting is not asyncio.current_task() and not starting.done():
                 await asyncio.wait([starting])
@@ -175,8 +176,6 @@ class ReplyView:
         if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
             kept = turn_metadata(event.user_text, event.text, event.tokens, event.counted_by)
             metadata |= kept | {ASKED_KEY: self.live.asked}
-            if self.chat is not self.live.session:  # a page that came back: its chat has the turn too
-                self.chat.add_turn(event.user_text, event.text, self.live.asked, event.tokens)
         async with self._lock:
             self.reply.content, self.reply.metadata, self.reply.streaming = ending, metadata, False
             self.reply.created_at = self.reply.created_at or utc_now()

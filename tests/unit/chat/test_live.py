@@ -174,3 +174,18 @@ async def test_a_shutdown_cuts_every_reply_off_and_waits_until_it_is_saved(saved
     await saving
     assert reply.cut_off and reply.done is not None and reply.done.ending == "stopped"
     assert reply.saved.is_set() == saved
+
+
+async def test_the_chats_of_pages_that_came_back_get_the_finished_turn() -> None:
+    replies, turn, asking, other = LiveReplies(detached_s=60), ScriptedTurn(), chat(), chat()
+    reply = await replies.start("thread-1", "user:alice", "r1", "u1", asking, turn.events())
+    reply.share(other)  # a second tab: its own chat
+    turn.pieces.put_nowait("Paris.")
+    turn.pieces.put_nowait(None)
+    await reply.wait()
+    assert other.history == [{"role": "user", "content": "asked"}, {"role": "assistant", "content": "Paris."}]
+    assert other.turn_ids == ["u1"]
+    assert asking.history == [], "the asking chat's turn is the service's to keep"
+    late = chat()
+    reply.share(late)  # a page that came after the end
+    assert late.history == other.history
