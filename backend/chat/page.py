@@ -199,7 +199,7 @@ class ReplyView:
             if self._streamed or self.details is not None:
                 step = self.reply.to_dict()
                 step["streaming"] = not self.ended
-                await cl.context.emitter.update_step(step)
+                await cl.context.emitter.send_step(step)  # added, or updated if the page has it
             if self.details is not None:
                 await send_details(self.reply.id, self.details)
         if not self.ended:
