@@ -52,7 +52,9 @@ async def one_round(browser: Any, url: str) -> dict[str, float]:
     await page.reload()
 
     def new_piece() -> tuple[float, float] | None:
-        pieces = frames.pieces(reply, mark)
+        if frames.newest_socket() < mark:
+            return None
+        pieces = frames.pieces(reply, frames.newest_socket())
         streamed = [at for at, event, _ in pieces if event == "stream_token"]
         return (pieces[0][0], streamed[0]) if pieces and streamed else None
 

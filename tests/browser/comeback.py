@@ -17,7 +17,11 @@ class Frames:
 
     def __init__(self, page: Any) -> None:
         self.events: list[tuple[float, str, Any]] = []
-        page.on("websocket", lambda ws: ws.on("framereceived", self._frame))
+        page.on("websocket", self._socket)
+
+    def _socket(self, ws: Any) -> None:
+        self.events.append((time.monotonic(), "(connected)", None))
+        ws.on("framereceived", self._frame)
 
     def _frame(self, payload: str | bytes) -> None:
         if not isinstance(payload, str) or not payload.startswith("42"):
@@ -31,6 +35,10 @@ class Frames:
     def mark(self) -> int:
         """Where the events from now on begin."""
         return len(self.events)
+
+    def newest_socket(self) -> int:
+        """Where the events of the page's newest websocket begin (after a reload: the reloaded page's)."""
+        return max(i for i, (_, event, _) in enumerate(self.events) if event == "(connected)")
 
     def reply_id(self, since: int = 0) -> str | None:
         """The id of the first model reply the page was sent after `since` (the app's notices left out)."""

@@ -170,9 +170,9 @@ async def test_a_reload_mid_reply_shows_the_text_so_far_and_streams_it_to_the_en
     before = await metric(app, GENERATED)
     await send(page, LONG_ASK)
     reply = await reply_started(frames)
-    mark = frames.mark()
     await page.reload()
     await finished(page)
+    mark = frames.newest_socket()
     pieces = frames.pieces(reply, mark)
     assert pieces and pieces[0][1] == "stream_start" and pieces[0][2]["output"], "the text so far, at once"
     assert [event for _, event, _ in pieces].count("stream_token") >= 1, "then the rest, live"
@@ -185,8 +185,10 @@ async def test_the_stop_button_of_a_reloaded_page_stops_the_engine(app: RunningA
     page, frames = await open_chat(browser, app, "en-US")
     await send(page, LONG_ASK)
     reply = await reply_started(frames)
-    mark = frames.mark()
+    sockets = frames.mark()
     await page.reload()
+    await asyncio.to_thread(wait_until, lambda: frames.newest_socket() > sockets, "the reloaded page's websocket")
+    mark = frames.newest_socket()
     await asyncio.to_thread(wait_until, lambda: any(e == "stream_token" for _, e, _ in frames.pieces(reply, mark)),
                             "the reloaded page streaming")  # fmt: skip
     await page.click("#stop-button", timeout=60_000)
