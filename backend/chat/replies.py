@@ -52,7 +52,7 @@ class Tab:
 
     chat: ChatSession
     key: str
-    session_id: str  # Chainlit's session of the page that last showed it (its messages are copied from there)
+    messages: list[cl.Message]  # Chainlit's messages of the page that last showed it (held: Chainlit drops its own)
     seen: float  # time.monotonic() when a page last had it
 
 
@@ -158,7 +158,7 @@ class Replies:
         """Without login, after a reload: the tab's messages again, and its reply (live, or as it ended)."""
         tab = self.tabs[tab_id() or ""]
         live = self.live.find(tab.key, self.owner())
-        for message in chat_contexts.get(tab.session_id, []):
+        for message in list(tab.messages):
             if live is not None and message.id == live.reply_id:
                 continue  # followed live below
             copy = cl.Message.from_dict(message.to_dict())
@@ -168,17 +168,22 @@ class Replies:
             if isinstance(details, dict):
                 await send_details(copy.id, details_props(details, lang, self.describe(str(details.get("template")))))
         cl.user_session.set("reply_key", tab.key)
-        tab.session_id, tab.seen = cl.context.session.id, time.monotonic()
+        tab.messages, tab.seen = _messages_of_this_page(), time.monotonic()
         self._follow(live, lang)
 
     def _keep_tab(self, chat: ChatSession) -> None:
         tab = tab_id()
         if not self.login and tab:
-            self.tabs[tab] = Tab(chat, self.key(), cl.context.session.id, time.monotonic())
+            self.tabs[tab] = Tab(chat, self.key(), _messages_of_this_page(), time.monotonic())
 
     async def shutdown(self) -> None:
         """The app stops: every reply being written is stopped and saved, marked cut off by the restart."""
         await self.live.shutdown()
+
+
+def _messages_of_this_page() -> list[cl.Message]:
+    """Chainlit's own list of this page's messages (it grows with the page)."""
+    return chat_contexts.setdefault(cl.context.session.id, [])
 
 
 async def _mark_cut_off(step: dict[str, Any], lang: str) -> None:
