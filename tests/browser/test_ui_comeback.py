@@ -33,7 +33,8 @@ PASSWORD = "alice-password"
 DEMO_REPLY_TOKENS = "160"  # long enough to reload or cut in the middle, short enough for a lean test
 GENERATED = "vllm:generation_tokens_total"
 # The model's reply (not the demo model's notice, which names it) has its first 20 characters on the page.
-REPLY_BEGUN = "sel => [...document.querySelectorAll(sel)].some(el => !el.innerText.includes('SmolLM2') && el.innerText.length > 20)"
+REPLY_BEGUN = """sel => [...document.querySelectorAll(sel)]
+  .some(el => !el.innerText.includes("SmolLM2") && el.innerText.length > 20)"""
 
 
 @pytest.fixture(scope="module")
