@@ -190,7 +190,7 @@ async def test_the_stop_button_of_a_reloaded_page_stops_the_engine(app: RunningA
     reply = await reply_started(frames)
     sockets = frames.mark()
     await page.reload()
-    await asyncio.to_thread(wait_until, lambda: frames.newest_socket() > sockets, "the reloaded page's websocket")
+    await asyncio.to_thread(wait_until, lambda: frames.newest_socket() >= sockets, "the reloaded page's websocket")
     mark = frames.newest_socket()
     await asyncio.to_thread(wait_until, lambda: any(e == "stream_token" for _, e, _ in frames.pieces(reply, mark)),
                             "the reloaded page streaming")  # fmt: skip
