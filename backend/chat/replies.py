@@ -158,6 +158,9 @@ class Replies:
         """Without login, after a reload: the tab's messages again, and its reply (live, or as it ended)."""
         tab = self.tabs[tab_id() or ""]
         live = self.live.find(tab.key, self.owner())
+        # The page shows a conversation (and its stop button) only after a "first interaction"
+        thread = {"interaction": "resume", "thread_id": cl.context.session.thread_id}
+        await cl.context.emitter.emit("first_interaction", thread)
         for message in list(tab.messages):
             if live is not None and message.id == live.reply_id:
                 continue  # followed live below
