@@ -55,8 +55,8 @@ def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 class Site:
     """The app with login, on the first app's engine; restartable on its port."""
 
-    def __init__(self, env: dict[str, str], root: Path) -> None:
-        self.env, self.root = env, root
+    def __init__(self, env: dict[str, str], root: Path, engine_data: Path) -> None:
+        self.env, self.root, self.engine_data = env, root, engine_data  # engine_data: the engine's app's folder
         self.app = launch_app(env, root / "app.log")
 
     @property
@@ -82,7 +82,7 @@ def site(app: RunningApp, demo_model: Path, tmp_path_factory: pytest.TempPathFac
         "ERNIE_MODEL__SERVED_NAME": engine["served_name"],
         "ERNIE_DEMO__MAX_TOKENS": DEMO_REPLY_TOKENS,
     }
-    site = Site(env, root)
+    site = Site(env, root, app.log.parent)
     try:
         site.app.wait_ready()
         yield site
@@ -276,7 +276,7 @@ async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site:
     reply = await reply_started(frames, chars=1)
     await finished(page)
     text = the_whole_reply(frames, reply, 0)
-    count = await generated(site.app, site.data, frames, reply, text, before)
+    count = await generated(site.app, site.engine_data, frames, reply, text, before)
     # The model's history has the turn as shown: a follow-up's prompt holds the question and that reply.
     prompt = await metric(site.app, "prompt_tokens")
     await send(page, "And then?")
