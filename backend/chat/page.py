@@ -152,6 +152,7 @@ class ReplyView:
         if not self.reply.content:
             return
         step = self.reply.to_dict()
+        step["streaming"] = False  # as a reopened thread shows it: the app that wrote it may be gone
         step["metadata"] = turn_metadata(self._user_text, self.reply.content) | {
             ASKED_KEY: self.live.asked,
             LIVE_KEY: True,

@@ -195,7 +195,7 @@ async def _mark_cut_off(step: dict[str, Any], lang: str) -> None:
     metadata.pop(LIVE_KEY, None)
     text = str(step.get("output") or "")
     step["output"] = f"{text}\n\n{t('restarted', lang)}" if text else t("restarted", lang)
-    step["metadata"] = metadata
+    step["metadata"], step["streaming"] = metadata, False
     layer = get_data_layer()
     if layer is not None:
         await layer.update_step(step)

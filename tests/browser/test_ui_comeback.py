@@ -312,14 +312,18 @@ async def test_an_app_killed_mid_reply_keeps_what_was_written_marked_cut_off(sit
     def saved_growing() -> str | None:  # the reply as saved while it was written
         with sqlite3.connect(site.data / "chat.db") as db:
             row = db.execute("SELECT output, metadata FROM steps WHERE id = ?", (reply,)).fetchone()
-        return row[0] if row and row[0] and json.loads(row[1] or "{}").get("ernie_live") else None
+        live = row and len(row[0] or "") >= 20 and json.loads(row[1] or "{}").get("ernie_live")
+        return row[0] if live else None
 
     kept = await asyncio.to_thread(wait_until, saved_growing, "the reply saved as it grows")
     site.app.kill()  # SIGKILL: nothing of the app runs after this
     await asyncio.to_thread(site.restart)
     await engine_idle(site.app)  # the engine dropped the request of the killed app
     await page.reload()
-    await page.wait_for_selector(f"{REPLY} >> text={stop_line('en-US', 'restarted')}", timeout=60_000)
+    try:
+        await page.wait_for_selector(f"{REPLY} >> text={stop_line('en-US', 'restarted')}", timeout=60_000)
+    finally:
+        await page.screenshot(path=str(site.root / "cut-off.png"), full_page=True)
     shown = await page.locator(REPLY).last.inner_text()
     assert shown.split()[:3] == str(kept).split()[:3], "what was written is kept"
     await send(page, "Thank you.")
