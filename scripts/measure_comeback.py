@@ -51,16 +51,18 @@ async def one_round(browser: Any, url: str) -> dict[str, float]:
     mark, reloaded = frames.mark(), time.monotonic()
     await page.reload()
 
-    def new_piece() -> tuple[float, float] | None:
+    def new_piece() -> tuple[float, float, float] | None:
         if frames.newest_socket() < mark:
             return None
-        pieces = frames.pieces(reply, frames.newest_socket())
+        connected = frames.newest_socket()
+        pieces = frames.pieces(reply, connected)
         streamed = [at for at, event, _ in pieces if event == "stream_token"]
-        return (pieces[0][0], streamed[0]) if pieces and streamed else None
+        return (frames.events[connected][0], pieces[0][0], streamed[0]) if pieces and streamed else None
 
-    so_far, streaming = await asyncio.to_thread(wait_until, new_piece, "the reply streaming on", 300)
+    connected, so_far, streaming = await asyncio.to_thread(wait_until, new_piece, "the reply streaming on", 300)
     await page.context.close()
-    return {"text_so_far_s": so_far - reloaded, "first_new_piece_s": streaming - reloaded}
+    return {"connected_s": connected - reloaded, "text_so_far_s": so_far - reloaded,
+            "first_new_piece_s": streaming - reloaded}  # fmt: skip
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -81,23 +83,24 @@ async def measure(url: str, rounds: int) -> list[dict[str, float]]:
 def report(result: dict[str, Any]) -> str:
     rows = [
         f"| {name} | {s['median']:.2f} | {s['min']:.2f}–{s['max']:.2f} |"
-        for name, s in (("the reply's text so far", result["text_so_far_s"]),
+        for name, s in (("the page's websocket connected (the reload itself)", result["connected_s"]),
+                        ("the reply's text so far", result["text_so_far_s"]),
                         ("the first new piece (streaming on)", result["first_new_piece_s"]))
     ]  # fmt: skip
     return "\n".join([
         "# From a reload in the middle of a reply to its text on the page",
         "",
         f"`scripts/measure_comeback.py`, {result['rounds']} rounds, {result['when']}; CPU: {result['cpu']}; "
-        f"engine: {result['engine']}.",
+        f"engine: {result['engine']}; {result['app']}.",
         "",
         "| seconds from the reload to | median | range |",
         "|---|---|---|",
         *rows,
         "",
         f"Load average (1 min) before {result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}. The "
-        "machine was shared with other work while this ran (two cores): the figures include its waits. Most of the "
-        "time is the page's own reload (the Chainlit bundle, its settings and the websocket); the reply's text so "
-        "far comes with the page's first events after the connection.",
+        "machine (two cores) was shared with other work while this ran, so the figures include its waits. The "
+        "first row is the page's own reload (the Chainlit bundle, its settings, the websocket); the rows below "
+        "show what the comeback adds on top of it.",
         "",
     ])  # fmt: skip
 
@@ -129,7 +132,11 @@ def main() -> int:
         "cpu": cpu_model(),
         "engine": f"{engine.get('name')} · {engine.get('model', '')}".strip(" ·"),
         "rounds": args.rounds,
+        "app": "an app it started: no login, the offline demo model, replies of up to 256 tokens"
+        if args.url is None
+        else f"the running app at {args.url}",
         "runs": runs,
+        "connected_s": summary([r["connected_s"] for r in runs]),
         "text_so_far_s": summary([r["text_so_far_s"] for r in runs]),
         "first_new_piece_s": summary([r["first_new_piece_s"] for r in runs]),
         "load_before": list(load_before),
