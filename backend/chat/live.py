@@ -40,7 +40,8 @@ class LiveReply:
         self.events: list[Event] = []
         self.ended = False
         self.cut_off = False  # stopped by the app's shutdown, not by a person
-        self.done: Done | None = None  # how it ended (None: stopped or failed before a reply began)
+        self.done: Done | None = None  # how it ended (None: no reply began: refused, or stopped before)
+        self.stopped_early = False  # stopped before a reply began (the turn ended without one)
         self.saved = asyncio.Event()  # the page that asked it has saved it as it ended
         self.pages = 0  # pages following it now
         self._chats: list[ChatSession] = []  # the chats of other pages that show it (their history gets the turn too)
@@ -67,6 +68,7 @@ class LiveReply:
                             self._add_turn(chat)
                     self._wake()
         except asyncio.CancelledError:
+            self.stopped_early = True
             log.info("Reply %s stopped before it began", self.reply_id)
         except Exception:
             log.exception("Reply %s failed", self.reply_id)

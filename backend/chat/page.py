@@ -108,7 +108,7 @@ class ReplyView:
         try:
             async for event in self.live.follow(start):
                 await self.show(event)
-            if self.live.done is None:  # stopped (or broken) before the reply began
+            if self.live.stopped_early:  # stopped before the reply began
                 await (say if self.own else show_only)(t("stopped", self.lang))
         finally:
             self.ended = True

@@ -99,7 +99,7 @@ async def test_a_stop_from_any_page_closes_the_stream_and_ends_the_reply_as_stop
     assert found is not None and found.stop()
     await reply.wait()
     assert turn.closed and reply.done is not None
-    assert (reply.done.ending, reply.done.text) == ("stopped", "Once upon")
+    assert (reply.done.ending, reply.done.text) == ("stopped", "Once upon") and not reply.stopped_early
     assert not reply.stop(), "an ended reply stops no more"
 
 
@@ -113,7 +113,7 @@ async def test_a_stop_before_the_reply_began_ends_it_without_one() -> None:
     await asyncio.sleep(0)  # the task begins
     assert reply.stop()
     await reply.wait()
-    assert reply.ended and reply.done is None and reply.events == []
+    assert reply.ended and reply.done is None and reply.events == [] and reply.stopped_early
 
 
 async def test_a_reply_nobody_watches_goes_on_for_the_configured_time_then_stops() -> None:
