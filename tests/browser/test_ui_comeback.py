@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
@@ -158,6 +159,14 @@ def the_whole_reply(frames: Frames, reply: str, since: int) -> str:
     return text
 
 
+async def stop_if_running(page: Any) -> None:
+    """The stop button, if the reply is still being written (what is checked no longer needs the rest)."""
+    try:
+        await page.click("#stop-button", timeout=2_000)
+    except PlaywrightTimeout:
+        pass
+
+
 def stop_line(locale: str, key: str = "stopped") -> str:
     return t(key, locale).replace("*", "")  # the page renders the Markdown emphasis
 
@@ -283,6 +292,7 @@ async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site:
     grown = await asyncio.to_thread(wait_until, lambda: (v := site.app.engine_metric("prompt_tokens")) > prompt and v,
                                     "the follow-up's prompt")  # fmt: skip
     assert float(grown) - prompt > count, "the follow-up was sent with the earlier reply"
+    await stop_if_running(page)
     await engine_idle(site.app)
 
 
@@ -298,11 +308,14 @@ async def test_two_tabs_on_one_thread_both_see_the_reply(site: Site, browser: An
 
 
 async def test_another_user_cannot_follow_a_reply(site: Site, browser: Any) -> None:
-    page, _, reply = await asked(browser, site, "en-US")
+    page, frames, reply = await asked(browser, site, "en-US")
     other, other_frames = await log_in(browser, site.app, "en-US", name="bob")
     await other.goto(page.url)
-    await finished(page)
+    await other.wait_for_load_state("networkidle")
+    streamed = len(frames.pieces(reply))
+    await asyncio.to_thread(wait_until, lambda: len(frames.pieces(reply)) > streamed, "alice's reply going on")
     assert not other_frames.pieces(reply), "bob's page got nothing of alice's reply"
+    await stop_if_running(page)
     await engine_idle(site.app)
 
 
