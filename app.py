@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import chainlit as cl
@@ -11,14 +10,11 @@ from chainlit.data.base import BaseDataLayer
 from chainlit.types import Feedback, ThreadDict
 
 from backend.accounts.login import setup_login
-from backend.api.quotas import Lease
 from backend.api.router import Gateway
 from backend.chat.i18n import describe, t
 from backend.chat.page import (
     EXPORT,
     REGENERATE,
-    TurnPage,
-    asked_ids,
     offer_actions,
     run_as_task,
     say,
@@ -27,21 +23,22 @@ from backend.chat.page import (
     take_back_last_reply,
 )
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
+from backend.chat.replies import Replies, on_every_connection
+from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread, notices
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession
 from backend.config import load_config
-from backend.errors import ConfigError, QuotaError
+from backend.errors import ConfigError
 from backend.logs import setup_logging
 from backend.ops import metrics, page, web
 from backend.storage.persistence import Persistence
-from backend.storage.resume import counts_from_thread, history_from_thread, turn_metadata
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
-CHAINLIT_STOP_NOTICE = "Task manually stopped."  # chainlit/socket.py's stop handler sends it
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
+REPLIES: Replies | None = None  # the replies being written, which pages follow (backend.chat.replies)
 # Decided at import: Chainlit asks whether a login page is needed right after importing this file.
 ACCOUNTS = setup_login()
 PERSISTENCE = Persistence()
@@ -66,7 +63,7 @@ def _lang() -> str:
 
 @cl.on_app_startup
 async def startup() -> None:
-    global SERVICE, STARTUP_ERROR, GATEWAY
+    global SERVICE, STARTUP_ERROR, GATEWAY, REPLIES
     setup_logging()
     try:
         SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS, choose=first_start_choice)
@@ -79,11 +76,15 @@ async def startup() -> None:
     web.install_routes(SERVICE, api=GATEWAY)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
+    REPLIES = Replies(SERVICE.cfg.chat, SERVICE.describe, login=ACCOUNTS is not None)
+    on_every_connection(REPLIES.came_back)
     SERVICE.start()
 
 
 @cl.on_app_shutdown
 async def shutdown() -> None:
+    if REPLIES is not None:
+        await REPLIES.shutdown()  # each reply being written is saved, marked cut off by the restart
     if SERVICE is not None:
         await SERVICE.stop()
     if GATEWAY is not None:
@@ -112,19 +113,27 @@ async def first_page_starters(user: cl.User | None, language: str | None = None)
 @cl.on_chat_start
 async def chat_start() -> None:
     metrics.chat_started(cl.context.session.id)
-    await _open(SERVICE.new_session() if SERVICE else None, greet=True)
+    kept = REPLIES.tab_chat() if REPLIES else None  # without login, a reloaded tab gets its chat back
+    await _open(kept or (SERVICE.new_session() if SERVICE else None), greet=kept is None)
+    if kept is not None and REPLIES is not None:
+        await REPLIES.show_tab(_lang())
 
 
 @cl.on_chat_resume
 async def chat_resume(thread: ThreadDict) -> None:
-    saved, asked = cl.context.session.chat_settings or {}, asked_ids(list(thread.get("steps") or []))
+    steps = await REPLIES.resumed(thread, _lang()) if REPLIES else []  # a reply still being written: followed live
+    saved, asked = cl.context.session.chat_settings or {}, asked_ids(steps)
     history, counts = history_from_thread(thread), counts_from_thread(thread)
-    await _open(SERVICE.resumed_session(history, saved, asked, counts) if SERVICE else None, greet=False)
+    resumed = SERVICE.resumed_session(history, saved, asked, counts, notices(steps)) if SERVICE else None
+    await _open(resumed, greet=False)
 
 
 @cl.on_stop
 async def stopped() -> None:
-    """Chainlit says "Task manually stopped." in English: the stopped reply says it in the user's language."""
+    """Stop the reply this page shows (wherever it was asked); Chainlit says "Task manually stopped." in English:
+    the stopped reply says it in the user's language."""
+    if REPLIES is not None:
+        REPLIES.stop()
     for message in reversed(chat_context.get()):
         if message.content == CHAINLIT_STOP_NOTICE:
             await message.remove()
@@ -139,6 +148,8 @@ async def feedback(given: Feedback) -> None:
 @cl.on_chat_end
 async def chat_end() -> None:
     metrics.chat_ended(cl.context.session.id)
+    if REPLIES is not None:
+        REPLIES.went_away()  # its reply goes on
 
 
 async def _send_settings(session: ChatSession) -> None:
@@ -179,34 +190,13 @@ async def on_message(message: cl.Message) -> None:
 
 
 async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
-    """One turn within the user's quota (shared with their API requests): over it, say so and when to try again."""
-    assert SERVICE is not None and GATEWAY is not None
+    """One turn, in a task of its own (backend.chat.replies): this page shows it, as can any other of its owner."""
+    assert SERVICE is not None and REPLIES is not None and GATEWAY is not None
     user = cl.context.session.user.identifier if ACCOUNTS is not None and cl.context.session.user else None
-    try:
-        async with GATEWAY.turn(user) as lease:
-            await _answer_turn(session, text, command, message_id, lease)
-    except QuotaError as exc:
-        GATEWAY.chat_finished(None, "over_quota", 0, 0)
-        await say(t("error", _lang(), error=describe(exc, _lang())))
-
-
-async def _answer_turn(
-    session: ChatSession, text: str, command: str | None, message_id: str, lease: Lease | None
-) -> None:
-    assert SERVICE is not None and GATEWAY is not None
-    page = TurnPage(_lang(), SERVICE.describe, turn_metadata, message_id)
-    turn = SERVICE.reply(session, text, command, message_id)
-    try:
-        async for event in turn:
-            await page.show(GATEWAY.count_turn(lease, event))
-    except asyncio.CancelledError as stop:
-        if turn.ag_frame is None:  # the stop landed inside the turn, before any reply: say so, nothing to finish
-            await say(t("stopped", page.lang))
-            return
-        # The stop landed while the page was being updated: the turn ends as stopped (the request is aborted).
-        await page.show(GATEWAY.count_turn(lease, await turn.athrow(stop)))
-    if page.finished:
-        await offer_actions(page.reply, page.lang)
+    turn = GATEWAY.chat_turn(user, SERVICE.reply(session, text, command, message_id))
+    view = await REPLIES.answer(session, turn, message_id, _lang())
+    if view.finished:
+        await offer_actions(view.reply, view.lang)
     await _show_storage_problem()
 
 

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from backend.config import load_config
 from backend.engines.llamacpp import demo_gguf
 from backend.serving.process import free_port
-from tests.app_process import wait_until
 from tests.launching import launch
+from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent  # the app environment's scripts: vllm-router and caddy are installed there
 READY_S = 180.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from backend.api.serving import ApiServing, Prepared, detached
 from backend.api.store import ApiDatabase
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
-from backend.chat.turn import Done, Event
+from backend.chat.turn import Done, Event, Refused
 from backend.errors import (
     ApiError,
     BackendError,
@@ -208,6 +208,17 @@ class Gateway:
             prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
             self.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
         return event
+
+    async def chat_turn(self, user: str | None, events: AsyncIterator[Event]) -> AsyncGenerator[Event, None]:
+        """A chat turn's events within the user's quota (shared with their API requests), its tokens counted
+        against it as it ends (count_turn); over a quota, why and until when."""
+        try:
+            async with self.turn(user) as lease:
+                async for event in events:
+                    yield self.count_turn(lease, event)
+        except QuotaError as exc:
+            self.chat_finished(None, "over_quota", 0, 0)
+            yield Refused(exc)
 
     # ----- completions ----------------------------------------------------------------------------------------
     async def complete(self, request: Request) -> Response:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from backend.chat.render import DETAILS_KEY
-from backend.storage.resume import TURN_KEY
+from backend.chat.saved import TURN_KEY
 
 WAIT_S = 180  # a reply may wait for a (re)starting engine
 

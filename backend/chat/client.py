@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -86,11 +87,12 @@ async def _event_lines(response: httpx.Response) -> AsyncIterator[str]:
     """The body's lines split at "\n" only. (httpx's aiter_lines also splits at U+2028, U+0085 and other Unicode
     line breaks, which a model's text may hold raw inside one JSON event: the event then arrives cut in two.)"""
     pending = b""
-    async for data in response.aiter_bytes():
-        pending += data
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    async with aclosing(response.aiter_bytes()) as chunks:  # closed with this generator, in its task
+        async for data in chunks:
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
     if pending:
         yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
@@ -133,10 +135,12 @@ class ChatStream:
 
     async def aclose(self) -> None:
         """Close the HTTP response: the engine sees the disconnect and aborts the request."""
-        response, self._response, self._lines = self._response, None, None
+        response, self._response, lines, self._lines = self._response, None, self._lines, None
         pieces, self._pieces = self._pieces, None
         if pieces is not None:
             await pieces.aclose()
+        if isinstance(lines, AsyncGenerator):  # the body's reader too: nothing of the stream is left to the GC
+            await lines.aclose()
         if response is not None:
             await response.aclose()
         if self.stats.finished is None:

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 
 
 async def paced(
     pieces: AsyncIterable[str],
     interval_s: float,
     clock: Callable[[], float] = time.monotonic,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Yield the first piece at once, then the text gathered since the last yield at most every interval_s."""
     pending: list[str] = []
     last: float | None = None
+    source = aiter(pieces)
     try:
-        async for piece in pieces:
+        async for piece in source:
             if not piece:
                 continue
             now = clock()
@@ -37,5 +38,8 @@ async def paced(
         if pending:
             yield "".join(pending)
         raise
+    finally:
+        if isinstance(source, AsyncGenerator):  # closed in this task, not later by the garbage collector
+            await source.aclose()
     if pending:
         yield "".join(pending)

@@ -4,18 +4,21 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import chainlit as cl
 from chainlit.chat_context import chat_context
+from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider
 from chainlit.utils import utc_now
 
 from backend.chat.context import Message
 from backend.chat.i18n import t
+from backend.chat.live import LiveReply
 from backend.chat.render import (
     EXPORT_TYPES,
     details_element,
@@ -26,19 +29,21 @@ from backend.chat.render import (
     wait_text,
 )
 from backend.chat.request import SETTING_RANGES, UserSettings
-from backend.chat.turn import Done, EngineWait, Event, Text
+from backend.chat.saved import ASKED_KEY, LIVE_KEY, NOTICE_KEY, SYSTEM_AUTHOR, turn_metadata
+from backend.chat.turn import ChatSession, Done, EngineWait, Event, Notice, Started, Text
 
-SYSTEM_AUTHOR = "system"  # the app's own notices (backend.storage.resume leaves them out of the model's history)
+log = logging.getLogger(__name__)
+
 DETAILS_ELEMENT = "ReplyDetails"  # public/elements/ReplyDetails.jsx
-ASKED_KEY = "ernie_asked"  # a kept turn's reply metadata: the page's id of the user message that asked it
 REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py's action callbacks)
-# The metadata that keeps a finished turn (backend.storage.resume.turn_metadata): its texts, counts, their counter.
-Keep = Callable[[str, str, tuple[int | None, int | None], str], dict[str, Any]]
+SAVE_EVERY_S = 1.0  # a reply being written is saved this often (an app killed meanwhile keeps what was written)
 
 
-async def say(text: str) -> cl.Message:
-    """A notice from the app (not the model)."""
-    return await cl.Message(content=text, author=SYSTEM_AUTHOR).send()
+async def say(text: str, notice: str = "") -> cl.Message:
+    """A notice from the app (not the model); `notice`: which one (kept with it: a resumed chat knows it was told)."""
+    return await cl.Message(
+        content=text, author=SYSTEM_AUTHOR, metadata={NOTICE_KEY: notice} if notice else None
+    ).send()
 
 
 def settings_widgets(
@@ -55,44 +60,163 @@ def settings_widgets(
     return widgets
 
 
-class TurnPage:
-    """One turn on the page: the engine notice (sent once, then updated), the streamed reply, its details.
+async def show_only(text: str) -> cl.Message:
+    """A notice on this page only (the page that asked the reply saves it)."""
+    message = cl.Message(content=text, author=SYSTEM_AUTHOR, created_at=utc_now())
+    chat_context.add(message)
+    await cl.context.emitter.send_step(message.to_dict())
+    return message
 
-    `describe` gives a template's description; `keep` the metadata that keeps a finished turn with its reply;
-    `asked` is the page's id of the user message."""
 
-    def __init__(self, lang: str, describe: Callable[[str], str], keep: Keep, asked: str) -> None:
-        self.lang, self.describe, self.keep, self.asked = lang, describe, keep, asked
+class ReplyView:
+    """One page's view of a live reply: the engine notice (sent once, then updated), the streamed reply, its details.
+
+    Every page that follows the reply has one; the page that asked it (`own`) also saves it: the notices as they
+    come, the reply as it grows (marked live) and as it ends. A page that comes in the middle (a reload, a second
+    tab) starts from the text so far, shows the stop button, and gives its own chat (`chat`) the finished turn.
+    `describe` gives a template's description."""
+
+    def __init__(self, live: LiveReply, lang: str, describe: Callable[[str], str], own: bool, chat: ChatSession):
+        self.live, self.lang, self.describe, self.own, self.chat = live, lang, describe, own, chat
         self.note: cl.Message | None = None
         self.finished = False  # the reply was shown with its details (not refused, not waiting in vain)
-        # A streamed message gets no time of its own (it is never send()): saved without one, it would sort first.
-        self.reply = cl.Message(content="", created_at=utc_now())
+        self.ended = False
+        self.attached = True  # the page is there (a page whose websocket went away is not, until it comes back)
+        self.details: dict[str, Any] | None = None  # the props of the reply's details, once shown
+        self.reply = cl.Message(content="", id=live.reply_id)
+        self._user_text = ""
+        self._streamed = False  # the page has the reply message (streamed), to be updated
+        self._saved_at = 0.0
+        self._lock = asyncio.Lock()  # one update of the page at a time: a catch-up never splits one
+
+    async def run(self) -> None:
+        """Show the reply to its end (the page may go away meanwhile: the reply goes on, and is saved)."""
+        start = 0
+        if not self.own:
+            self.live.attach()
+            self.live.share(self.chat)  # a page that came back: its chat gets the turn too
+            starting = cl.context.session.current_task  # the page's start: it ends by hiding the stop button
+            if starting is not None and starting is not asyncio.current_task() and not starting.done():
+                await asyncio.wait([starting])
+            snapshot = self.live.snapshot()
+            start = snapshot.index
+            self.reply.created_at = utc_now()
+            chat_context.add(self.reply)
+            await cl.context.emitter.task_start()
+            if snapshot.text:
+                await self._stream(snapshot.text)
+        try:
+            async for event in self.live.follow(start):
+                await self.show(event)
+            if self.live.stopped_early:  # stopped before the reply began
+                await (say if self.own else show_only)(t("stopped", self.lang))
+        finally:
+            self.ended = True
+            if self.attached:
+                self.attached = False
+                self.live.detach()
+            if self.own:
+                self.live.saved.set()
+            else:
+                await cl.context.emitter.task_end()
 
     async def show(self, event: Event) -> None:
         if isinstance(event, EngineWait):
             if self.note is None and event.state != "ready":  # "ready" only updates a notice already shown
-                self.note = await say(wait_text(event, self.lang))
+                self.note = await (say if self.own else show_only)(wait_text(event, self.lang))
             elif self.note is not None:
                 self.note.content = wait_text(event, self.lang)
-                await self.note.update()
+                await (self.note.update() if self.own else cl.context.emitter.update_step(self.note.to_dict()))
+        elif isinstance(event, Started):
+            self.reply.created_at = utc_now()  # after the notices: a saved thread shows them in this order
+            self._user_text = event.user_text
         elif isinstance(event, Text):
-            await self.reply.stream_token(event.text)
+            await self._stream(event.text)
+            if self.own and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+                await self._save_growing()
         elif isinstance(event, Done):
             await self.finish(event)
+        elif self.own:
+            await say(notice_text(event, self.lang), event.key if isinstance(event, Notice) else "")
         else:
-            await say(notice_text(event, self.lang))
+            await show_only(notice_text(event, self.lang))
+
+    async def _stream(self, text: str) -> None:
+        async with self._lock:
+            await self.reply.stream_token(text)
+            self._streamed = True
+
+    async def _save_growing(self) -> None:
+        """Save the reply as it is now, marked live (an app killed meanwhile shows it cut off when it comes back)."""
+        self._saved_at = time.monotonic()
+        if not self.reply.content:
+            return
+        step = self.reply.to_dict()
+        step["streaming"] = False  # as a reopened thread shows it: the app that wrote it may be gone
+        step["metadata"] = turn_metadata(self._user_text, self.reply.content) | {
+            ASKED_KEY: self.live.asked,
+            LIVE_KEY: True,
+        }
+        await self._save(step)
+
+    async def _save(self, step: Any) -> None:
+        """Save the reply (awaited: a shutdown waits for it; a save never overtakes the one before)."""
+        layer = get_data_layer()
+        if layer is None:
+            return
+        try:
+            await layer.update_step(step)
+        except Exception as exc:  # the page goes on; the data layer reports its problems itself
+            log.warning("Could not save a reply: %s", exc)
 
     async def finish(self, event: Done) -> None:
-        self.reply.content = reply_text(event, self.lang)
-        props, self.reply.metadata = details_element(event, self.lang, self.describe(event.template))
+        ending = reply_text(event, self.lang)
+        if self.live.cut_off and event.ending == "stopped":
+            ending = f"{event.text}\n\n{t('restarted', self.lang)}" if event.text else t("restarted", self.lang)
+        props, metadata = details_element(event, self.lang, self.describe(event.template))
         if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
-            kept = self.keep(event.user_text, event.text, event.tokens, event.counted_by)
-            self.reply.metadata |= kept | {ASKED_KEY: self.asked}
-        await (self.reply.update() if event.text else self.reply.send())
-        # last: the details under the reply tell the page (and the tests) that the reply is finished
-        details = cl.CustomElement(name=DETAILS_ELEMENT, props=props, display="inline")
-        await details.send(self.reply.id, persist=False)
+            kept = turn_metadata(event.user_text, event.text, event.tokens, event.counted_by)
+            metadata |= kept | {ASKED_KEY: self.live.asked}
+        async with self._lock:
+            self.reply.content, self.reply.metadata, self.reply.streaming = ending, metadata, False
+            self.reply.created_at = self.reply.created_at or utc_now()
+            chat_context.add(self.reply)
+            step = self.reply.to_dict()
+            emitter = cl.context.emitter
+            await (emitter.update_step(step) if self._streamed else emitter.send_step(step))
+            if self.own:
+                await self._save(step)
+            # last: the details under the reply tell the page (and the tests) that the reply is finished
+            self.details = props
+            await send_details(self.reply.id, props)
         self.finished = True
+
+    async def catch_up(self) -> None:
+        """The page's websocket came back (what was sent meanwhile was lost): show the reply as it is now."""
+        if not self.attached and not self.ended:
+            self.attached = True
+            self.live.attach()
+        async with self._lock:
+            if self._streamed or self.details is not None:
+                step = self.reply.to_dict()
+                step["streaming"] = not self.ended
+                await cl.context.emitter.send_step(step)  # added, or updated if the page has it
+            if self.details is not None:
+                await send_details(self.reply.id, self.details)
+        if not self.ended:
+            await cl.context.emitter.task_start()
+
+    def went_away(self) -> None:
+        """The page's websocket went away: the reply goes on without it."""
+        if self.attached and not self.ended:
+            self.attached = False
+            self.live.detach()
+
+
+async def send_details(reply_id: str, props: dict[str, Any]) -> None:
+    """The details under a reply (not saved: a resumed thread shows them again from the reply's metadata)."""
+    details = cl.CustomElement(name=DETAILS_ELEMENT, props=props, display="inline")
+    await details.send(reply_id, persist=False)
 
 
 async def offer_actions(reply: cl.Message, lang: str) -> None:
@@ -149,19 +273,3 @@ async def run_as_task(work: Awaitable[None]) -> None:
             await cl.context.emitter.task_end()
 
     session.current_task = asyncio.create_task(task())
-
-
-def asked_ids(steps: list[dict[str, Any]]) -> list[str]:
-    """The ids of the user messages that asked a saved thread's kept turns, oldest first (an edit of one of them
-    after a resume drops its turn, as in the chat that asked it)."""
-    found = []
-    for step in steps:
-        metadata = step.get("metadata") or {}
-        if isinstance(metadata, str):  # SQLite keeps JSON columns as text
-            try:
-                metadata = json.loads(metadata)
-            except json.JSONDecodeError:
-                continue
-        if isinstance(metadata, dict) and isinstance(metadata.get(ASKED_KEY), str):
-            found.append(metadata[ASKED_KEY])
-    return found

@@ -105,15 +105,19 @@ def details_line(details: dict[str, Any], locale: str) -> list[str]:
     return items
 
 
-def details_element(event: Done, locale: str, description: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(props of the ReplyDetails element, metadata of the reply message) for a finished reply."""
-    details = reply_details(event)
-    props = {
+def details_props(details: dict[str, Any], locale: str, description: str) -> dict[str, Any]:
+    """The props of the ReplyDetails element for a reply's details (reply_details, or kept in its metadata)."""
+    return {
         "items": details_line(details, locale),
         "title": localized(description, locale),
         "label": t("details_title", locale),
     }
-    return props, {DETAILS_KEY: details}
+
+
+def details_element(event: Done, locale: str, description: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(props of the ReplyDetails element, metadata of the reply message) for a finished reply."""
+    details = reply_details(event)
+    return details_props(details, locale, description), {DETAILS_KEY: details}
 
 
 def serving_status(serving: Serving, locale: str) -> dict[str, str]:

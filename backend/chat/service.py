@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from backend.chat.turn import (
     Notice,
     Refused,
     Serving,
+    Started,
     Text,
 )
 from backend.config import AppConfig, load_config
@@ -167,10 +169,12 @@ class ChatService:
         saved_settings: dict[str, Any],
         turn_ids: list[str] | None = None,
         counts: tuple[Counts, str] | None = None,
+        told: set[str] | None = None,
     ) -> ChatSession:
         """A saved chat's state: its history, the ids of the messages that asked its latest turns, its settings,
-        the counts kept with its turns and the model and engine that counted them."""
+        the counts kept with its turns and the model and engine that counted them, the notices it was told."""
         session = self.new_session()
+        session.demo_told = "demo" in (told or set())
         session.history = history
         session.tokens, session.counted_by = counts or ([], "")
         session.turn_ids = (turn_ids or [])[-(len(history) // 2) :] if len(history) >= 2 else []
@@ -245,9 +249,12 @@ class ChatService:
         error: ServiceError | None = None
         failure: BaseException | None = None
         stream = self.client.stream(request.messages, **request.sampling)
+        yield Started(request.user_text)
         try:
-            async with stream:
-                async for piece in paced(stream, self.cfg.chat.stream_flush_ms / 1000):
+            # Closed here, in this task, whatever ends the reply: left to the garbage collector, the HTTP stream
+            # would be closed outside any task ("Attempted to exit cancel scope in a different task").
+            async with stream, aclosing(paced(stream, self.cfg.chat.stream_flush_ms / 1000)) as pieces:
+                async for piece in pieces:
                     parts.append(piece)
                     yield Text(piece)
         except asyncio.CancelledError as exc:

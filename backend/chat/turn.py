@@ -102,6 +102,13 @@ class EngineWait:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The request goes to the engine now: the reply begins (after every notice), asked with this user text."""
+
+    user_text: str  # the user message as the model sees it (after the template)
+
+
+@dataclass(frozen=True)
 class Text:
     """More of the reply's text (coalesced for the browser)."""
 
@@ -137,4 +144,4 @@ class Serving:
     progress: Phrase | None = None  # what the start is doing meanwhile (the engine tune at a first start)
 
 
-Event = Notice | Refused | EngineWait | Text | Done
+Event = Notice | Refused | EngineWait | Started | Text | Done

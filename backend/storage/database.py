@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from backend.chat.saved import CHAINLIT_STOP_NOTICE, SYSTEM_AUTHOR
 from backend.errors import Phrase, StorageError
 from backend.storage.schema import migrate
 
@@ -201,6 +202,8 @@ class HistoryStore(SQLAlchemyDataLayer):
         if step_dict.get("threadId") in self.deleted:
             log.debug("not saved: a step of deleted thread %s", step_dict.get("threadId"))
             return
+        if step_dict.get("output") == CHAINLIT_STOP_NOTICE and step_dict.get("name") != SYSTEM_AUTHOR:
+            return  # the page removes it at once: saved, it came back in the reopened thread
         await super().create_step(step_dict)
 
     async def upsert_feedback(self, feedback: Feedback) -> str:

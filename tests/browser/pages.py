@@ -44,6 +44,16 @@ async def open_page(browser: Any, url: str, locale: str, ready: str = READY) -> 
     return page
 
 
+async def sign_in(page: Any, url: str, name: str, password: str) -> None:
+    """Log `name` in on the chat's login page at `url`, until the chat's start has sent its settings."""
+    await page.goto(url)
+    await page.wait_for_selector("#email", timeout=60_000)
+    await page.fill("#email", name)
+    await page.fill("#password", password)
+    await page.click('button[type="submit"]')
+    await page.wait_for_selector(READY, timeout=60_000)
+
+
 async def open_workshop(browser: Any, url: str, locale: str) -> Any:
     """The template workshop of the app at `url` in a browser whose language is `locale`, once its page is ready."""
     page = await (await browser.new_context(locale=locale)).new_page()

@@ -14,7 +14,7 @@ import pytest
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import READY, REPLY, USER, RunningApp, launch_app, login_env
+from tests.app_process import READY, USER, RunningApp, launch_app, login_env
 from tests.browser.pages import send, wait_finished
 from tests.chat_api import ChatSocket, login, rendered_finished
 from tests.waiting import wait_until
@@ -116,7 +116,7 @@ async def test_login_chat_restart_and_resume(browser, site: Site) -> None:  # ty
     thread_id = page.url.rsplit("/", 1)[1]
     await page.wait_for_selector(f"{USER} >> text={first_question}", timeout=60_000)
     await page.wait_for_selector(READY, timeout=60_000)
-    assert (await page.locator(REPLY).first.inner_text()).strip() == first.strip(), "the reply is shown as it was"
+    assert await wait_finished(page, 0) == first, "the reply is shown as it was, with its details again"
 
     before = await prompt_tokens(site)
     await send(page, follow_up)

@@ -27,8 +27,8 @@ from backend.chat.render import reason_text
 from backend.config import ROOT
 from backend.errors import render
 from backend.prompts.schema import Reason, display_path
-from tests.app_process import CHROMIUM, READY, REPLY, FakeEngine, RunningApp, start_app
-from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
+from tests.app_process import CHROMIUM, REPLY, FakeEngine, RunningApp, start_app
+from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send, sign_in
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -252,12 +252,7 @@ async def workshop_as(browser: Any, app: RunningApp, locale: str, name: str | No
     """The workshop page of a browser where `name` logged in on the chat's login page (None: nobody)."""
     page = await (await browser.new_context(locale=locale)).new_page()
     if name is not None:
-        await page.goto(app.url)
-        await page.wait_for_selector("#email", timeout=60_000)
-        await page.fill("#email", name)
-        await page.fill("#password", PASSWORD)
-        await page.click('button[type="submit"]')
-        await page.wait_for_selector(READY, timeout=60_000)
+        await sign_in(page, app.url, name, PASSWORD)
     await page.goto(app.url + "/workshop")
     await page.wait_for_selector("#access-denied:not([hidden]), body[data-ready=true]", timeout=60_000)
     return page

@@ -22,7 +22,7 @@ import socketio
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from backend.storage.resume import counts_from_thread
+from backend.chat.saved import counts_from_thread
 from tests.app_process import WAIT_S, RunningApp, launch_app, login_env, storage_problems
 from tests.chat_api import ChatSocket, login, rendered_finished
 from tests.waiting import wait_until

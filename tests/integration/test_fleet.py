@@ -45,10 +45,11 @@ from backend.config import ROOT
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import new_api_key
 from backend.storage.database import open_engine
-from tests.app_process import RunningApp, launch_app, login_env, wait_until
+from tests.app_process import RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login, rendered_finished
 from tests.fleet import Child, llama_engine, router, samples, sticky_proxy
 from tests.postgres_server import PostgresForTests
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend import cli
 from backend.chat.service import ChatService
-from backend.chat.turn import Done, Text
+from backend.chat.turn import Done, Started, Text
 from backend.config import ROOT, AppConfig
 from backend.ops import doctor, web
 from backend.ops.metrics import AppMetrics
@@ -106,7 +106,7 @@ async def one_turn(service: ChatService, text: str = "你好") -> Done:
     events = [event async for event in service.reply(session, text)]
     done = events[-1]
     assert isinstance(done, Done), events
-    assert [type(e) for e in events[:-1]] == [Text] * (len(events) - 1), events
+    assert [type(e) for e in events[:-1]] == [Started] + [Text] * (len(events) - 2), events
     return done
 
 

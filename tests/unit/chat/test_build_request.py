@@ -14,7 +14,7 @@ from backend.chat.client import Message, StreamStats
 from backend.chat.decision import COMMAND_REASON
 from backend.chat.request import UserSettings
 from backend.chat.service import MIN_REPLY_TOKENS, ChatService
-from backend.chat.turn import ChatSession, Done, Notice, Refused, Text
+from backend.chat.turn import ChatSession, Done, Notice, Refused, Started, Text
 from backend.config import AppConfig, EngineFlags
 from backend.errors import InvalidInputError, PromptTooLongError
 from backend.prompts.schema import Reason
@@ -166,7 +166,7 @@ async def test_the_trimmed_notice_comes_before_the_reply(build: Build) -> None:
     session.history = turn(1) + turn(2)
     events = [e async for e in svc.reply(session, "x" * 21)]
     assert events[0] == Notice("trimmed", {"dropped": 2})
-    assert [type(e) for e in events[1:]] == [Text, Text, Done]
+    assert [type(e) for e in events[1:]] == [Started, Text, Text, Done]
     done = events[-1]
     assert isinstance(done, Done) and done.ending == "finished" and done.text == "ok"
     assert len(client.sent) == 1 and client.sent[0][0][0] == turn(2)[0], "the oldest turn was not sent"

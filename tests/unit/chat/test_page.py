@@ -1,24 +1,11 @@
-"""A saved thread's steps give back which user message asked each kept turn, so an edit after a resume drops its
-turn as it does in the chat that asked it."""
+"""A resumed chat drops an edited message's turn as the chat that asked it did, and knows what it was told."""
 
 from __future__ import annotations
 
 import json
 
-from backend.chat.page import ASKED_KEY, asked_ids
+from backend.chat.saved import NOTICE_KEY, notices
 from tests.unit.chat.test_demo_defaults import service
-
-
-def test_the_asking_ids_come_from_the_replies_metadata_as_dict_or_sqlite_text() -> None:
-    steps = [
-        {"id": "u1", "type": "user_message", "metadata": {}},
-        {"id": "r1", "type": "assistant_message", "metadata": {ASKED_KEY: "u1"}},
-        {"id": "n", "type": "assistant_message", "metadata": None},  # a notice
-        {"id": "u2", "type": "user_message", "metadata": "{}"},
-        {"id": "r2", "type": "assistant_message", "metadata": json.dumps({ASKED_KEY: "u2"})},
-        {"id": "bad", "type": "assistant_message", "metadata": "not json"},
-    ]
-    assert asked_ids(steps) == ["u1", "u2"]
 
 
 def test_a_resumed_session_edits_like_a_live_one() -> None:
@@ -29,3 +16,11 @@ def test_a_resumed_session_edits_like_a_live_one() -> None:
     assert session.turn_ids == ["u1", "u2"]
     assert session.forget_from("u1") == 2 and session.history == turns[:2]
     assert svc.resumed_session([], {}, ["u1"]).turn_ids == []
+
+
+def test_a_resumed_chat_that_was_told_of_the_demo_model_is_not_told_again() -> None:
+    svc = service(demo=True)
+    told = notices([{"metadata": json.dumps({NOTICE_KEY: "demo"})}, {"metadata": {NOTICE_KEY: "trimmed"}}, {}])
+    assert told == {"demo", "trimmed"}
+    assert svc.resumed_session([], {}, told=told).demo_told
+    assert not svc.resumed_session([], {}, told=notices([])).demo_told

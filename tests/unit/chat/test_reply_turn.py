@@ -19,7 +19,7 @@ import pytest
 from backend.chat import service as service_module
 from backend.chat.client import StreamStats
 from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession, Done, EngineWait, Event, Refused, Text
+from backend.chat.turn import ChatSession, Done, EngineWait, Event, Refused, Started, Text
 from backend.config import AppConfig
 from backend.errors import BackendError, EngineStartError
 from backend.serving.process import free_port
@@ -153,10 +153,11 @@ async def turn(svc: ChatService, session: ChatSession, text: str) -> list[Event]
 
 
 def split(events: list[Event]) -> tuple[list[Text], Done]:
-    """The reply's Text events and its one Done, which comes last."""
+    """The reply's Text events and its one Done, which comes last (after the one Started that begins the reply)."""
     assert events and isinstance(events[-1], Done), events
-    assert all(isinstance(e, Text) for e in events[:-1]), events
-    return [e for e in events[:-1] if isinstance(e, Text)], events[-1]
+    assert isinstance(events[0], Started) and [e for e in events if isinstance(e, Started)] == events[:1], events
+    assert all(isinstance(e, Text) for e in events[1:-1]), events
+    return [e for e in events[1:-1] if isinstance(e, Text)], events[-1]
 
 
 # ----- refused before anything is sent ---------------------------------------------------------------------
@@ -258,7 +259,8 @@ async def test_a_stop_while_the_page_renders_ends_the_reply_as_stopped_and_keeps
     recorder = ListRecorder()
     async with running(config(stub.base_url), recorder) as svc:
         session = svc.new_session()
-        reply = cast(AsyncGenerator[Event, None], svc.reply(session, "Hello there"))  # as app.py drives it
+        reply = cast(AsyncGenerator[Event, None], svc.reply(session, "Hello there"))
+        assert isinstance(await anext(reply), Started)
         first = await anext(reply)
         assert isinstance(first, Text)
         done = await reply.athrow(asyncio.CancelledError())

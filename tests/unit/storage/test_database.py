@@ -20,9 +20,9 @@ from chainlit.user import User
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
+from backend.chat.saved import CHAINLIT_STOP_NOTICE, SYSTEM_AUTHOR, history_from_thread, turn_metadata
 from backend.storage.database import HistoryStore, StorageError, redact
 from backend.storage.persistence import Persistence, database_url
-from backend.storage.resume import history_from_thread, turn_metadata
 from backend.storage.schema import LATEST, TABLES, VERSION_TABLE, create_tables
 from tests.conftest import MakeConfig
 from tests.postgres_server import PostgresForTests, free_port
@@ -208,6 +208,17 @@ async def test_a_reply_saved_after_its_thread_was_deleted_neither_brings_it_back
     assert await query(db_url, "SELECT COUNT(*) FROM threads") == [0], "the thread stays deleted"
     assert await query(db_url, "SELECT COUNT(*) FROM steps") == [0]
     assert store.failures == 0 and store.problem is None
+
+
+async def test_chainlit_s_english_stop_notice_is_never_saved(sqlite_store: HistoryStore, tmp_path: Path) -> None:
+    """The page removes it at once (the stopped reply says it in the user's language): saved, it came back when the
+    thread was reopened."""
+    thread = str(uuid.uuid4())
+    await sqlite_store.update_thread(thread, name="Stopped")
+    step = {"threadId": thread, "type": "assistant_message", "streaming": False, "createdAt": None}
+    await sqlite_store.create_step({**step, "id": "c", "name": "Assistant", "output": CHAINLIT_STOP_NOTICE})
+    await sqlite_store.create_step({**step, "id": "s", "name": SYSTEM_AUTHOR, "output": "⏹ Stopped."})
+    assert await query(sqlite_url(tmp_path / "chat.db"), "SELECT id FROM steps") == ["s"]
 
 
 async def test_a_write_for_a_thread_another_process_deleted_is_no_storage_failure(

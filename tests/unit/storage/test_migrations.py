@@ -16,11 +16,11 @@ from chainlit.types import Feedback
 from chainlit.user import User
 from sqlalchemy import text
 
+from backend.chat.saved import history_from_thread, turn_metadata
 from backend.errors import StorageError
 from backend.storage import schema
 from backend.storage.database import HistoryStore
 from backend.storage.persistence import Persistence
-from backend.storage.resume import history_from_thread, turn_metadata
 from backend.storage.schema import VERSION_TABLE, Migration
 from tests.conftest import MakeConfig
 from tests.unit.storage.test_database import columns, query, save_turn

@@ -1,27 +1,35 @@
-"""Resuming a saved conversation: the model-facing history rebuilt from the thread's steps.
+"""The saved-turn format: what a reply message keeps in its metadata, and the model's history rebuilt from it.
 
-Each finished reply carries, in its message metadata, the turn exactly as the model saw it (the user
-text after the prompt template, the reply without the ending line a stopped or broken reply shows). A
-resumed thread gives the model those turns in order; the app's own notices (author "system"), Chainlit's messages and
-replies that produced no text are left out, as they are in a live chat. The same metadata keeps what the turn's
-two messages add to a prompt (backend.chat.context) and which model and engine counted them: a resumed chat fits its
-history into the context window without counting it again."""
+Each reply carries, in its message metadata, the turn exactly as the model saw it (the user text after the prompt
+template, the reply without the ending line a stopped or broken reply shows), the page's id of the user message that
+asked it, and what the turn's two messages add to a prompt (backend.chat.context) with the model and engine that
+counted them: a resumed chat fits its history into the context window without counting it again. A reply still being
+written is saved as it grows, marked live: one whose app went away meanwhile (a restart, a crash) is found by that
+mark and shown cut off. A resumed thread gives the model the turns in order; the app's own notices (author
+"system"), Chainlit's messages and replies that produced no text are left out, as they are in a live chat."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.chat.context import Counts, Message
 from backend.chat.turn import turn_messages
 
 log = logging.getLogger(__name__)
+Step = TypeVar("Step", bound=Mapping[str, Any])
 
+SYSTEM_AUTHOR = "system"  # the app's own notices: never part of the model's history
 TURN_KEY = "ernie_turn"
 TOKENS_KEY = "ernie_tokens"  # {"by": the model and engine that counted, "counts": [user, reply]}
-SYSTEM_AUTHOR = "system"
+ASKED_KEY = "ernie_asked"  # the page's id of the user message that asked the turn
+LIVE_KEY = "ernie_live"  # the reply was still being written when this was saved
+NOTICE_KEY = "ernie_notice"  # an app notice's key in backend.chat.i18n (the demo model's, the trimmed history...)
+# Chainlit's stop handler says this in English beside the stopped reply (which says it in the user's language): the
+# page removes it, and it is never saved.
+CHAINLIT_STOP_NOTICE = "Task manually stopped."
 
 
 def turn_metadata(
@@ -35,9 +43,10 @@ def turn_metadata(
     return metadata
 
 
-def _metadata(step: Mapping[str, Any]) -> dict[str, Any]:
+def step_metadata(step: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved step's metadata as a dict (SQLite returns JSON columns as text; anything unreadable is empty)."""
     raw = step.get("metadata") or {}
-    if isinstance(raw, str):  # SQLite returns JSON columns as text
+    if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError:
@@ -46,7 +55,7 @@ def _metadata(step: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _turn(step: Mapping[str, Any]) -> list[Message]:
-    turn = _metadata(step).get(TURN_KEY)
+    turn = step_metadata(step).get(TURN_KEY)
     if not isinstance(turn, list):
         return []
     messages = [
@@ -59,7 +68,7 @@ def _turn(step: Mapping[str, Any]) -> list[Message]:
 
 def _counts(step: Mapping[str, Any], size: int) -> tuple[Counts, str]:
     """The counts kept with a turn of `size` messages, and who counted them (([None...], "") if none are)."""
-    kept = _metadata(step).get(TOKENS_KEY)
+    kept = step_metadata(step).get(TOKENS_KEY)
     if isinstance(kept, dict) and isinstance(kept.get("by"), str) and isinstance(kept.get("counts"), list):
         counts = kept["counts"]
         if len(counts) == size and all(c is None or (isinstance(c, int) and c >= 0) for c in counts):
@@ -100,3 +109,20 @@ def history_from_thread(thread: Mapping[str, Any]) -> list[Message]:
     history = history_from_steps(thread.get("steps") or [])
     log.info("Resumed thread %s: %d messages restored for the model", thread.get("id"), len(history))
     return history
+
+
+def asked_ids(steps: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The ids of the user messages that asked a saved thread's kept turns, oldest first (an edit of one of them
+    after a resume drops its turn, as in the chat that asked it)."""
+    found = [step_metadata(step).get(ASKED_KEY) for step in steps]
+    return [asked for asked in found if isinstance(asked, str)]
+
+
+def notices(steps: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The keys of the app's notices a saved thread was told (a resumed chat is not told the demo model again)."""
+    return {str(step_metadata(step).get(NOTICE_KEY)) for step in steps if step_metadata(step).get(NOTICE_KEY)}
+
+
+def live_steps(steps: Iterable[Step]) -> list[Step]:
+    """The replies saved while they were being written and not since (still live, or cut off)."""
+    return [step for step in steps if step_metadata(step).get(LIVE_KEY)]
