@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.app_process import CHROMIUM, CHROMIUM_ARGS, READY, start_app, wait_until
+from tests.app_process import CHROMIUM, CHROMIUM_ARGS, READY, start_app
 from tests.browser.comeback import LONG_ASK, Frames
+from tests.waiting import wait_until
 
 
 def cpu_model() -> str:
@@ -97,9 +98,9 @@ def report(result: dict[str, Any]) -> str:
         "|---|---|---|",
         *rows,
         "",
-        f"Load average (1 min) before {result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}. The "
-        "machine (two cores) was shared with other work while this ran, so the figures include its waits. The "
-        "first row is the page's own reload (the Chainlit bundle, its settings, the websocket); the rows below "
+        f"Load average (1 min) before {result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}: the "
+        "app, the engine writing its reply and Chromium share the machine's cores, and the load before says "
+        "whether anything else ran. The first row is the page's own reload (the Chainlit bundle, its settings, the websocket); the rows below "
         "show what the comeback adds on top of it.",
         "",
     ])  # fmt: skip
