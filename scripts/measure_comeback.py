@@ -100,7 +100,8 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"Load average (1 min) before {result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}: the "
         "app, the engine writing its reply and Chromium share the machine's cores, and the load before says "
-        "whether anything else ran. The first row is the page's own reload (the Chainlit bundle, its settings, the websocket); the rows below "
+        "whether anything else ran. The first row is the page's own reload (the Chainlit bundle, its settings, "
+        "the websocket); the rows below "
         "show what the comeback adds on top of it.",
         "",
     ])  # fmt: skip
