@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 import measure_api_overhead as m
 
+from backend.benchmarks.loadgen import stream_chat
 from backend.config import ROOT
 from backend.engines.base import bearer
 
@@ -34,6 +35,7 @@ for i in range(4):
 
 
 async def one(http: httpx.AsyncClient, url: str, key: str, model: str, n: int) -> tuple[float | None, float]:
+    """(ms to the opening chunk or None, ms to the first text) of one streamed request."""
     body = {
         "model": model,
         "messages": [
@@ -45,26 +47,10 @@ async def one(http: httpx.AsyncClient, url: str, key: str, model: str, n: int) -
         "max_tokens": 8,
         "temperature": 0,
     }
-    t = time.perf_counter()
-    opened: float | None = None
-    text: float | None = None
-    async with http.stream("POST", url + "/v1/chat/completions", json=body, headers=bearer(key)) as r:
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.endswith("[DONE]"):
-                continue
-            d = json.loads(line[5:])
-            ch = d.get("choices") or []
-            if not ch:
-                continue
-            delta = ch[0].get("delta") or {}
-            now = time.perf_counter()
-            if "role" in delta and not delta.get("content"):
-                opened = opened or now
-                continue
-            if delta.get("content") and text is None:
-                text = now
-    assert text is not None, "a reply without text"
-    return (opened - t) * 1000 if opened else None, (text - t) * 1000
+    streamed = await stream_chat(http, url + "/v1/chat/completions", bearer(key), body)
+    assert streamed.error is None and streamed.first_text_at is not None, streamed.error or "a reply without text"
+    opened = None if streamed.opened_at is None else (streamed.opened_at - streamed.start) * 1000
+    return opened, (streamed.first_text_at - streamed.start) * 1000
 
 
 async def main() -> None:

@@ -65,6 +65,7 @@ class Streamed:
     start: float
     chunk_times: list[float] = field(default_factory=list)  # every chunk with choices but the opening role chunk
     first_text_at: float | None = None  # the first chunk with non-empty text
+    opened_at: float | None = None  # OpenAI's opening chunk (role, no text), where the server sent one
     text: list[str] = field(default_factory=list)
     token_chunks: int = 0  # chunks with content, text or not (one token each)
     prompt_tokens: int = 0
@@ -99,7 +100,9 @@ async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str]
                     delta = choices[0].get("delta") or {}
                     content = delta.get("content")
                     if "role" in delta and not content:
-                        continue  # OpenAI's opening chunk (role, no text): a server may send it before any token
+                        # OpenAI's opening chunk (role, no text): a server may send it before any token
+                        streamed.opened_at = streamed.opened_at or now
+                        continue
                     streamed.chunk_times.append(now)
                     if content is not None:
                         streamed.token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backend.benchmarks.loadgen import RawSender, Sampling, run_level
+from backend.benchmarks.loadgen import RawSender, Sampling, run_level, stream_chat
 from backend.benchmarks.stats import RequestResult
 from backend.benchmarks.workload import BenchRequest
 
@@ -73,6 +73,10 @@ async def test_the_opening_role_chunk_is_not_a_token() -> None:
     await send.aclose()
     assert result.success, result.error
     assert result.output_tokens == 3 and len(result.itl) == 2
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        streamed = await stream_chat(http, "http://engine/v1/chat/completions", {}, {})
+    assert streamed.opened_at is not None and streamed.first_text_at is not None
+    assert streamed.start <= streamed.opened_at <= streamed.chunk_times[0], "kept apart, before the first token"
 
 
 async def test_without_ignore_eos_no_vllm_extras_are_sent() -> None:
