@@ -115,10 +115,15 @@ class Accounting:
             self._frames.popitem(last=False)
         return frame
 
-    async def whole(self, history: list[Message], new_message: Message, system: str | None = None) -> int:
-        """One count of the whole prompt: for a conversation none of whose counts are kept (the API's callers
-        send it whole each time), whose turns need counting one by one only where it does not fit."""
-        return await self.count([*head_of(system), *history, new_message])
+    async def fit_whole(
+        self, history: list[Message], new_message: Message, budget: int, system: str | None = None
+    ) -> Fitted | None:
+        """The whole conversation, with one count of it, where it fits `budget` (None where it does not): for a
+        conversation none of whose counts are kept (the API's callers send it whole each time), whose turns need
+        counting one by one (measure, fit) only to trim it."""
+        messages = [*head_of(system), *history, new_message]
+        total = await self.count(messages)
+        return Fitted(messages, total, 0) if total <= budget else None
 
     async def measure(
         self, history: list[Message], kept: Sequence[int | None], new_message: Message, system: str | None = None

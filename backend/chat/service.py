@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
-from backend.chat.context import Accounting, Counts, estimate_tokens, fit, head_of, reply_tokens
+from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, reply_tokens
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
@@ -408,21 +408,21 @@ class ChatService:
         reserve = min(int(sampling["max_tokens"]), window // 2)
         new = {"role": "user", "content": decision.user}
         accounting = self.accounting()
+        fitted: Fitted | None = None
+        frame = Frame(0, 0)
         if kept is None and history:  # nothing kept (the API): one count of the whole prompt, where it fits
-            whole = await accounting.whole(history, new, system)
-            if whole <= window - reserve:
-                sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - whole))
-                messages = [*head_of(system), *history, new]
-                return ChatRequest(messages, sampling, decision.template, decision.reason, decision.user, whole, 0)
-        measured = await accounting.measure(history, kept or [], new, system)
-        try:
-            fitted = fit(history, new, measured, window - reserve, system)
-        except PromptTooLongError as exc:
-            # A long message still goes through with a shorter reply, as long as some reply fits.
-            least = min(MIN_REPLY_TOKENS, reserve)
-            if int(str(exc.params.get("tokens", window))) > window - least:
-                raise
-            fitted = fit(history, new, measured, window - least, system)
+            fitted = await accounting.fit_whole(history, new, window - reserve, system)
+        if fitted is None:
+            measured = await accounting.measure(history, kept or [], new, system)
+            frame = measured.frame
+            try:
+                fitted = fit(history, new, measured, window - reserve, system)
+            except PromptTooLongError as exc:
+                # A long message still goes through with a shorter reply, as long as some reply fits.
+                least = min(MIN_REPLY_TOKENS, reserve)
+                if int(str(exc.params.get("tokens", window))) > window - least:
+                    raise
+                fitted = fit(history, new, measured, window - least, system)
         sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - fitted.prompt_tokens))
         return ChatRequest(
             messages=fitted.messages,
@@ -432,7 +432,7 @@ class ChatService:
             user_text=decision.user,
             prompt_tokens=fitted.prompt_tokens,
             dropped=fitted.dropped,
-            history_tokens=measured.tokens,
-            frame=measured.frame,
+            history_tokens=fitted.tokens or [],
+            frame=frame,
             user_tokens=fitted.new_tokens,
         )
