@@ -305,7 +305,7 @@ def routed(config: dict[str, Any], question: dict[str, Any]) -> tuple[list[dict[
     """The messages, sampling and template of the app's own decision for `question` on the demo model."""
     cfg = app_config()
     store, settings = app_store(config["route"]), UserSettings.defaults(cfg, True)
-    decision = decide(store, cfg, question["text"], settings, demo=True, command=config.get("command"))
+    decision = decide(store.snapshot(), cfg, question["text"], settings, demo=True, command=config.get("command"))
     sampling = dict(decision.sampling)
     if not config.get("penalties", True) and decision.template != "default":
         for key in ("frequency_penalty", "presence_penalty"):
