@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.benchmarks.plan import MIN_REQUESTS
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
+from backend.serving.hardware import cpu_model
 
 SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
@@ -120,11 +121,6 @@ COLUMNS = {
              ("decode tok/s per reply P50", "decode_tok_s.p50", 1), ("TPOT P50 ms", "tpot_ms.p50", 1),
              ("chunks bunched P50", "bunched.p50", 2), ("history cached", "history_cached", 2)),
 }  # fmt: skip
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
 def load() -> list[float]:

@@ -17,7 +17,6 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.chat.client import ChatClient
 from backend.engines.base import Endpoint
+from backend.serving.hardware import cpu_model
 
 MODEL = "stub"
 
@@ -141,8 +141,7 @@ def main() -> int:
     server = multiprocessing.Process(target=serve, args=(port, args.chunks), daemon=True)
     server.start()
     time.sleep(1.0)  # the stub binds its port
-    cpu_model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in cpu_model.splitlines() if ln.startswith("Model name")), "")
+    model = cpu_model()
     results: dict[str, list[dict[str, float]]] = {}
     for round_no in range(args.rounds):  # A B A B: every variant at every level, each round
         for streams in (int(s) for s in args.streams.split(",")):

@@ -67,6 +67,7 @@ from backend.chat.decision import decide  # the app's own decision, for the "rou
 from backend.chat.request import UserSettings
 from backend.config import AppConfig, load_config
 from backend.prompts.store import TemplateStore
+from backend.serving.hardware import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "results" / "demo-quality"
@@ -572,11 +573,6 @@ def load_results() -> dict[str, Any]:
     if RESULTS.exists():
         return json.loads(RESULTS.read_text(encoding="utf-8"))
     return {"questions": QUESTIONS, "configs": {}, "runs": []}
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
 
 
 def cmd_run(args: argparse.Namespace) -> None:

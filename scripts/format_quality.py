@@ -28,14 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.config import ROOT, load_config
 from backend.engines.base import engine_python
 from backend.engines.llamacpp import demo_gguf, quantize_binary
+from backend.serving.hardware import cpu_model
 from backend.serving.launch import make_supervisor
 
 TINY_SPM = ROOT / ".cache" / "test-models" / "tiny-ernie-spm2"
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
 def requantized(work: Path) -> dict[str, Path]:

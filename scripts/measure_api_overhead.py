@@ -44,6 +44,7 @@ from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
 from backend.engines.base import bearer
 from backend.models.resolve import DEMO_NAME
+from backend.serving.hardware import cpu_model
 
 SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
 OUT = ROOT / "results" / "api-overhead"
@@ -69,11 +70,6 @@ FIGURES = (
     ("first text P90 ms", "first_text_ms.p90"),
     ("decode tok/s per reply P50", "decode_tok_s.p50"),
 )
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
 def cpu_s(pid: int | None) -> float:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -23,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.ops.prometheus_text import sample_totals
+from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY
 
 PROMPTS = [
@@ -123,8 +123,7 @@ def main() -> None:
     load = os.getloadavg()
     rows = asyncio.run(measure(args.url, args.runs))
     health = json.load(urllib.request.urlopen(args.url + "/healthz", timeout=10))
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    cpu = cpu_model()
     ttfts = sorted(r["ttft_s"] for r in rows)
     rates = sorted(r["tokens_per_s"] for r in rows if r["tokens_per_s"])
     summary = {

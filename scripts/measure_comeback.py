@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,14 +24,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, READY, start_app
 from tests.browser.comeback import LONG_ASK, Frames
 from tests.waiting import wait_until
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
 
 
 async def one_round(browser: Any, url: str) -> dict[str, float]:

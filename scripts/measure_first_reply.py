@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, Text
 from backend.config import ROOT, load_config
+from backend.serving.hardware import cpu_model
 
 QUESTIONS = [
     "What is the capital of France?", "Name three colours.", "How many days are in a week?",
@@ -37,11 +37,6 @@ QUESTIONS = [
     "Which planet do we live on?", "What colour is the sky on a clear day?", "What is the opposite of hot?",
     "How many legs does a spider have?", "What do cows drink?",
 ]  # fmt: skip
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
 async def one_start(warm: bool, replies: int, work: Path) -> dict[str, Any]:

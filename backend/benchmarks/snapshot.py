@@ -23,7 +23,7 @@ from backend.benchmarks.run import check_options, run
 from backend.config import ROOT, AppConfig
 from backend.errors import BenchmarkError, ServiceError
 from backend.ops.baseline_history import history_file, read_history, regression
-from backend.serving.hardware import detect_gpus
+from backend.serving.hardware import cpu_model, detect_gpus
 from backend.serving.state_file import read_key, read_state
 
 # The fixed workload: small enough for a CPU (a few minutes on 2 cores), the same every day; three rounds,
@@ -72,13 +72,7 @@ def _device() -> str:
     gpus = detect_gpus()
     if gpus:
         return ", ".join(gpu.name for gpu in gpus)
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return cpu_model()
 
 
 def history_line(doc: dict[str, Any], engine: str) -> dict[str, Any]:

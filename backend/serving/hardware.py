@@ -146,6 +146,20 @@ def parse_cpu_flags(cpuinfo_text: str) -> set[str]:
     return set(match.group(1).split()) if match else set()
 
 
+def cpu_model() -> str:
+    """This machine's CPU model as `lscpu` names it ("AMD EPYC", "Intel(R) Xeon(R) Processor"), recorded beside every
+    CPU figure; /proc/cpuinfo's model name where lscpu is missing; "unknown CPU" where neither says."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for text, label in ((out, "Model name"), (_read(CPUINFO), "model name")):
+        for line in text.splitlines():
+            if line.startswith(label) and ":" in line and line.split(":", 1)[1].strip():
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def detect_cpu_flags() -> set[str]:
     """This machine's CPU flags (empty when /proc/cpuinfo cannot be read)."""
     return parse_cpu_flags(_read(CPUINFO))
