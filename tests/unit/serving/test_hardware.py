@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.serving import hardware
 from backend.serving.hardware import Gpu, gpu_label, parse_cpu_flags, parse_jetson, parse_nvidia_smi, visible_gpus
 
 
@@ -61,3 +68,23 @@ def test_the_gpus_are_named_as_the_chat_shows_them() -> None:
     mixed = parse_nvidia_smi("NVIDIA H100 80GB HBM3, 81559, 9.0\nNVIDIA A100-SXM4-40GB, 40960, 8.0")
     assert gpu_label(mixed) == "H100 80GB HBM3 + A100-SXM4-40GB"
     assert gpu_label([]) == "GPU"
+
+
+def test_the_cpu_model_is_lscpu_s_else_proc_cpuinfo_s(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: avx2\n")
+    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
+
+    def lscpu(out: str) -> Any:
+        return lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=out)
+
+    monkeypatch.setattr(hardware.subprocess, "run", lscpu("Architecture: x86_64\nModel name:   AMD EPYC\n"))
+    assert hardware.cpu_model() == "AMD EPYC"
+
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise FileNotFoundError("lscpu")
+
+    monkeypatch.setattr(hardware.subprocess, "run", missing)
+    assert hardware.cpu_model() == "Example CPU 9000"
+    cpuinfo.write_text("processor\t: 0\n")
+    assert hardware.cpu_model() == "unknown CPU"
