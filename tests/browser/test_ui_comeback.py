@@ -145,7 +145,12 @@ async def generated(app: RunningApp, data: Path, frames: Frames, reply: str, tex
     assert final is not None
     count = int(final["metadata"]["ernie_details"]["completion_tokens"])
     await asyncio.to_thread(wait_until, lambda: app.engine_metric(GENERATED) - before == count, f"{count} generated")
-    assert await asyncio.to_thread(engine_tokens, data, text) == count
+    # The text re-tokenized need not be the tokens sampled: a sampler may pick a split that the tokenizer, reading
+    # the text back, merges (seen: 159 for a 160-token reply). One token in fifty, at least two, is allowed; a lost
+    # or doubled piece of a reply is a word or more, several tokens each time, and text the engine did not write
+    # would not come near the count at all.
+    recounted = await asyncio.to_thread(engine_tokens, data, text)
+    assert abs(recounted - count) <= max(2, count // 50), (recounted, count)
     return count
 
 
