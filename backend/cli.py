@@ -40,6 +40,7 @@ from backend.prompts.store import check_folder
 from backend.serving.answers.command import check_answers_command
 from backend.serving.answers.tolerance import TOLERANCES
 from backend.serving.hardware import detect_gpus
+from backend.serving.kept import stop_command
 from backend.serving.preflight import check_flags_command
 from backend.serving.profiles import choose_profile, effective_flags
 from backend.tuning.tuner import tune_command
@@ -84,6 +85,10 @@ def _chat_kinds(text: str) -> list[str]:
 
 def _prepare_model(cfg: AppConfig, args: argparse.Namespace) -> int:
     return prepare_model_command(cfg, engine_python(cfg))
+
+
+def _stop_engine(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return stop_command(cfg)
 
 
 def _tune(cfg: AppConfig, args: argparse.Namespace) -> int:
@@ -314,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare-model",
         _prepare_model,
         "resolve the model now (converts the offline demo model once)",
+        _messages(logging.INFO),
+    )
+
+    command(
+        "stop-engine",
+        _stop_engine,
+        "stop the engine that engine.keep_running left running after the app (stop the app first)",
         _messages(logging.INFO),
     )
 

@@ -77,6 +77,7 @@ class EngineSettings(_Strict):
     python: str | None = None
     profile: str = "auto"
     flags: EngineFlags = Field(default_factory=EngineFlags)
+    keep_running: bool = False  # the engine outlives the app; the next start adopts it (backend/serving/kept.py)
 
 
 class AppSettings(_Strict):

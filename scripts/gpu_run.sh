@@ -6,6 +6,8 @@
 # usage: BUDGET_S=500 bash scripts/gpu_run.sh CALL_LABEL CONFIG...
 #        bash scripts/gpu_run.sh app-path [ROUNDS]   (the app's client against the server: scripts/gpu_app_path.py)
 #        bash scripts/gpu_run.sh first-reply [ROUNDS]  (a cold start, then warm-up off/on alternated: measure_first_reply)
+#        bash scripts/gpu_run.sh restart [ROUNDS]      (a cold start, then the kept engine adopted / a fresh start on
+#             warm caches, alternated: measure_restart)
 #        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
 #        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
 #             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
@@ -87,10 +89,18 @@ open(sys.argv[2], "wb").write(body) if len(sys.argv) > 2 else None; print(code)'
   sleep 2; echo "[chat] on the GPU after the app stopped: '$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)'"
   cp -r /tmp/chat-data/logs "$OUT/chat-logs" 2>/dev/null
   ls -lR "$OUT" | head -40; exit 0
-elif [ "$LABEL" = first-reply ]; then  # the warm-up and the compile caches (scripts/measure_first_reply.py)
+elif [ "$LABEL" = first-reply ] || [ "$LABEL" = restart ]; then  # the engine as the app starts it (ChatService)
   export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=python3 ERNIE_ENGINE__PROFILE=h200
   export ERNIE_ENGINE__FLAGS__EXTRA_ARGS='["--attention-backend", "TRITON_ATTN"]'
   export ERNIE_MODEL__ID="$W/gpubundle/ernie03b" ERNIE_MODEL__LOAD_FORMAT=dummy ERNIE_PATHS__CACHE_DIR=/tmp/ernie-cache
+  if [ "$LABEL" = restart ]; then  # the kept engine adopted against a fresh start (scripts/measure_restart.py)
+    python3 scripts/measure_restart.py --rounds "${1:-3}" --replies 10 --out "$OUT/restart" 2>&1 \
+      | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
+    for f in /tmp/restart-*/logs/engine.log; do cp "$f" "$OUT/restart/engine.log" 2>/dev/null; done
+    du -sh /tmp/ernie-cache/* 2>/dev/null
+    exit 0
+  fi
+  # the warm-up and the compile caches (scripts/measure_first_reply.py)
   python3 scripts/measure_first_reply.py --prime --rounds "${1:-2}" --replies 10 --out "$OUT/first-reply" 2>&1 \
     | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
   for f in /tmp/first-reply-*/*/logs/engine.log; do  # each start's engine log: where its seconds went

@@ -39,9 +39,12 @@ QUESTIONS = [
 ]  # fmt: skip
 
 
-async def one_start(warm: bool, replies: int, work: Path) -> dict[str, Any]:
+async def one_start(warm: bool, replies: int, work: Path, **settings: str) -> dict[str, Any]:
+    """One start of the engine as the app makes it (data folder `work`, ERNIE_* `settings` on top of the
+    environment's), `replies` first messages of fresh chats timed to their first text, then the service's stop."""
     env = {k: v for k, v in os.environ.items() if k.startswith("ERNIE_")}
     env.update({"ERNIE_SERVER__PORT": "0", "ERNIE_PATHS__DATA_DIR": str(work), "ERNIE_CHAT__MAX_TOKENS": "16"})
+    env.update(settings)
     if not warm:
         env["ERNIE_TIMEOUTS__WARMUP_S"] = "0"
     service = ChatService.from_config(load_config(environ=env))
@@ -65,6 +68,7 @@ async def one_start(warm: bool, replies: int, work: Path) -> dict[str, Any]:
             first_text_ms.append((first - sent) * 1000)
         return {
             "warm_up": warm, "ready_s": round(ready_s, 2), "warmup_s": service.supervisor.status.warmup_s,
+            "adopted": service.supervisor.status.adopted,
             "engine": service.supervisor.spec.engine if service.supervisor.spec else None,
             "first_text_ms": [round(x, 2) for x in first_text_ms],
             "first_ms": round(first_text_ms[0], 2), "later_median_ms": round(statistics.median(first_text_ms[1:]), 2),

@@ -13,9 +13,11 @@ from backend.errors import Phrase
 from backend.models.resolve import ResolvedModel
 from backend.serving.canary import Canary
 from backend.serving.hardware import Gpu, detect_gpus
+from backend.serving.kept import find_kept
 from backend.serving.preflight import check_launch
 from backend.serving.process import free_port, new_api_key
 from backend.serving.profiles import choose_profile, effective_flags
+from backend.serving.state_file import read_key
 from backend.serving.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -38,20 +40,27 @@ def make_supervisor(cfg: AppConfig, choose: Chooser | None = None) -> Supervisor
     """Return a Supervisor for `cfg`: engine, profile, port and API key are fixed here, once per run.
 
     With `choose` (engine.name auto on a CPU), the supervisor asks it before the first start which engine and
-    format to run, and wires itself again with the answer."""
-    api_key = cfg.server.api_key or new_api_key()
+    format to run, and wires itself again with the answer. An engine an earlier run kept running (engine.keep_running,
+    backend/serving/kept.py) lends its key and port, so that an unchanged launch can adopt it."""
     python = engine_python(cfg)
     configured = configured_engine(cfg)
     if configured is not None and not configured.spawns:
+        api_key = cfg.server.api_key or new_api_key()
         target = Target(cfg.model.id, 0, api_key, python)
         spec = configured.launch(cfg, target, configured.flags(cfg, cfg.engine.flags))
         return Supervisor(cfg, lambda: spec, Endpoint(spec.base_url, api_key, spec.served_name), spec.flags)
 
+    kept = find_kept(cfg)
+    reuse = kept if kept is not None and cfg.engine.keep_running else None
+    # The key of the last start, kept in engine.key: vLLM hashes its environment, VLLM_API_KEY included, into the
+    # name of its compile cache, so a new key per start would compile afresh each time (docs/engines.md).
+    api_key = cfg.server.api_key or (reuse.api_key if reuse else read_key(cfg) or new_api_key())
     gpus = detect_gpus()
-    port = cfg.server.port or free_port(cfg.server.host)
+    port = cfg.server.port or (reuse.port if reuse else free_port(cfg.server.host))
     endpoint = Endpoint(f"http://{cfg.server.host}:{port}", api_key, cfg.model.served_name)
     supervisor = Supervisor(cfg, lambda: _unwired(), endpoint, EngineFlags())  # wired on the next line
     supervisor.gpus = gpus
+    supervisor.kept = kept
     _wire(supervisor, cfg, None, python, gpus, port)
     if choose is not None and not gpus:
 

@@ -1,7 +1,8 @@
 """The engine's child process and what it needs: a free port, a fresh API key, a log file that rotates.
 
 The child runs in its own process group (so stopping it stops its workers too) and gets SIGTERM if the
-app dies, even by SIGKILL; its output is appended to the engine log, rotated past 20 MiB.
+app dies, even by SIGKILL (unless it is kept running: backend/serving/kept.py); its output is appended to the
+engine log, rotated past 20 MiB.
 """
 
 from __future__ import annotations
@@ -52,14 +53,77 @@ def guarded(argv: list[str]) -> list[str]:
     return [sys.executable, str(DIE_WITH_PARENT), str(os.getpid()), "--", *argv]
 
 
-class EngineProcess:
-    """One child process running the engine in its own process group, output appended to a log file."""
+class ProcessGroup:
+    """An engine process leading its own process group, its output in a log file: watched, tailed and stopped."""
 
-    def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
-        self.spec = spec
+    def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
+        self._offset = 0  # where this start's lines begin in the log
+
+    @property
+    def pid(self) -> int | None:
+        raise NotImplementedError
+
+    def exit_code(self) -> int | None:
+        """The process's exit code, or None while it runs."""
+        raise NotImplementedError
+
+    async def _reaped(self) -> int | None:
+        """Wait for the leader to be gone after SIGKILL; its exit code."""
+        raise NotImplementedError
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        """The last lines this start wrote to the log."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(self._offset)
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def signal_group(self, sig: int) -> None:
+        if self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def stop(self, grace_s: float) -> int | None:
+        """Stop the whole process group: SIGTERM, wait up to grace_s, then SIGKILL; return the exit code."""
+        if self.pid is None:
+            return None
+        if self.exit_code() is None:
+            self.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while self.exit_code() is None and time.monotonic() < deadline:  # noqa: ASYNC110 (a process, no event)
+                await asyncio.sleep(0.1)
+        # SIGKILL the group even when the leader is gone: its own children may linger.
+        self.signal_group(signal.SIGKILL)
+        code = await self._reaped()
+        await self._group_gone(GROUP_GONE_S)
+        return code
+
+    async def _group_gone(self, timeout_s: float) -> bool:
+        """Wait until no process of the group is left (SIGKILL is delivered asynchronously)."""
+        assert self.pid is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not group_alive(self.pid):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+
+class EngineProcess(ProcessGroup):
+    """One child process running the engine in its own process group, output appended to a log file.
+
+    `guard`: the child gets SIGTERM when the app dies (off only for an engine kept running, backend/serving/kept.py)."""
+
+    def __init__(self, spec: LaunchSpec, log_path: Path, guard: bool = True) -> None:
+        super().__init__(log_path)
+        self.spec = spec
+        self.guard = guard
         self.proc: subprocess.Popen[bytes] | None = None
-        self._offset = 0
 
     def start(self) -> None:
         """Spawn the child from its argument list; its output goes to the log file."""
@@ -74,7 +138,7 @@ class EngineProcess:
             if self.spec.cwd:
                 Path(self.spec.cwd).mkdir(parents=True, exist_ok=True)
             self.proc = subprocess.Popen(
-                guarded(self.spec.argv),
+                guarded(self.spec.argv) if self.guard else self.spec.argv,
                 cwd=self.spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -88,52 +152,14 @@ class EngineProcess:
         return self.proc.pid if self.proc else None
 
     def exit_code(self) -> int | None:
-        """The child's exit code, or None while it runs."""
         return None if self.proc is None else self.proc.poll()
 
-    def tail(self, lines: int = TAIL_LINES) -> str:
-        """The last lines this start wrote to the log."""
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(self._offset)
-                text = fh.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
-
-    def signal_group(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-
-    async def stop(self, grace_s: float) -> int | None:
-        """Stop the whole process group: SIGTERM, wait up to grace_s, then SIGKILL; return the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.signal_group(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while self.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 (a child, not an event)
-                await asyncio.sleep(0.1)
-        # SIGKILL the group even when the leader is gone: its own children may linger.
-        self.signal_group(signal.SIGKILL)
-        code = await asyncio.to_thread(self.proc.wait)
-        await self._group_gone(GROUP_GONE_S)
-        return code
-
-    async def _group_gone(self, timeout_s: float) -> bool:
-        """Wait until no process of the child's group is left (SIGKILL is delivered asynchronously)."""
+    async def _reaped(self) -> int | None:
         assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _group_alive(self.proc.pid):
-                return True
-            await asyncio.sleep(0.02)
-        return False
+        return await asyncio.to_thread(self.proc.wait)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Whether a process of group `pgid` still runs (zombies waiting for their reaper do not count)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):

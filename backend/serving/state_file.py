@@ -15,14 +15,18 @@ from backend.config import AppConfig
 from backend.engines.base import LaunchSpec
 
 
-def write_state(cfg: AppConfig, spec: LaunchSpec, pid: int | None) -> None:
-    """Record the engine that just started (never fails the start: a read-only data folder only loses this)."""
+def write_state(cfg: AppConfig, spec: LaunchSpec, pid: int | None, run: str = "", launch: str = "") -> None:
+    """Record the engine that just started (never fails the start: a read-only data folder only loses this); `run`
+    and `launch` are its run mark and launch fingerprint (backend/serving/kept.py)."""
     state = {
         "engine": spec.engine,
         "base_url": spec.base_url,
         "pid": pid,
         "served_name": spec.served_name,
         "log": str(cfg.paths.engine_log),
+        "run": run,
+        "launch": launch,
+        "kept": cfg.engine.keep_running,
     }
     with contextlib.suppress(OSError):
         cfg.paths.engine_state.write_text(json.dumps(state, indent=2), encoding="utf-8")

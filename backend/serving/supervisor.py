@@ -37,7 +37,8 @@ from backend.errors import (
 )
 from backend.serving.canary import Canary, Rejected, crash_signal
 from backend.serving.hardware import Gpu
-from backend.serving.process import EngineProcess, port_is_free
+from backend.serving.kept import Kept, KeptProcess, fingerprint, marked, new_run
+from backend.serving.process import EngineProcess, ProcessGroup, port_is_free
 from backend.serving.readiness import is_healthy, is_ready
 from backend.serving.state_file import write_state
 
@@ -68,6 +69,7 @@ class Status:
     note: str | None = None
     progress: Phrase | None = None  # what the start is doing beyond starting (measuring the engines: the tune)
     warmup_s: float | None = None  # what the last start's warm-up took (None: none ran)
+    adopted: bool = False  # the engine serving was kept running by an earlier run and adopted (kept.py)
 
     @property
     def elapsed_s(self) -> float:
@@ -128,7 +130,10 @@ class Supervisor:
         self._flags = flags
         self.canary = canary
         self.spec: LaunchSpec | None = None
-        self.process: EngineProcess | None = None
+        self.process: ProcessGroup | None = None
+        # An engine an earlier run of the app left running (engine.keep_running): adopted or stopped at the first
+        # start (backend.serving.launch finds it).
+        self.kept: Kept | None = None
         self.status = Status()
         self._ready = asyncio.Event()
         self._retry = asyncio.Event()
@@ -195,13 +200,20 @@ class Supervisor:
             self._retry.set()
 
     async def stop(self) -> None:
-        """Stop supervising and stop the engine: terminate, wait, kill. Leaves no child behind."""
+        """Stop supervising and stop the engine: terminate, wait, kill. Leaves no child behind, except a ready engine
+        with engine.keep_running on, which the next start adopts (backend/serving/kept.py)."""
         self._stopping = True
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._stop_process()
+        if self.cfg.engine.keep_running and self._ready.is_set() and self.process is not None:
+            process, self.process = self.process, None
+            _LEFT_RUNNING.append(process)
+            self._ready.clear()
+            log.info("Engine pid %s keeps running (engine.keep_running): the next start adopts it", process.pid)
+        else:
+            await self._stop_process()
         self._set(State.STOPPED)
 
     # ----- the loop ---------------------------------------------------------------------------
@@ -316,14 +328,21 @@ class Supervisor:
             if known:
                 raise Rejected(known)
             canary.prefetch_reference(spec.weights)
-        if not port_is_free(spec.host, spec.port):
-            raise EngineStartError.of("engine.port_in_use", port=spec.port, host=spec.host)
-        process = EngineProcess(spec, self.log_path)
+        run = new_run()
+        launch = fingerprint(marked(spec, run))
+        kept, self.kept = self.kept, None
+        process: ProcessGroup | None = await self._adopt(kept, spec, launch) if kept is not None else None
+        self.status.adopted = process is not None
+        if process is None:
+            if not port_is_free(spec.host, spec.port):
+                raise EngineStartError.of("engine.port_in_use", port=spec.port, host=spec.host)
+            child = EngineProcess(spec, self.log_path, guard=not self.cfg.engine.keep_running)
+            child.start()
+            write_state(self.cfg, spec, child.pid, run, launch)
+            log.info("Engine %s started (pid %s), log: %s", spec.engine, child.pid, self.log_path)
+            process = child
         self.process = process
-        process.start()
         self.status.pid = process.pid
-        write_state(self.cfg, spec, process.pid)
-        log.info("Engine %s started (pid %s), log: %s", spec.engine, process.pid, self.log_path)
         try:
             await self._wait_ready(process, spec)
             if canary is not None and spec.weights is not None:
@@ -333,6 +352,24 @@ class Supervisor:
             await self._stop_process()
             raise
         self._set(State.READY)
+
+    async def _adopt(self, kept: Kept, spec: LaunchSpec, launch: str) -> KeptProcess | None:
+        """The engine an earlier run kept running, adopted when keep_running is on, it runs the launch `spec` would
+        make and it answers; else stopped (None): a fresh engine starts in its place."""
+        if not self.cfg.engine.keep_running:
+            why = "engine.keep_running is off"
+        elif kept.launch != launch:
+            why = "this start's launch differs (flags, model, format, port or engine version)"
+        elif not await kept.answers(spec):
+            why = "it did not answer as ready"
+        else:
+            write_state(self.cfg, spec, kept.pid, kept.run, launch)
+            log.info("Engine %s adopted: pid %s, kept running by an earlier run, at %s", spec.engine, kept.pid,
+                     spec.base_url)  # fmt: skip
+            return KeptProcess(kept, self.log_path)
+        log.info("Stopping the engine an earlier run kept running (pid %s): %s", kept.pid, why)
+        await KeptProcess(kept, self.log_path).stop(self.cfg.timeouts.stop_grace_s)
+        return None
 
     async def _warm(self) -> None:
         """The warm-up (self.warm_up), within timeouts.warmup_s; one that fails or is slow is logged, not fatal
@@ -352,7 +389,7 @@ class Supervisor:
         finally:
             self.status.progress = progress
 
-    async def _wait_ready(self, process: EngineProcess | None, spec: LaunchSpec) -> None:
+    async def _wait_ready(self, process: ProcessGroup | None, spec: LaunchSpec) -> None:
         started = time.monotonic()
         deadline = started + self.cfg.timeouts.startup_s
         headers = bearer(spec.api_key)
@@ -421,6 +458,11 @@ class Supervisor:
             self._ready.clear()
         for listener in self._listeners:
             listener(self.status)
+
+
+# Engines left running at a stop (engine.keep_running): held, so that Python neither warns about nor reaps a child
+# that outlives its supervisor on purpose.
+_LEFT_RUNNING: list[ProcessGroup] = []
 
 
 def _worth_retrying(exc: BaseException) -> bool:

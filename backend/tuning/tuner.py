@@ -74,7 +74,7 @@ def candidate_config(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Ap
     chosen = engine.in_format(cfg, fmt)
     return chosen.model_copy(
         update={
-            "engine": chosen.engine.model_copy(update={"name": engine.name}),
+            "engine": chosen.engine.model_copy(update={"name": engine.name, "keep_running": False}),
             "server": chosen.server.model_copy(update={"port": 0, "api_key": None}),
             "paths": chosen.paths.model_copy(update={"data_dir": str(data)}),
         }
