@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from backend.chat.service import ChatService
 from backend.config import AppConfig, EngineFlags, EngineName
 from backend.engines.base import LaunchSpec, Target
 from backend.engines.registry import engine
@@ -40,3 +43,13 @@ async def failed_start(cfg: AppConfig) -> Status:
         return dataclasses.replace(supervisor.status)  # a copy: stopping changes the supervisor's own
     finally:
         await supervisor.stop()
+
+
+async def serving(cfg: AppConfig, timeout_s: float = 600.0) -> ChatService:
+    """The app's chat service for `cfg`, started and ready (the test fails with the supervisor's status if not)."""
+    service = ChatService.from_config(cfg)
+    service.start()
+    if not await service.supervisor.wait_ready(timeout_s):
+        await service.stop()
+        pytest.fail(f"{cfg.engine.name} not ready: {service.supervisor.status}")
+    return service

@@ -21,11 +21,11 @@ from backend.engines.llamacpp import DEFAULT_PREFIX
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.kept import RUN_MARK, find_kept
 from backend.serving.process import group_alive
+from tests.launching import serving
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-GENEROUS_S = 300.0  # waits that end as soon as their condition holds; only a broken engine reaches them
 PREDICTED = "llamacpp:tokens_predicted_total"
 ASK = [{"role": "user", "content": "Name three colours."}]
 
@@ -62,15 +62,6 @@ async def leftovers(folders: dict[str, Path]) -> AsyncIterator[None]:
     kept = find_kept(cfg)
     if kept is not None:
         os.killpg(kept.pid, 9)
-
-
-async def serving(cfg: AppConfig) -> ChatService:
-    service = ChatService.from_config(cfg)
-    service.start()
-    if not await service.supervisor.wait_ready(GENEROUS_S):
-        await service.stop()
-        pytest.fail(f"llama.cpp not ready: {service.supervisor.status}")
-    return service
 
 
 async def predicted(service: ChatService) -> float:

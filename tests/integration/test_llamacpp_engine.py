@@ -31,6 +31,7 @@ from backend.serving import supervisor as supervisor_module
 from backend.serving.answers.reference import Reference
 from backend.serving.process import port_is_free
 from backend.serving.supervisor import State
+from tests.launching import serving
 from tests.streams import cancel_at_first_piece, leave_at_first_piece
 
 pytestmark = pytest.mark.integration
@@ -88,15 +89,6 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
         yield mp
 
 
-async def started(cfg: AppConfig) -> ChatService:
-    service = ChatService.from_config(cfg)
-    service.start()
-    if not await service.supervisor.wait_ready(GENEROUS_S):
-        await service.stop()
-        pytest.fail(f"llama.cpp not ready: {service.supervisor.status}")
-    return service
-
-
 def check_of(service: ChatService) -> dict[str, object]:
     assert service.supervisor.canary is not None
     return service.supervisor.canary.summary()
@@ -126,7 +118,7 @@ async def tiny_llama(
     """llama.cpp serving the tiny model, converted to q8_0 by the service itself on its first start."""
     root = tmp_path_factory.mktemp("tiny-llama")
     cfg = llama_config(root / "data", root / "cache", spm_model, llamacpp__quantization="q8_0")
-    service = await started(cfg)
+    service = await serving(cfg)
     try:
         yield service
     finally:
@@ -145,7 +137,7 @@ async def demo_llama(
     monkeypatch_module.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
     root = tmp_path_factory.mktemp("demo-llama")
     cfg = llama_config(root / "data", shared_cache, "baidu/ERNIE-4.5-0.3B-PT", canary__dir=root / "canary")
-    service = await started(cfg)
+    service = await serving(cfg)
     try:
         yield service
     finally:
@@ -209,7 +201,7 @@ async def test_each_quantization_passes_the_answer_check_against_hf_float32(
     cfg = llama_config(
         tmp_path / "data", shared_cache, spm_model, llamacpp__quantization=quant, canary__dir=tmp_path / "canary"
     )
-    service = await started(cfg)
+    service = await serving(cfg)
     try:
         assert_checked(service)
         assert str(cached_gguf(cfg, spm_model, quant)) in cmdline(service.supervisor.status.pid)
@@ -395,7 +387,7 @@ async def test_kernels_that_crash_are_replaced_by_the_next_variant(
     shutil.copy(trap_library(tmp_path), prefix / "bin" / "cpu" / "libggml-cpu-haswell.so")
     shutil.copy(real / "bin" / "cpu" / "libggml-cpu-x64.so", prefix / "bin" / "cpu" / "libggml-cpu-x64.so")
     cfg = llama_config(tmp_path / "data", shared_cache, spm_model, llamacpp__prefix=prefix, canary__dir=tmp_path / "c")
-    service = await started(cfg)
+    service = await serving(cfg)
     try:
         check = check_of(service)
         assert check["candidate"] == "llama.cpp x64"
@@ -411,7 +403,7 @@ async def test_stop_leaves_no_process_and_frees_the_port(
     llama_server: Path, spm_model: Path, shared_cache: Path, tmp_path: Path
 ) -> None:
     cfg = llama_config(tmp_path / "data", shared_cache, spm_model, llamacpp__quantization="q8_0")
-    service = await started(cfg)
+    service = await serving(cfg)
     pid = service.supervisor.status.pid
     port = int(service.endpoint.base_url.rsplit(":", 1)[1])
     assert pid is not None
