@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.chat.i18n import t
+from backend.chat.saved import SYSTEM_AUTHOR
 from tests.app_process import FakeEngine, start_app
 from tests.chat_api import ChatSocket, rendered_finished
 
@@ -40,7 +42,12 @@ async def test_stop_while_the_request_is_prepared_ends_the_turn_without_an_error
             await chat.close()
         finally:
             app.kill()
-    errors = [line for line in logged.splitlines() if " - ERROR - " in line]
-    assert not errors, errors
+    # the app's log lines (time - level - logger - message): the reply stopped before it began, no error
+    records = [line.split(" - ", 3) for line in logged.splitlines() if line.count(" - ") >= 3]
+    began = [r[1:3] for r in records if r[3].endswith(" stopped before it began")]
+    assert began == [["INFO", "backend.chat.live"]], logged
+    assert [r for r in records if r[1] in ("ERROR", "CRITICAL")] == [], logged
+    # the page: the chat's own stop notice last, and no error on the way
+    assert shown[-1] == (SYSTEM_AUTHOR, t("stopped", "en-US")), shown
     assert not [(name, text) for name, text in shown if name == "Error" or "⚠" in str(text)], shown
     assert engine.conversations() == [[("user", "Hello again")]], "the stopped message never reached the model"

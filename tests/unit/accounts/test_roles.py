@@ -64,10 +64,12 @@ def test_add_user_sets_a_role_and_keeps_it_on_a_password_change(
     assert read_users_document(path)[1] == {}
     assert add_user(["bob", "--print", "--role", "admin"], "bob-password", monkeypatch) == 0
     assert capsys.readouterr().out.strip().endswith(":admin")
+    before = path.read_bytes()
     with pytest.raises(SystemExit) as refused:
         add_user(["bob", "--file", str(path), "--role", "boss"], "bob-password", monkeypatch)
     assert refused.value.code == 2
-    assert "bob" not in read_users_document(path)[0]
+    assert path.read_bytes() == before, "an unknown role: the file is left as it was"
+    assert set(read_users_document(path)[0]) == {"alice"}
 
 
 def test_a_users_file_problem_is_catalogued_and_reads_in_chinese(tmp_path: Path) -> None:

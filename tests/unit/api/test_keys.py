@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import pytest
 from sqlalchemy import text
@@ -29,8 +30,10 @@ async def test_a_key_is_shown_once_and_kept_only_as_its_hash(keys: KeyStore) -> 
     assert key not in [str(v) for v in stored.values()], "the key itself is never stored"
     assert stored["key_hash"] == key_hash(key)
     assert key not in str(info.json())
+    assert stored["last_used_at"] is None and info.last_used_at is None, "not used yet"
     assert await keys.owner(key) == "alice"
-    assert (await keys.list("alice"))[0].last_used_at is not None
+    used = (await keys.list("alice"))[0].last_used_at
+    assert used is not None and datetime.fromisoformat(used) >= datetime.fromisoformat(info.created_at), "its use noted"
 
 
 async def test_lists_are_per_user_and_a_revoked_key_stops_working(keys: KeyStore) -> None:
@@ -42,8 +45,11 @@ async def test_lists_are_per_user_and_a_revoked_key_stops_working(keys: KeyStore
         await keys.revoke(alice.id, user="bob")  # not bob's key
     assert refused.value.code == "api.no_such_key"
     assert await keys.owner(alice_key) == "alice"
+    assert alice.revoked_at is None
     revoked = await keys.revoke(alice.id, user="alice")
+    assert (revoked.id, revoked.user) == (alice.id, "alice")
     assert revoked.revoked_at is not None
+    assert datetime.fromisoformat(revoked.revoked_at) >= datetime.fromisoformat(alice.created_at)
     assert await keys.owner(alice_key) is None
     assert await keys.list("alice") == []
     assert [k.id for k in await keys.list("alice", revoked=True)] == [alice.id]

@@ -61,7 +61,8 @@ def test_tags_are_unique_to_the_conversation_and_the_call() -> None:
 
 def test_shapes_that_make_no_sense_are_refused() -> None:
     for bad in ({"turns": 0}, {"message_tokens": (0, 5)}, {"reply_tokens": (30, 20)}):
-        with pytest.raises(ValueError):
+        [field] = bad
+        with pytest.raises(ValueError, match=f"^{field} must be "):  # the field at fault, named first
             ChatShape(**bad)  # type: ignore[arg-type]
 
 

@@ -101,6 +101,15 @@ def test_comparison_claims_only_beyond_the_spread() -> None:
     assert overhead["tok_s_loss_claim"] == WITHIN_SPREAD
 
 
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    """The data rows (cell by cell) of the tables in the section whose heading line starts with `heading`."""
+    section = text.split(f"\n{heading}", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("|")
+    ]
+    return [row for row in rows if row[0] not in ("target", "dataset") and not row[0].startswith("---")]
+
+
 def test_markdown_tables_show_median_and_range() -> None:
     text = markdown(document())
     assert text.startswith("# Benchmark unit")
@@ -113,7 +122,15 @@ def test_markdown_tables_show_median_and_range() -> None:
     assert row in text
     assert "| 3,072 (3,072-3,072) MiB (test) |" in text
     assert "| server (HTTP) | 1 | 200 / 200 / 200 / 200 | 10.0 / 10.0 / 10.0 / 10.0 |" in text  # percentiles
-    assert "| prompts_zh" not in text and "| server (HTTP) | 1 | 1 × 1 | 0 | 64 | 10.5 | 0.50 |" in text
+    # prompts_zh ran on the server alone: a table of its own, and no row in the comparisons, which need HF or the app
+    [zh_row, zh_percentiles] = table_rows(text, "## Dataset: prompts_zh")
+    assert zh_row[:7] == ["server (HTTP)", "1", "1 × 1", "0", "64", "10.5", "0.50"]
+    assert zh_percentiles[:3] == ["server (HTTP)", "1", "300 / 300 / 300 / 300"]
+    assert [row[:2] for row in table_rows(text, "## Server against HF transformers")] == [
+        ["synthetic", "1"],
+        ["synthetic", "4"],
+    ]
+    assert [row[:2] for row in table_rows(text, "## App overhead")] == [["synthetic", "1"]]
     comparison = "| synthetic | 1 | 11.0 (10.0-12.2) | 5.5 (5.0-6.1) | 2.00× | 200 (200-200) / 500 (500-500) ms |"
     assert comparison in text and f"| {WITHIN_SPREAD} |" in text
     assert f"| synthetic | 4 | 22.0 (20.0-23.2) | 5.5 | {ONE_ROUND} |" in text

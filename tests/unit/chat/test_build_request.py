@@ -386,7 +386,7 @@ async def test_kept_counts_of_another_model_are_counted_again(build: Build) -> N
     kept = svc.resumed_session(turn(1), {}, [], ([12, 12], svc.counter_id()))
     client.counted.clear()
     [e async for e in svc.reply(kept, "hello")]
-    assert turn(1) not in client.counted
+    assert client.counted == [[{"role": "user", "content": "hello"}]], "this model's kept counts: the new message only"
 
 
 async def test_the_workshops_view_shares_the_token_accounting(build: Build, prompts: Path) -> None:

@@ -100,7 +100,9 @@ async def test_a_connection_the_server_had_closed_is_asked_again_once() -> None:
 
     client = client_of(server)
     client.http = httpx.AsyncClient(transport=httpx.MockTransport(closing))
-    assert await client.count_tokens([{"role": "user", "content": "one two three"}]) is not None
+    asked: list[Message] = [{"role": "user", "content": "one two three"}]
+    assert await client.count_tokens(asked) == len(chatml(asked).split()), "the count the second asking got"
+    assert server.paths == ["/apply-template", "/tokenize"], "the closed connection's request reached no server"
     failures[:] = [1, 1]
     with pytest.raises(BackendError) as broken:  # two failures in a row reach the caller
         await client.count_tokens([{"role": "user", "content": "four five"}])

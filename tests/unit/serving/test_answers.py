@@ -129,22 +129,39 @@ def test_a_flat_random_model_full_of_near_ties_passes() -> None:
     assert verdict.stats.top1_agree < verdict.stats.positions, "the noise does reorder the near ties"
 
 
-@pytest.mark.parametrize("scale", [0.05, 0.25, 1.0, 4.0])
-def test_shuffled_logits_fail(scale: float) -> None:
+def top_token_missed(reference: Reference) -> str:
+    """The first failure the top-k rule reports: the reference's top token at the first position, not listed."""
+    first = reference.prompts[0]
+    return (
+        f"prompt {first.name!r} position 0: the reference's top token {first.positions[0].top[0][0]} "
+        f"is not in the engine's top {BF16.top_k}"
+    )
+
+
+@pytest.mark.parametrize(("scale", "caught_by"), [(0.05, "overlap"), (0.25, "top-k"), (1.0, "top-k"), (4.0, "top-k")])
+def test_shuffled_logits_fail(scale: float, caught_by: str) -> None:
     """Also on the flat distributions (0.05) where every position is a near tie: the top lists stop overlapping."""
     truth = model(scale)
     reference = reference_from(truth)
     verdict = compare(reference, observe(reference, shuffled(truth)), BF16)
     assert not verdict.passed
-    assert verdict.stats.topk_overlap_mean < 0.3
-    assert "top lists share" in verdict.reason or "prompt 'en' position 0" in verdict.reason
+    assert verdict.stats.topk_overlap_mean < min(0.3, BF16.min_overlap)
+    if caught_by == "overlap":  # the top-k rule skips near ties: the overlap rule alone names the failure
+        assert verdict.stats.topk_misses == 0
+        assert verdict.reason.startswith(
+            f"the engine's top lists share {verdict.stats.topk_overlap_mean:.2f} of the reference's tokens on average"
+        )
+    else:  # the first position already misses the reference's top token
+        assert verdict.stats.topk_misses > 0
+        assert verdict.reason.startswith(top_token_missed(reference))
 
 
 def test_another_models_logits_fail() -> None:
     reference = reference_from(model(1.0, seed=0))
     verdict = compare(reference, observe(reference, model(1.0, seed=99)), BF16)
     assert not verdict.passed
-    assert "nats" in verdict.reason or "top token" in verdict.reason
+    assert verdict.stats.topk_misses == verdict.stats.positions > 0, "no position's top token is in the other's top"
+    assert verdict.reason.startswith(top_token_missed(reference))
 
 
 def test_logits_off_by_more_than_the_tolerance_fail() -> None:
@@ -153,7 +170,10 @@ def test_logits_off_by_more_than_the_tolerance_fail() -> None:
     reference = reference_from(truth)
     verdict = compare(reference, observe(reference, truth, noise=0.3), BF16)
     assert not verdict.passed
-    assert verdict.stats.median > BF16.median_nats or verdict.stats.max > BF16.max_nats
+    # the top tokens still agree (no top-k miss, no template mismatch): the median |Δ| is what fails, named first
+    assert verdict.stats.topk_misses == 0 and verdict.stats.template_mismatches == 0
+    assert verdict.stats.median > BF16.median_nats
+    assert verdict.reason.startswith(f"median |Δ logprob| {verdict.stats.median:.4f} nats exceeds {BF16.median_nats}")
 
 
 def test_a_wrong_template_fails_and_says_where() -> None:

@@ -53,7 +53,9 @@ def test_jetson_from_device_tree() -> None:
 def test_not_a_jetson() -> None:
     assert parse_jetson("", "MemTotal: 100 kB") is None
     assert parse_jetson("Raspberry Pi 5 Model B", "MemTotal: 100 kB") is None
-    assert parse_jetson("", "MemTotal: 8000000 kB", is_tegra=True) is not None
+    # a Tegra machine without a device-tree model name is still one: the family name, its memory, no known cc
+    tegra = parse_jetson("", "MemTotal: 8000000 kB", is_tegra=True)
+    assert tegra == Gpu("NVIDIA Jetson", 8000000 // 1024, None, unified_memory=True)
 
 
 def test_cpu_flags() -> None:

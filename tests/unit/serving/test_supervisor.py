@@ -188,7 +188,9 @@ async def test_killed_engine_is_restarted(tmp_path: Path) -> None:
     assert first is not None
     os.killpg(first, signal.SIGKILL)
     await until(lambda: sup.status.restarts == 1 and sup.ready)
-    assert sup.status.pid != first
+    second = sup.status.pid
+    assert second is not None and second != first and alive(second), "a new engine process runs"
+    assert not alive(first)
     await sup.stop()
 
 

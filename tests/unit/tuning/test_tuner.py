@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from backend.chat.i18n import t
 from backend.chat.render import serving_status, wait_text
 from backend.chat.turn import EngineWait, Serving
 from backend.config import AppConfig, load_config
@@ -139,7 +140,10 @@ def test_the_starting_notice_shows_the_tune_progress_in_the_users_language() -> 
     zh = wait_text(EngineWait("starting", 12.0, progress=step), "zh-CN")
     assert "llama.cpp q8_0, 2 of 3" in en and "starting" in en
     assert "llama.cpp q8_0（第 2 个，共 3 个）" in zh
-    assert "llama.cpp" not in wait_text(EngineWait("starting", 12.0), "en-US")
+    # the tune's step is a line of its own below the plain notice, which a start without a tune shows alone
+    plain = wait_text(EngineWait("starting", 12.0), "en-US")
+    assert plain == t("starting", "en-US", elapsed=12.0)
+    assert en == f"{plain}\n\n🔎 {step.text('en-US')}"
     first_page = serving_status(Serving("ERNIE-4.5-0.3B-PT", "", "", "starting", 12.0, progress=step), "zh-CN")
     assert first_page["state"].startswith("正在启动") and "（第 2 个，共 3 个）" in first_page["state"]
 

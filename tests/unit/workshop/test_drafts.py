@@ -14,7 +14,7 @@ from backend.config import ROOT
 from backend.engines.base import LaunchSpec
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.schema import Reason
-from backend.prompts.store import check_folder
+from backend.prompts.store import TemplateStore, check_folder
 from backend.workshop.drafts import (
     chat_view,
     draft_folder,
@@ -74,8 +74,9 @@ def test_a_good_draft_is_the_template_the_chat_would_load(folder: Path) -> None:
         assert check.problems == []
         assert check.template is not None and check.template.name == "poem" and check.template.priority == 5
         assert "poem" in check.store.names() and "writing" in check.store.names()
+    shipped = TemplateStore(folder).names()
     with draft_folder(folder, "writing", None) as without:
-        assert "writing" not in without.store.names()
+        assert without.store.names() == [name for name in shipped if name != "writing"], "the others all stay"
 
 
 def test_editing_an_existing_file_replaces_it_in_the_check(folder: Path) -> None:

@@ -53,8 +53,9 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as failed:
         atomic_write(path, "new\n")
+    assert failed.value.errno == 28, "the disk's own error reaches the caller"
     assert path.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["poem.yaml"]
 
