@@ -25,6 +25,7 @@ COMMANDS = [
     "check-config",
     "loadtest",
     "prepare-model",
+    "stop-engine",
     "tune",
     "check-flags",
     "build-trt-engine",
@@ -42,6 +43,7 @@ WORKERS = {
     "check-config": "print_config",
     "loadtest": "loadtest_command",
     "prepare-model": "prepare_model_command",
+    "stop-engine": "stop_command",
     "tune": "tune_command",
     "check-flags": "check_flags_command",
     "build-trt-engine": "build_trt_engine_command",
@@ -230,6 +232,10 @@ def test_prepare_model_and_convert_gguf(cfg: AppConfig, monkeypatch: pytest.Monk
     want = mock.call(cfg, python, tool, Path("some/folder"), "q4_k_m")
     assert called(monkeypatch, "convert_gguf_command", argv) == want
     assert called(monkeypatch, "convert_gguf_command", ["convert-gguf"]) == mock.call(cfg, python, tool, None, None)
+
+
+def test_stop_engine(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert called(monkeypatch, "stop_command", ["stop-engine"]) == mock.call(cfg)
 
 
 def test_check_flags(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
