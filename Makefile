@@ -68,9 +68,10 @@ $(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed backend/child/llamacpp_build
 	touch $@
 
 ## test: the whole suite: lint, type check, template check, unit, integration and browser tests, in a shuffled
-## order (pytest-randomly prints the seed; `pytest -p randomly --randomly-seed=N` repeats an order)
+## order (pytest-randomly prints the seed; `pytest -p randomly --randomly-seed=N` repeats an order); the 30 slowest
+## steps are listed at the end (where CI's minutes go: it must finish well within its hour)
 test: setup browser-deps lint
-	$(VENV)/bin/python -m pytest -p randomly
+	$(VENV)/bin/python -m pytest -p randomly --durations=30
 
 ## lint: ruff, mypy on backend/, and the prompt templates
 lint: $(VENV)/.installed
