@@ -29,6 +29,7 @@ def health_payload(service: ChatService) -> dict[str, Any]:
             "for_s": round(st.elapsed_s, 1),
             "restarts": st.restarts,
             "pid": st.pid,
+            "adopted": st.adopted,  # kept running by the app's last run and adopted (engine.keep_running)
             "error": st.error,
             "base_url": service.endpoint.base_url,
             "model": service.endpoint.model,

@@ -19,6 +19,7 @@ from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.llamacpp import DEFAULT_PREFIX
 from backend.ops.prometheus_text import sample_totals
+from backend.ops.web import health_payload
 from backend.serving.kept import RUN_MARK, find_kept
 from backend.serving.process import group_alive
 from tests.launching import serving
@@ -100,6 +101,7 @@ async def test_the_next_service_adopts_the_engine_kept_running_and_a_changed_lau
     try:
         status = second.supervisor.status
         assert status.adopted and status.pid == pid, status
+        assert health_payload(second)["engine"]["adopted"] is True, "/healthz says so"
         # The same process: its own counter still holds the first service's tokens, and it goes on answering.
         before = await predicted(second)
         assert before >= generated
