@@ -335,10 +335,13 @@ async def test_an_app_killed_mid_reply_keeps_what_was_written_marked_cut_off(sit
         return row[0] if live else None
 
     kept = await asyncio.to_thread(wait_until, saved_growing, "the reply saved as it grows")
+    thread_url = page.url
     site.app.kill()  # SIGKILL: nothing of the app runs after this
     await asyncio.to_thread(site.restart)
     await engine_idle(site.app)  # the engine dropped the request of the killed app
-    await page.reload()
+    # The thread's page again (a reload of it). Not page.reload(): a tab that reconnected to the restarted app by
+    # itself meanwhile is on Chainlit's first page (seen on a loaded machine), and a reload would stay there.
+    await page.goto(thread_url)
     try:
         await page.wait_for_selector(f"{REPLY} >> text={stop_line('en-US', 'restarted')}", timeout=60_000)
     finally:
