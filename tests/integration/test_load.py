@@ -6,6 +6,7 @@ generated) and from how the app rendered its end, never from the tiny random mod
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,42 +49,49 @@ def assert_whole_replies(app: RunningApp, n: int, ended_before: dict[str, float]
     assert tokens.get("+Inf") == n and tokens.get(str(bound)) == n, tokens
 
 
-def test_concurrent_sessions_all_complete(tiny_model: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def shared_app(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
+    """One app for the module's tests (each takes the engine's counters from where the last left them)."""
     # chat.max_tokens too: a session whose settings arrive before its chat has started keeps the defaults
-    app = start_app(tmp_path / "data", engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
+    data = tmp_path_factory.mktemp("load") / "data"
+    app = start_app(data, engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
     try:
         app.wait_ready()
-        ended_before, tokens_before = ended(app), token_counts(app)
-        report = asyncio.run(run(app.url, sessions=8, duration_s=15, max_tokens=MAX_TOKENS, app_pid=app.proc.pid))
-        summary = report.summary()
-        assert summary["replies_failed"] == 0, summary["errors"]
-        assert {r.session for r in report.replies} == set(range(8)), "every session finished at least one reply"
-        # every reply the sessions read to its end is a request the engine completed (and no other request ran)
-        assert_whole_replies(app, len(report.replies), ended_before, tokens_before)
+        yield app
     finally:
         app.kill()
 
 
-def test_the_first_text_is_timed_where_the_page_gets_it_in_fresh_and_growing_chats(
-    tiny_model: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def app(shared_app: RunningApp) -> RunningApp:
+    """The module's app, its engine idle: no request of an earlier test still runs into this one's counts."""
+    wait_until(lambda: shared_app.engine_metric("requests_running") == 0, "an idle engine")
+    return shared_app
+
+
+def test_concurrent_sessions_all_complete(app: RunningApp) -> None:
+    ended_before, tokens_before = ended(app), token_counts(app)
+    report = asyncio.run(run(app.url, sessions=8, duration_s=15, max_tokens=MAX_TOKENS, app_pid=app.proc.pid))
+    summary = report.summary()
+    assert summary["replies_failed"] == 0, summary["errors"]
+    assert {r.session for r in report.replies} == set(range(8)), "every session finished at least one reply"
+    # every reply the sessions read to its end is a request the engine completed (and no other request ran)
+    assert_whole_replies(app, len(report.replies), ended_before, tokens_before)
+
+
+def test_the_first_text_is_timed_where_the_page_gets_it_in_fresh_and_growing_chats(app: RunningApp) -> None:
     """The load tool times the first text at the reply's stream_start, in chats that start fresh with every
     message and in chats that grow: every finished reply has one, before the reply's end."""
-    app = start_app(tmp_path / "data", engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
-    try:
-        app.wait_ready()
-        for chats in ("fresh", "growing"):
-            report = asyncio.run(run(app.url, 2, 10, MAX_TOKENS, None, chats))
-            summary = report.summary()
-            assert summary["replies_failed"] == 0 and summary["replies_ok"] > 0, summary
-            # a reply with no text (the tiny model may end at once) has no first text
-            timed = [r for r in report.replies if r.chars]
-            assert timed and all(r.first_text_s is not None and 0 < r.first_text_s <= r.seconds for r in timed)
-            turns = {r.turn for r in report.replies}
-            assert (turns == {0}) if chats == "fresh" else (max(turns) > 0), (chats, turns)
-            assert summary["first_text_s"]["p50"] is not None and "stream_start" in summary["first_text"]
-    finally:
-        app.kill()
+    for chats in ("fresh", "growing"):
+        report = asyncio.run(run(app.url, 2, 10, MAX_TOKENS, None, chats))
+        summary = report.summary()
+        assert summary["replies_failed"] == 0 and summary["replies_ok"] > 0, (summary["errors"], summary)
+        # a reply with no text (the tiny model may end at once) has no first text
+        timed = [r for r in report.replies if r.chars]
+        assert timed and all(r.first_text_s is not None and 0 < r.first_text_s <= r.seconds for r in timed)
+        turns = {r.turn for r in report.replies}
+        assert (turns == {0}) if chats == "fresh" else (max(turns) > 0), (chats, turns)
+        assert summary["first_text_s"]["p50"] is not None and "stream_start" in summary["first_text"]
 
 
 async def _send_three_at_once(url: str) -> list[dict[str, Any]]:
@@ -101,17 +109,13 @@ async def _send_three_at_once(url: str) -> list[dict[str, Any]]:
     return chat.reply_steps(start)
 
 
-def test_rapid_repeated_sends_each_get_a_whole_reply(tiny_model: Path, tmp_path: Path) -> None:
-    app = start_app(tmp_path / "data", engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
-    try:
-        app.wait_ready()
-        ended_before, tokens_before = ended(app), token_counts(app)
-        steps = asyncio.run(_send_three_at_once(app.url))
-        assert len(steps) == 3, steps
-        assert all(rendered_finished(step) for step in steps), [step["output"] for step in steps]
-        assert_whole_replies(app, 3, ended_before, tokens_before)
-        # Each finished reply read its HTTP body to the end: no stream was left for the garbage collector to
-        # close outside any task (which logged "async generator ignored GeneratorExit" for every reply).
-        assert "Exception ignored" not in app.log_text(), app.log_text()[-3000:]
-    finally:
-        app.kill()
+def test_rapid_repeated_sends_each_get_a_whole_reply(app: RunningApp) -> None:
+    ended_before, tokens_before = ended(app), token_counts(app)
+    log_start = len(app.log_text())
+    steps = asyncio.run(_send_three_at_once(app.url))
+    assert len(steps) == 3, steps
+    assert all(rendered_finished(step) for step in steps), [step["output"] for step in steps]
+    assert_whole_replies(app, 3, ended_before, tokens_before)
+    # Each finished reply read its HTTP body to the end: no stream was left for the garbage collector to
+    # close outside any task (which logged "async generator ignored GeneratorExit" for every reply).
+    assert "Exception ignored" not in app.log_text()[log_start:], app.log_text()[-3000:]
