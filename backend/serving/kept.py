@@ -30,7 +30,7 @@ import httpx
 
 from backend.config import AppConfig
 from backend.engines.base import LaunchSpec, bearer
-from backend.serving.process import ProcessGroup, group_alive
+from backend.serving.process import ProcessGroup
 from backend.serving.readiness import is_ready
 from backend.serving.state_file import read_key, read_state
 
@@ -127,9 +127,7 @@ class KeptProcess(ProcessGroup):
         return None if is_ours(self.kept.pid, self.kept.run) else GONE
 
     async def _reaped(self) -> int | None:
-        while group_alive(self.kept.pid):  # noqa: ASYNC110 (not our child: nothing to wait on but /proc)
-            await asyncio.sleep(0.05)
-        return GONE
+        return GONE  # not our child: nothing to reap; stop() then waits for its group to be gone
 
 
 def stop_command(cfg: AppConfig) -> int:

@@ -26,7 +26,6 @@ def write_state(cfg: AppConfig, spec: LaunchSpec, pid: int | None, run: str = ""
         "log": str(cfg.paths.engine_log),
         "run": run,
         "launch": launch,
-        "kept": cfg.engine.keep_running,
     }
     with contextlib.suppress(OSError):
         cfg.paths.engine_state.write_text(json.dumps(state, indent=2), encoding="utf-8")

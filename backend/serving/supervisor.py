@@ -329,7 +329,8 @@ class Supervisor:
                 raise Rejected(known)
             canary.prefetch_reference(spec.weights)
         run = new_run()
-        launch = fingerprint(marked(spec, run))
+        marked(spec, run)
+        launch = fingerprint(spec)
         kept, self.kept = self.kept, None
         process: ProcessGroup | None = await self._adopt(kept, spec, launch) if kept is not None else None
         self.status.adopted = process is not None
