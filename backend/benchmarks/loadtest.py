@@ -11,6 +11,11 @@ over time.
 
 "First text" is when the page gets the reply's first text: Chainlit's `stream_start` event, which carries the
 first piece (the `stream_token`s that follow carry the rest, so the first of those is one update late).
+
+"The app's share" of a reply's first text is that time less the engine's: the reply's details give the time from
+the app's request to the engine to its first text (`ttft_s`, the one streaming client's own clock, to the ms), so
+what is left is the app's work around it (the page's message through Chainlit, the template, fitting the history
+with its one count, the first piece's way back to the page).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 from backend.benchmarks.chat_socket import ChatSocket, reply_finished
 from backend.benchmarks.memory import tree_rss_bytes
 from backend.benchmarks.stats import percentile
+from backend.chat.render import DETAILS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,7 @@ PROMPTS = [
 
 CHATS = ("fresh", "growing")  # each message in a new chat; one chat per session, growing with every turn
 FIRST_TEXT = "when the page gets the reply's first text (Chainlit's stream_start), from the send"
+APP_SHARE = "the first text less the engine's (the reply's details: from the app's request to the engine's first text)"
 
 
 @dataclass
@@ -51,6 +58,15 @@ class Reply:
     chars: int
     error: str = ""
     turn: int = 0  # the message's place in its chat (0: a chat's first)
+    engine_first_text_s: float | None = None  # the reply's details: the app's request to the engine's first text
+    prompt_tokens: int | None = None  # what the engine read for it (the reply's details)
+
+    @property
+    def app_share_s(self) -> float | None:
+        """APP_SHARE, when both times are known."""
+        if self.first_text_s is None or self.engine_first_text_s is None:
+            return None
+        return self.first_text_s - self.engine_first_text_s
 
 
 @dataclass
@@ -65,6 +81,9 @@ class Report:
         done = [r for r in self.replies if r.ok]
         lat = [r.seconds for r in done]
         first = [r.first_text_s for r in done if r.first_text_s is not None]
+        share = [r.app_share_s * 1000 for r in done if r.app_share_s is not None]
+        engine = [r.engine_first_text_s for r in done if r.engine_first_text_s is not None]
+        prompts = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
 
         def pct(values: list[float], *ps: float) -> dict[str, float | None]:
             return {f"p{p:g}": round(percentile(values, p), 4) if values else None for p in ps}
@@ -80,6 +99,10 @@ class Report:
             "errors": sorted({r.error for r in self.replies if not r.ok}),
             "first_text": FIRST_TEXT,
             "first_text_s": pct(first, 50, 90, 99),
+            "engine_first_text_s": pct(engine, 50, 90, 99),
+            "app_share": APP_SHARE,
+            "app_share_ms": pct(share, 50, 90, 99),
+            "prompt_tokens": {"p50": statistics.median(prompts), "max": max(prompts)} if prompts else None,
             "latency_s": pct(lat, 50, 90, 99, 100),
             "turns_max": max((r.turn for r in done), default=0) + 1 if done else 0,
             "memory_mib": {
@@ -126,7 +149,11 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     output = str(steps[-1].get("output", "")) if steps else ""
     problem = "" if ok else (output[-200:] or " / ".join(chat.notices(start))[-200:] or "no reply")
     seconds = chat.times[end] - started
-    return Reply(index, ok, seconds, None if first is None else first - started, len(output), problem, turn)
+    details = ((steps[-1].get("metadata") or {}).get(DETAILS_KEY) or {}) if ok else {}
+    return Reply(
+        index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
+        details.get("ttft_s"), details.get("prompt_tokens"),
+    )  # fmt: skip
 
 
 async def one_session(

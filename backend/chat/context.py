@@ -16,6 +16,12 @@ marker itself it is counted twice: the estimate errs by one token on the safe si
 whose count is unknown (no usage, a thread saved before counts were kept, another model) is counted with its turn,
 once. Where a template is not additive (it merges text across messages) the engine's usage figure keeps the
 counts right for the turns kept: the difference goes to the newest reply.
+
+Far within the window, the new message is not counted before it is sent: a token covers at least one byte of the
+text (byte-level BPE; SentencePiece with byte fallback, plus its word-start piece), so `upper_bound` bounds what it
+adds without asking the engine, and where the kept counts plus that bound fit, the request goes out at once and the
+message is counted after the reply (ChatService.reply), exactly, off the path to the first text. Near the budget it
+is counted first, as before: trimming is always on exact counts.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class Fitted:
     dropped: int
     tokens: list[int] | None = None  # every history message's count (the kept ones, and those counted now)
     new_tokens: int = 0  # what the new message adds to the next prompts, as a message of the history
+    exact: bool = True  # false: prompt_tokens and new_tokens are upper bounds (the new message is counted later)
 
 
 def estimate_tokens(messages: list[Message]) -> int:
@@ -76,15 +83,26 @@ class Frame:
 
     overhead: int  # once per prompt: BOS, the system block (or the template's default one), the generation prompt
     reply: int  # around each assistant message: its role and end markers
+    user: int = 0  # around each user message: its role and end markers
+
+
+BOUND_MARGIN = 4  # tokens above the byte bound: a template's or tokenizer's odd piece at a message's edges
+
+
+def upper_bound(frame: Frame, message: Message) -> int:
+    """At least what `message` (a user message) adds to a prompt, without counting it: its markers and a token per
+    byte of its text, plus one for a word-start piece and BOUND_MARGIN."""
+    return frame.user + len(message.get("content", "").encode("utf-8")) + 1 + BOUND_MARGIN
 
 
 @dataclass(frozen=True)
 class Measured:
     """A conversation's counts before fitting: the new message with the system text alone, and each history message."""
 
-    alone: int  # count(system + [new]): overhead + the new message
+    alone: int  # count(system + [new]): overhead + the new message (with `exact` false: an upper bound of it)
     frame: Frame  # the template's fixed parts with this system text
     tokens: list[int]  # per history message
+    exact: bool = True  # false: the new message was not counted (far within the budget; upper_bound)
 
     @property
     def overhead(self) -> int:
@@ -110,7 +128,8 @@ class Accounting:
         asked = await self.count([*head, user])  # overhead + user
         answered = await self.count([*head, user, reply])  # overhead + user + reply
         again = await self.count([*head, user, reply, user])  # overhead + 2 user + reply
-        frame = self._frames[system] = Frame(max(0, asked - (again - answered)), max(0, answered - asked))
+        overhead = max(0, asked - (again - answered))
+        frame = self._frames[system] = Frame(overhead, max(0, answered - asked), max(0, asked - overhead))
         while len(self._frames) > FRAMES_KEPT:
             self._frames.popitem(last=False)
         return frame
@@ -126,14 +145,25 @@ class Accounting:
         return Fitted(messages, total, 0) if total <= budget else None
 
     async def measure(
-        self, history: list[Message], kept: Sequence[int | None], new_message: Message, system: str | None = None
+        self,
+        history: list[Message],
+        kept: Sequence[int | None],
+        new_message: Message,
+        system: str | None = None,
+        budget: int | None = None,
     ) -> Measured:
-        """Count the new message (one count) and the history's turns whose counts are not kept (one each, once)."""
+        """Count the new message (one count) and the history's turns whose counts are not kept (one each, once).
+        Given the `budget`, a conversation whose counts are all kept and that fits it with the new message's
+        upper bound costs no count at all (`exact` false: count it later, `alone`)."""
         head = head_of(system)
         frame = await self.frame(system)
         overhead = frame.overhead
-        alone = await self.count([*head, new_message])
         tokens = [*kept[: len(history)], *[None] * (len(history) - len(kept))]
+        if budget is not None and None not in tokens:
+            bound = overhead + upper_bound(frame, new_message)
+            if bound + sum(t or 0 for t in tokens) <= budget:
+                return Measured(bound, frame, [t or 0 for t in tokens], exact=False)
+        alone = await self.alone(new_message, system)
         bounds = [*turn_starts(history), len(history)] if history else [0]
         for start, end in pairwise(bounds):
             unknown = [i for i in range(start, end) if tokens[i] is None]
@@ -144,6 +174,10 @@ class Accounting:
             for i in unknown:  # a turn's count may sit on its first unknown message: trimming is by whole turns
                 tokens[i] = rest if i == unknown[0] else 0
         return Measured(alone, frame, [t or 0 for t in tokens])
+
+    async def alone(self, new_message: Message, system: str | None = None) -> int:
+        """count(system + [new]): the template's overhead and what the new message adds (one count)."""
+        return await self.count([*head_of(system), new_message])
 
 
 def fit(
@@ -164,7 +198,7 @@ def fit(
         cut, total = start, total + more
     new_tokens = measured.alone - measured.overhead
     messages = [*head_of(system), *history[cut:], new_message]
-    return Fitted(messages, total, cut, measured.tokens, new_tokens)
+    return Fitted(messages, total, cut, measured.tokens, new_tokens, measured.exact)
 
 
 async def fit_history(

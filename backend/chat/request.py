@@ -66,7 +66,10 @@ class ChatRequest:
     prompt_tokens: int
     dropped: int
     history_tokens: list[int] = field(default_factory=list)  # every history message's count (backend.chat.context)
-    user_tokens: int = 0  # what the user message adds to later prompts
+    user_tokens: int | None = 0  # what the user message adds to later prompts (None: not known)
+    # sent uncounted, far within the window (backend.chat.context.upper_bound): what to count after the reply
+    # (the system text and the new message); prompt_tokens and user_tokens are upper bounds until then
+    uncounted: list[Message] | None = None
     # the template's fixed parts with the system text sent (a reply's count: its usage + frame.reply)
     frame: Frame = field(default_factory=lambda: Frame(0, 0))
 

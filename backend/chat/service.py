@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
-from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, reply_tokens
+from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, head_of, reply_tokens
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
@@ -233,8 +234,9 @@ class ChatService:
             session.tokens, session.counted_by = [], self.counter_id()
         try:
             request = await self.build_request(
-                session.history, text, session.settings, command, session.kept_tokens(), templates=templates
-            )
+                session.history, text, session.settings, command, session.kept_tokens(), templates=templates,
+                count_later=True,
+            )  # fmt: skip
         except ServiceError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
@@ -264,8 +266,10 @@ class ChatService:
             log.warning("Reply failed: %s", exc)
             failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
         self.recorder.reply_finished(stream.stats, failure)
-        self._correct(session, request, stream.stats.prompt_tokens)
         text = "".join(parts)
+        if text and ending == "finished":
+            request = await self._count_after(request)
+        self._correct(session, request, stream.stats.prompt_tokens)
         tokens: tuple[int | None, int | None] = (None, None)
         if text:
             completion = stream.stats.completion_tokens if ending == "finished" else None
@@ -284,6 +288,21 @@ class ChatService:
             session.counted_by,
         )
 
+    async def _count_after(self, request: ChatRequest) -> ChatRequest:
+        """A request sent uncounted (far within the window): its new message counted now, after its reply, so the
+        kept counts stay exact (backend.chat.context); where the count fails the message stays uncounted (counted
+        with its turn at the next message, once)."""
+        if request.uncounted is None:
+            return request
+        bound = request.prompt_tokens - sum(request.history_tokens[request.dropped :])  # overhead + upper_bound
+        try:
+            alone = await self.accounting().count(request.uncounted)
+        except ServiceError as exc:
+            log.info("The message sent uncounted could not be counted after its reply: %s", exc)
+            return replace(request, user_tokens=None)
+        exact = request.prompt_tokens - bound + alone
+        return replace(request, prompt_tokens=exact, user_tokens=alone - request.frame.overhead, uncounted=None)
+
     def _correct(self, session: ChatSession, request: ChatRequest, prompt_tokens: int | None) -> None:
         """Make the kept counts agree with the engine's own count of the prompt it was sent (its usage figure).
 
@@ -291,7 +310,14 @@ class ChatService:
         difference goes to it, so the next fit is exact on the counts the engine itself reported. (An engine that
         cannot count gets conservative estimates throughout, left as they are.)"""
         kept = len(request.history_tokens) - request.dropped
-        if prompt_tokens is None or kept <= 0 or prompt_tokens == request.prompt_tokens or self._estimating:
+        uncounted = request.uncounted is not None  # its prompt_tokens is an upper bound: nothing to correct by
+        if (
+            prompt_tokens is None
+            or kept <= 0
+            or prompt_tokens == request.prompt_tokens
+            or self._estimating
+            or uncounted
+        ):
             return
         if len(session.tokens) != len(request.history_tokens):
             return  # the history changed meanwhile (an edit): nothing to correct
@@ -393,6 +419,7 @@ class ChatService:
         kept: Counts | None = None,
         system: str | None = None,
         templates: Templates | None = None,
+        count_later: bool = False,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
         the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
@@ -400,7 +427,8 @@ class ChatService:
         and the turns one by one only where it does not fit.
 
         `system`: a system text of the caller's own (the API's) in place of the template's; `templates`: the turn's
-        snapshot of the template folder (None: read now)."""
+        snapshot of the template folder (None: read now); `count_later`: far within the window, send the new
+        message uncounted (ChatRequest.uncounted; the chat counts it after the reply: _count_after)."""
         decision = self.decide(text, settings, command, templates)
         sampling = dict(decision.sampling)
         system = decision.system if system is None else system
@@ -413,7 +441,9 @@ class ChatService:
         if kept is None and history:  # nothing kept (the API): one count of the whole prompt, where it fits
             fitted = await accounting.fit_whole(history, new, window - reserve, system)
         if fitted is None:
-            measured = await accounting.measure(history, kept or [], new, system)
+            measured = await accounting.measure(
+                history, kept or [], new, system, (window - reserve) if count_later else None
+            )
             frame = measured.frame
             try:
                 fitted = fit(history, new, measured, window - reserve, system)
@@ -434,5 +464,6 @@ class ChatService:
             dropped=fitted.dropped,
             history_tokens=fitted.tokens or [],
             frame=frame,
-            user_tokens=fitted.new_tokens,
+            user_tokens=fitted.new_tokens if fitted.exact else None,
+            uncounted=None if fitted.exact else [*head_of(system), new],
         )

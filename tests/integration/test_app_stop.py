@@ -28,7 +28,9 @@ async def test_stop_while_the_request_is_prepared_ends_the_turn_without_an_error
             await chat.connect()
             engine.hold_path = "/tokenize"  # build_request counts the prompt's tokens: held there
             start, log_start = len(chat.events), len(app.log_text())
-            await chat.send("Hello")
+            # More bytes than the window's tokens: its upper bound does not fit, so it is counted before it is sent
+            # (a short message far within the window goes uncounted: backend.chat.context.upper_bound)
+            await chat.send("Hello " * 700)
             assert await asyncio.to_thread(engine.held.wait, 180), "the turn reached the token count"
             await chat.sio.emit("stop")
             await chat.wait_for("task_end", await chat.wait_for("task_start", start))

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from backend.chat.context import Accounting, upper_bound
 from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.llamacpp import DEFAULT_PREFIX, install_prefix
@@ -267,6 +268,29 @@ async def test_a_message_after_a_head_counted_before_costs_one_request(tiny_llam
             assert counted == len(tokens.json()["tokens"]), text
     finally:
         client.http.event_hooks["request"].remove(record)
+
+
+ODD_TEXTS = [
+    "x", " ", "  spaces around  ", "第二行\n你好", "👍🏽🇨🇳 emoji", "<|im_start|>user\n<|im_end|>", "<s></s>[INST]",
+    "\t\n\r\n", "a" * 300, "e\u0301" * 40, "▁▁▁ ▁", "  \n  \n", "!?" * 60, "ع" * 20 + "ह" * 20,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["tiny_llama", "demo_llama"])
+async def test_the_upper_bound_a_message_is_sent_uncounted_on_holds_on_both_tokenizers(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """A message far within the window goes out uncounted (backend.chat.context.upper_bound: its markers, a token
+    per byte, one more): the engine's own count of it never exceeds that bound, on SentencePiece (the tiny ERNIE)
+    and byte-level BPE (the demo), for texts that tokenize oddly."""
+    service: ChatService = request.getfixturevalue(which)
+    accounting = Accounting(service.client.count_tokens)  # type: ignore[arg-type]
+    for system in (None, "You answer briefly."):
+        frame = await accounting.frame(system)
+        for text in ODD_TEXTS:
+            new = {"role": "user", "content": text}
+            adds = await accounting.alone(new, system) - frame.overhead
+            assert 0 < adds <= upper_bound(frame, new), (which, system, text, adds, upper_bound(frame, new))
 
 
 async def test_demo_gguf_is_served_directly_and_checked_against_its_own_weights(demo_llama: ChatService) -> None:

@@ -89,6 +89,11 @@ def test_the_first_text_is_timed_where_the_page_gets_it_in_fresh_and_growing_cha
         # a reply with no text (the tiny model may end at once) has no first text
         timed = [r for r in report.replies if r.chars]
         assert timed and all(r.first_text_s is not None and 0 < r.first_text_s <= r.seconds for r in timed)
+        # the engine's part of it comes from the reply's details: inside the page's time, never the whole of it
+        assert all(r.engine_first_text_s is not None and 0 < r.engine_first_text_s for r in timed), timed
+        assert all(0 < (r.app_share_s or 0) < r.first_text_s for r in timed if r.first_text_s), timed
+        grown = [r.prompt_tokens or 0 for r in report.replies if r.turn > 0]
+        assert chats == "fresh" or max(grown) > min(r.prompt_tokens or 0 for r in report.replies if r.turn == 0)
         turns = {r.turn for r in report.replies}
         assert (turns == {0}) if chats == "fresh" else (max(turns) > 0), (chats, turns)
         assert summary["first_text_s"]["p50"] is not None and "stream_start" in summary["first_text"]

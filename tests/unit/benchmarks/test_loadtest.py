@@ -48,6 +48,19 @@ def test_the_summary_says_what_the_first_text_is_with_p50_p90_p99() -> None:
     assert Report(1, 1.0).summary()["first_text_s"] == {"p50": None, "p90": None, "p99": None}
 
 
+def test_the_app_s_share_is_each_reply_s_first_text_less_the_engine_s() -> None:
+    report = Report(1, 60.0, "growing")
+    # first text at the page 20..119 ms, the engine's own 10 ms less for every reply, 3 of them unknown
+    report.replies = [Reply(0, True, 1.0, (20 + i) / 1000, 5, "", i, (10 + i) / 1000, 100 + i) for i in range(100)]
+    report.replies += [Reply(0, True, 1.0, 0.5, 5, "", 0, None, None) for _ in range(3)]
+    summary = report.summary()
+    assert summary["app_share_ms"] == pytest.approx({"p50": 10.0, "p90": 10.0, "p99": 10.0})
+    assert summary["engine_first_text_s"]["p50"] == pytest.approx(0.0595, abs=1e-4)
+    assert summary["prompt_tokens"] == {"p50": 149.5, "max": 199}
+    assert Reply(0, True, 1.0, None, 0, "", 0, 0.01).app_share_s is None, "no first text: no share"
+    assert Report(1, 1.0).summary()["app_share_ms"] == {"p50": None, "p90": None, "p99": None}
+
+
 class FakeChat:
     opened = 0
 

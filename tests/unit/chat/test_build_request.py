@@ -4,6 +4,7 @@ the template a message gets. The client is a fake that counts one token per char
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -357,6 +358,69 @@ async def test_a_growing_chat_costs_one_small_count_per_message_and_keeps_exact_
     # The kept counts: the users' exact, the replies' from usage (one token over: the end token) until the next
     # reply's usage corrected them.
     assert session.tokens == [len(m["content"]) + 2 for m in session.history[:-1]] + [len("fine") + 2 + 1]
+
+
+class OrderedClient(TemplateClient):
+    """A TemplateClient that also records, in order, when a prompt was sent and when a count was asked."""
+
+    def __init__(self, window: int, reply: str = "ok") -> None:
+        super().__init__(window, reply)
+        self.order: list[str] = []
+
+    async def count_tokens(self, messages: list[Message]) -> int:
+        self.order.append("count")
+        return await super().count_tokens(messages)
+
+    def stream(self, messages: list[Message], **sampling: Any) -> FakeStream:
+        self.order.append("send")
+        return super().stream(messages, **sampling)
+
+
+async def test_far_within_the_window_a_message_is_sent_first_and_counted_after_its_reply(build: Build) -> None:
+    svc, _ = build(window=400, max_tokens=40)
+    client = OrderedClient(400, reply="fine")
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    sizes = []
+    for i in range(12):
+        client.order.clear()
+        text = f"message {i} " * 4
+        # sent at once, counted after, where the overhead (3), the kept counts and the message's bound (its 2
+        # markers + a token per byte + 1 + the margin of 4) fit the budget (400 - 40); near it counted first
+        far = 3 + sum(t or 0 for t in session.kept_tokens()) + 2 + len(text.encode()) + 1 + 4 <= 400 - 40
+        done = [e async for e in svc.reply(session, text, message_id=f"m{i}")][-1]
+        assert isinstance(done, Done) and done.ending == "finished"
+        sizes.append(client.exact(client.sent[-1][0]))
+        frame_counts = ["count"] * 3 if i == 0 else []  # the template's fixed parts, measured once
+        expected = [*frame_counts, "send", "count"] if far else [*frame_counts, "count", "send"]
+        assert client.order == expected, (i, client.order, sizes)
+        assert done.tokens[0] == len(text) + 2, "the message's count is exact either way"
+        assert done.prompt_tokens == client.exact(client.sent[-1][0]) + (i > 0), "exact, but the reply's estimate"
+    assert client.order == ["count", "send"], "the last message came near the budget: counted first"
+    assert sizes[0] < 100 and max(sizes) > 300, "the chat grew from far within the window to near its budget"
+    assert session.tokens[:-1] == [len(m["content"]) + 2 for m in session.history[:-1]], "every count exact"
+
+
+async def test_a_stopped_reply_leaves_its_uncounted_message_for_the_next_count(build: Build) -> None:
+    svc, _ = build(window=100_000, max_tokens=40)
+    client = OrderedClient(100_000, reply="fine")
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    [e async for e in svc.reply(session, "first", message_id="m0")]
+    client.order.clear()
+    replies = svc.reply(session, "second", message_id="m1")
+    async for event in replies:
+        if isinstance(event, Text):  # the stop button lands while the reply streams (the app throws it in)
+            done = await replies.athrow(asyncio.CancelledError())
+            break
+    assert isinstance(done, Done) and done.ending == "stopped" and done.text, done
+    assert client.order == ["send"], "a stopped reply's message is not counted after it"
+    assert session.kept_tokens()[2] is None, "its message stays uncounted"
+    client.order.clear()
+    [e async for e in svc.reply(session, "third", message_id="m2")]
+    assert client.order == ["count", "count", "send"], "the new message and the uncounted turn, before sending"
+    turn = session.history[2:4]
+    assert sum(t or 0 for t in session.tokens[2:4]) == sum(len(m["content"]) + 2 for m in turn), "counted with its turn"
 
 
 async def test_trimming_on_kept_counts_is_exact_at_the_budget(build: Build) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.chat.context import (
+    BOUND_MARGIN,
     FRAMES_KEPT,
     Accounting,
     Frame,
@@ -13,6 +14,7 @@ from backend.chat.context import (
     fit_history,
     reply_tokens,
     turn_starts,
+    upper_bound,
 )
 from backend.errors import PromptTooLongError
 
@@ -96,8 +98,8 @@ class Template:
 async def test_the_frame_is_measured_once_and_holds_the_default_system_text() -> None:
     template = Template()
     accounting = Accounting(template)
-    assert await accounting.frame(None) == Frame(overhead=1 + 3 + 2, reply=3)
-    assert await accounting.frame("be brief") == Frame(overhead=1 + 5 + 2, reply=3)  # the system block: 2 words + 3
+    assert await accounting.frame(None) == Frame(overhead=1 + 3 + 2, reply=3, user=3)
+    assert await accounting.frame("be brief") == Frame(overhead=1 + 5 + 2, reply=3, user=3)  # system: 2 words + 3
     asked = len(template.asked)
     await accounting.frame(None)
     await accounting.frame("be brief")
@@ -159,3 +161,26 @@ async def test_turns_without_kept_counts_are_counted_once_each() -> None:
     assert template.asked == [[new], history[2:4], history[4:6]]
     assert sum(measured.tokens[2:4]) == 26 and measured.tokens[4:6] == [13, 13]
     assert fit(history, new, measured, budget=10_000).prompt_tokens == await template([*history, new])
+
+
+async def test_far_within_the_budget_the_new_message_is_not_counted_near_it_it_is() -> None:
+    template = Template()
+    accounting = Accounting(template)
+    history = conversation(3)
+    kept = [len(m["content"].split()) + 3 for m in history]  # 13 each: 78
+    frame = await accounting.frame(None)
+    template.asked.clear()
+    new = {"role": "user", "content": "three short words"}  # 6 tokens; 17 bytes
+    bound = upper_bound(frame, new)
+    assert bound == 3 + 17 + 1 + BOUND_MARGIN >= await template([new]) - frame.overhead
+    template.asked.clear()
+    far = await accounting.measure(history, kept, new, budget=frame.overhead + 78 + bound)
+    assert template.asked == [] and not far.exact and far.alone == frame.overhead + bound, "at the bound: uncounted"
+    fitted = fit(history, new, far, frame.overhead + 78 + bound)
+    assert (fitted.dropped, fitted.exact, fitted.prompt_tokens) == (0, False, frame.overhead + 78 + bound)
+    near = await accounting.measure(history, kept, new, budget=frame.overhead + 78 + bound - 1)
+    assert template.asked == [[new]] and near.exact and near.alone == frame.overhead + 6, "one under: counted"
+    template.asked.clear()
+    unknown = await accounting.measure(history, [*kept[:-1], None], new, budget=100_000)
+    assert unknown.exact and [new] in template.asked, "a history count not kept: everything counted, as before"
+    assert (await accounting.measure(history, kept, new)).exact, "no budget given: counted"
