@@ -131,6 +131,7 @@ class ChatDefaults(_Strict):
     system_prompt: str | None = None
     stream_flush_ms: float = Field(20, ge=0, le=1000)
     max_input_chars: int = Field(200_000, ge=100)
+    trim_to: float = Field(0.75, ge=0.3, le=1.0)  # a trimmed conversation takes at most this share of the room
     detached_reply_s: float = Field(600, ge=0, le=86_400)  # a reply goes on this long with no page watching it
     tab_memory_s: float = Field(3600, ge=0, le=86_400)  # without login: a tab's chat is kept this long for a reload
 

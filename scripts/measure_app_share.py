@@ -163,6 +163,7 @@ async def main() -> None:
             "health": health, "rounds": args.rounds, "max_tokens": args.max_tokens, "levels": levels,
             "app_dir": str(args.app_dir.resolve()),
             "app_commit": commit_of(args.app_dir),
+            "settings": {k: v for k, v in os.environ.items() if k.startswith("ERNIE_")},
         }  # fmt: skip
         print(json.dumps({"ready": meta["engine"], "cpu": meta["cpu"]}), flush=True)
         args.out.mkdir(parents=True, exist_ok=True)

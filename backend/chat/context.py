@@ -22,6 +22,10 @@ text (byte-level BPE; SentencePiece with byte fallback, plus its word-start piec
 adds without asking the engine, and where the kept counts plus that bound fit, the request goes out at once and the
 message is counted after the reply (ChatService.reply), exactly, off the path to the first text. Near the budget it
 is counted first, as before: trimming is always on exact counts.
+
+A chat that outgrows the window is trimmed below the budget (`trim_to` of it) and keeps that start while the rest
+fits (`fit`'s `start`, ChatSession.left_out): engines cache a prompt by its beginning, and a start that moved with
+every message would have them read the whole conversation again for each one.
 """
 
 from __future__ import annotations
@@ -151,17 +155,18 @@ class Accounting:
         new_message: Message,
         system: str | None = None,
         budget: int | None = None,
+        start: int = 0,
     ) -> Measured:
         """Count the new message (one count) and the history's turns whose counts are not kept (one each, once).
-        Given the `budget`, a conversation whose counts are all kept and that fits it with the new message's
-        upper bound costs no count at all (`exact` false: count it later, `alone`)."""
+        Given the `budget`, a conversation whose counts are all kept and whose part from `start` (fit's) fits it
+        with the new message's upper bound costs no count at all (`exact` false: count it later, `alone`)."""
         head = head_of(system)
         frame = await self.frame(system)
         overhead = frame.overhead
         tokens = [*kept[: len(history)], *[None] * (len(history) - len(kept))]
         if budget is not None and None not in tokens:
             bound = overhead + upper_bound(frame, new_message)
-            if bound + sum(t or 0 for t in tokens) <= budget:
+            if bound + sum(t or 0 for t in tokens[start_of_turn(history, start) :]) <= budget:
                 return Measured(bound, frame, [t or 0 for t in tokens], exact=False)
         alone = await self.alone(new_message, system)
         bounds = [*turn_starts(history), len(history)] if history else [0]
@@ -180,22 +185,42 @@ class Accounting:
         return await self.count([*head_of(system), new_message])
 
 
-def fit(
-    history: list[Message], new_message: Message, measured: Measured, budget: int, system: str | None = None
-) -> Fitted:
-    """Return system + the longest recent part of `history` (whole turns) + `new_message` within `budget`.
+def start_of_turn(history: list[Message], start: int) -> int:
+    """The start of the turn at or before message `start` (0 past the history's end: an edit shortened it)."""
+    if start > len(history):
+        return 0
+    return max((i for i in [*turn_starts(history), len(history)] if i <= start), default=0) if history else 0
 
+
+def fit(
+    history: list[Message],
+    new_message: Message,
+    measured: Measured,
+    budget: int,
+    system: str | None = None,
+    start: int = 0,
+    trim_to: float = 1.0,
+) -> Fitted:
+    """Return system + a recent part of `history` (whole turns) + `new_message` within `budget`.
+
+    The part begins at `start` (the messages an earlier fit of this conversation left out stay out) while that fits;
+    otherwise it is the longest recent part within `trim_to` of the budget (1.0: the longest that fits), so a
+    conversation that outgrows the window keeps one start for several messages and the engine its cache of them.
     Raises PromptTooLongError when the new message (with the system text) alone is over budget."""
     if measured.alone > budget:
         raise PromptTooLongError.of("context.too_long", tokens=measured.alone, budget=budget)
-    cut, total = len(history), measured.alone
-    ends = [*turn_starts(history), len(history)] if history else [0]
-    # From the newest turn back: keep each whole turn while it fits (counts only grow as the cut moves earlier).
-    for start, end in reversed(list(pairwise(ends))):
-        more = sum(measured.tokens[start:end])
-        if total + more > budget:
-            break
-        cut, total = start, total + more
+    start = start_of_turn(history, start)
+    cut, total = start, measured.alone + sum(measured.tokens[start:])
+    if total > budget:
+        limit = max(measured.alone, int(budget * trim_to))
+        cut, total = len(history), measured.alone
+        ends = [*turn_starts(history), len(history)] if history else [0]
+        # From the newest turn back: keep each whole turn while it fits (counts only grow as the cut moves earlier).
+        for begin, end in reversed(list(pairwise(ends))):
+            more = sum(measured.tokens[begin:end])
+            if total + more > limit:
+                break
+            cut, total = begin, total + more
     new_tokens = measured.alone - measured.overhead
     messages = [*head_of(system), *history[cut:], new_message]
     return Fitted(messages, total, cut, measured.tokens, new_tokens, measured.exact)

@@ -235,13 +235,14 @@ class ChatService:
         try:
             request = await self.build_request(
                 session.history, text, session.settings, command, session.kept_tokens(), templates=templates,
-                count_later=True,
+                left_out=session.left_out,
             )  # fmt: skip
         except ServiceError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
             return
         session.tokens = list(request.history_tokens)  # those counted now are kept (a stop or a failure included)
+        session.left_out = request.dropped  # kept out while the rest fits: the engine's cache of the rest stays good
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
         # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
@@ -419,7 +420,7 @@ class ChatService:
         kept: Counts | None = None,
         system: str | None = None,
         templates: Templates | None = None,
-        count_later: bool = False,
+        left_out: int | None = None,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
         the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
@@ -427,8 +428,11 @@ class ChatService:
         and the turns one by one only where it does not fit.
 
         `system`: a system text of the caller's own (the API's) in place of the template's; `templates`: the turn's
-        snapshot of the template folder (None: read now); `count_later`: far within the window, send the new
-        message uncounted (ChatRequest.uncounted; the chat counts it after the reply: _count_after)."""
+        snapshot of the template folder (None: read now). `left_out`: a chat's own conversation (ChatSession.left_out,
+        the oldest messages an earlier message's fit left out): those stay out while the rest fits, a trim goes down
+        to `chat.trim_to` of the room, and far within the window the new message goes uncounted (ChatRequest.
+        uncounted; the chat counts it after the reply: _count_after). None (the API, the workshop): counted first,
+        the longest part that fits."""
         decision = self.decide(text, settings, command, templates)
         sampling = dict(decision.sampling)
         system = decision.system if system is None else system
@@ -441,18 +445,19 @@ class ChatService:
         if kept is None and history:  # nothing kept (the API): one count of the whole prompt, where it fits
             fitted = await accounting.fit_whole(history, new, window - reserve, system)
         if fitted is None:
-            measured = await accounting.measure(
-                history, kept or [], new, system, (window - reserve) if count_later else None
-            )
+            chat = left_out is not None
+            start, trim_to = (left_out or 0, self.cfg.chat.trim_to) if chat else (0, 1.0)
+            budget = (window - reserve) if chat else None
+            measured = await accounting.measure(history, kept or [], new, system, budget, start)
             frame = measured.frame
             try:
-                fitted = fit(history, new, measured, window - reserve, system)
+                fitted = fit(history, new, measured, window - reserve, system, start, trim_to)
             except PromptTooLongError as exc:
                 # A long message still goes through with a shorter reply, as long as some reply fits.
                 least = min(MIN_REPLY_TOKENS, reserve)
                 if int(str(exc.params.get("tokens", window))) > window - least:
                     raise
-                fitted = fit(history, new, measured, window - least, system)
+                fitted = fit(history, new, measured, window - least, system, start, trim_to)
         sampling["max_tokens"] = max(1, min(int(sampling["max_tokens"]), window - fitted.prompt_tokens))
         return ChatRequest(
             messages=fitted.messages,

@@ -37,6 +37,9 @@ class ChatSession:
     # What each message of the history adds to a prompt (backend.chat.context), as `counted_by` counted it.
     tokens: Counts = field(default_factory=list)
     counted_by: str = ""
+    # The oldest history messages the model no longer sees (the last trim, backend.chat.context.fit): kept out
+    # while the rest fits, so the engine's cache of the part sent stays good.
+    left_out: int = 0
 
     def add_turn(
         self,
@@ -65,6 +68,8 @@ class ChatSession:
         self.history = self.history[: len(self.history) - 2 * dropped]
         self.tokens = self.tokens[: len(self.history)]
         del self.turn_ids[-dropped:]
+        if self.left_out >= len(self.history):
+            self.left_out = 0  # the turns kept for the model were dropped: fit anew
         return dropped
 
 

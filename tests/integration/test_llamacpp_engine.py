@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from backend.chat.context import Accounting, upper_bound
 from backend.chat.service import ChatService
+from backend.chat.turn import Done
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.llamacpp import DEFAULT_PREFIX, install_prefix
 from backend.models.gguf import cached_gguf
@@ -276,21 +277,56 @@ ODD_TEXTS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["tiny_llama", "demo_llama"])
-async def test_the_upper_bound_a_message_is_sent_uncounted_on_holds_on_both_tokenizers(
-    which: str, request: pytest.FixtureRequest
-) -> None:
-    """A message far within the window goes out uncounted (backend.chat.context.upper_bound: its markers, a token
-    per byte, one more): the engine's own count of it never exceeds that bound, on SentencePiece (the tiny ERNIE)
-    and byte-level BPE (the demo), for texts that tokenize oddly."""
-    service: ChatService = request.getfixturevalue(which)
+async def assert_upper_bound_holds(service: ChatService) -> None:
+    """The engine's own count of what each odd text adds never exceeds backend.chat.context.upper_bound."""
     accounting = Accounting(service.client.count_tokens)  # type: ignore[arg-type]
     for system in (None, "You answer briefly."):
         frame = await accounting.frame(system)
         for text in ODD_TEXTS:
             new = {"role": "user", "content": text}
             adds = await accounting.alone(new, system) - frame.overhead
-            assert 0 < adds <= upper_bound(frame, new), (which, system, text, adds, upper_bound(frame, new))
+            assert 0 < adds <= upper_bound(frame, new), (system, text, adds, upper_bound(frame, new))
+
+
+async def test_the_uncounted_send_s_upper_bound_holds_on_sentencepiece(tiny_llama: ChatService) -> None:
+    """A message far within the window goes out uncounted (backend.chat.context.upper_bound: its markers, a token
+    per byte, one more): the engine's own count of it never exceeds that bound, for texts that tokenize oddly, on
+    the tiny ERNIE's SentencePiece tokenizer (ERNIE's kind)..."""
+    await assert_upper_bound_holds(tiny_llama)
+
+
+async def test_the_uncounted_send_s_upper_bound_holds_on_byte_level_bpe(demo_llama: ChatService) -> None:
+    """... and on the demo model's byte-level BPE."""
+    await assert_upper_bound_holds(demo_llama)
+
+
+async def test_a_chat_past_the_window_keeps_its_start_so_the_engine_reads_only_what_is_new(
+    tiny_llama: ChatService,
+) -> None:
+    """Past the window the oldest turns go down to chat.trim_to of the room, and that start stays while the rest
+    fits: the engine's cache of the prompt holds, so it reads only the new turn (its own count of prompt tokens
+    processed), where a start moved by every message would have it read everything again."""
+    session = tiny_llama.new_session()
+    session.settings.update({"max_tokens": 16, "temperature": 0}, tiny_llama.cfg)
+    text = "the sea and the sky and the long road home " * 12
+    seen: list[tuple[int, int, float]] = []  # (messages left out, prompt tokens, prompt tokens the engine read)
+    for i in range(16):
+        before = await engine_metric(tiny_llama, "llamacpp:prompt_tokens_total")
+        done = [e async for e in tiny_llama.reply(session, f"{i}: {text}")][-1]
+        assert isinstance(done, Done) and done.ending == "finished" and done.stats is not None, done
+        assert done.stats.prompt_tokens is not None
+        read = await engine_metric(tiny_llama, "llamacpp:prompt_tokens_total") - before
+        seen.append((session.left_out, done.stats.prompt_tokens, read))
+    window = await tiny_llama.context_window()
+    assert all(prompt <= window for _, prompt, _ in seen), seen
+    moved = [i for i in range(1, len(seen)) if seen[i][0] != seen[i - 1][0]]
+    kept = [i for i in range(1, len(seen)) if seen[i][0] == seen[i - 1][0] > 0]
+    assert moved and len(kept) >= 2, f"trimmed, then kept its start for later messages: {seen}"
+    room = window - 16  # the prompt's room: the window less the reply's 16 tokens
+    assert all(seen[i][1] <= tiny_llama.cfg.chat.trim_to * room for i in moved), f"a trim goes to trim_to: {seen}"
+    for i in kept:  # only the new turn is read: the previous reply and the new message, well under half
+        _, prompt, read = seen[i]
+        assert read < prompt / 2, f"message {i} read {read:.0f} of {prompt} prompt tokens: {seen}"
 
 
 async def test_demo_gguf_is_served_directly_and_checked_against_its_own_weights(demo_llama: ChatService) -> None:

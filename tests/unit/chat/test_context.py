@@ -184,3 +184,26 @@ async def test_far_within_the_budget_the_new_message_is_not_counted_near_it_it_i
     unknown = await accounting.measure(history, [*kept[:-1], None], new, budget=100_000)
     assert unknown.exact and [new] in template.asked, "a history count not kept: everything counted, as before"
     assert (await accounting.measure(history, kept, new)).exact, "no budget given: counted"
+
+
+async def test_a_trim_goes_down_to_its_share_and_the_start_stays_while_the_rest_fits() -> None:
+    history = conversation(10)  # 20 messages of 12 tokens (words): a turn is 24
+    tokens = [12] * 20
+    new = {"role": "user", "content": "newest message here"}  # 5 tokens
+    measured = await Accounting(words).measure(history, tokens, new)
+    # everything: 5 + 240 = 245; a budget of 200 drops 2 turns (4 messages), down to 3/4 of it (150): 4 turns
+    longest = fit(history, new, measured, 200)
+    assert longest.dropped == 4 and longest.prompt_tokens == 5 + 8 * 24, "1.0: the longest part that fits"
+    trimmed = fit(history, new, measured, 200, start=0, trim_to=0.75)
+    assert trimmed.dropped == 8 and trimmed.prompt_tokens == 5 + 6 * 24 <= 150
+    # the next message (the chat grew by a turn) keeps that start while the rest fits: the same prefix is sent
+    grown = [*history, *conversation(1)]
+    measured = await Accounting(words).measure(grown, [12] * 22, new)
+    kept = fit(grown, new, measured, 200, start=trimmed.dropped, trim_to=0.75)
+    assert kept.dropped == 8 and kept.messages[0] == trimmed.messages[0] and kept.prompt_tokens == 5 + 7 * 24
+    # a start that is not a turn's start is taken back to its turn's; past the history's end (an edit): from 0
+    assert fit(grown, new, measured, 200, start=9, trim_to=0.75).dropped == 8
+    assert (
+        fit(conversation(2), new, await Accounting(words).measure(conversation(2), [12] * 4, new), 200, start=8).dropped
+        == 0
+    )
