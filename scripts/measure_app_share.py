@@ -94,6 +94,10 @@ def level_figures(replies: list[Reply]) -> dict[str, Any]:
         "first_text_ms": pct([(r.first_text_s or 0) * 1000 for r in done]),
         "engine_first_text_ms": pct([(r.engine_first_text_s or 0) * 1000 for r in done]),
         "app_share_ms": pct([(r.app_share_s or 0) * 1000 for r in done]),
+        # the share split where the page hears that Chainlit took the message (task_start, before on_message):
+        # Chainlit's way in, then the app's path to the engine and the first piece's way out
+        "to_task_start_ms": pct([(r.taken_s or 0) * 1000 for r in done]),
+        "after_task_start_ms": pct([((r.app_share_s or 0) - (r.taken_s or 0)) * 1000 for r in done]),
         "prompt_tokens_max": longest,
         "long_replies": len(long),
         "long_prompt_tokens_min": min((r.prompt_tokens or 0 for r in long), default=None),

@@ -60,6 +60,7 @@ class Reply:
     turn: int = 0  # the message's place in its chat (0: a chat's first)
     engine_first_text_s: float | None = None  # the reply's details: the app's request to the engine's first text
     prompt_tokens: int | None = None  # what the engine read for it (the reply's details)
+    taken_s: float | None = None  # when the page heard that the app took the message (Chainlit's task_start)
 
     @property
     def app_share_s(self) -> float | None:
@@ -140,7 +141,8 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     """Send `text` in `chat`, read the reply to its end; what the page saw, timed from the send."""
     start, started = len(chat.events), time.monotonic()
     await chat.send(text)
-    end = await chat.wait_for("task_end", await chat.wait_for("task_start", start))
+    taken = await chat.wait_for("task_start", start)
+    end = await chat.wait_for("task_end", taken)
     first = first_text_at(chat.events, chat.times, start, end)
     steps = chat.reply_steps(start)
     # Finished: the reply's details in its metadata and its text alone (not the model's words: a
@@ -152,7 +154,7 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     details = ((steps[-1].get("metadata") or {}).get(DETAILS_KEY) or {}) if ok else {}
     return Reply(
         index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
-        details.get("ttft_s"), details.get("prompt_tokens"),
+        details.get("ttft_s"), details.get("prompt_tokens"), chat.times[taken] - started,
     )  # fmt: skip
 
 
