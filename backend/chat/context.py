@@ -170,12 +170,12 @@ class Accounting:
                 return Measured(bound, frame, [t or 0 for t in tokens], exact=False)
         alone = await self.alone(new_message, system)
         bounds = [*turn_starts(history), len(history)] if history else [0]
-        for start, end in pairwise(bounds):
-            unknown = [i for i in range(start, end) if tokens[i] is None]
+        for begin, end in pairwise(bounds):
+            unknown = [i for i in range(begin, end) if tokens[i] is None]
             if not unknown:
                 continue
-            known = sum(t or 0 for t in tokens[start:end])
-            rest = max(0, await self.count([*head, *history[start:end]]) - overhead - known)
+            known = sum(t or 0 for t in tokens[begin:end])
+            rest = max(0, await self.count([*head, *history[begin:end]]) - overhead - known)
             for i in unknown:  # a turn's count may sit on its first unknown message: trimming is by whole turns
                 tokens[i] = rest if i == unknown[0] else 0
         return Measured(alone, frame, [t or 0 for t in tokens])
