@@ -8,6 +8,8 @@
 #        bash scripts/gpu_run.sh first-reply [ROUNDS]  (a cold start, then warm-up off/on alternated: measure_first_reply)
 #        bash scripts/gpu_run.sh restart [ROUNDS]      (a cold start, then the kept engine adopted / a fresh start on
 #             warm caches, alternated: measure_restart)
+#        bash scripts/gpu_run.sh app-share [PROFILE]   (the same app, scripts/measure_app_share.py: what the app adds to
+#             the first text in fresh and growing chats; env APP_SHARE_LEVELS, APP_SHARE_ROUNDS; as `chat`, after `setup`)
 #        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
 #        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
 #             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
@@ -45,7 +47,8 @@ print('env ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformer
 echo "[run] setup took $SECONDS s; $(( TUNE_DEADLINE - $(date +%s) )) s left for rounds"
 if [ "$LABEL" = setup ]; then  # only the installation above, for a `chat` call right after it
   exit 0
-elif [ "$LABEL" = chat ]; then  # the app itself (Chainlit) starting the engine on the GPU, many chats through its websocket
+fi
+if [ "$LABEL" = chat ] || [ "$LABEL" = app-share ]; then  # the app itself (Chainlit) starting the engine on the GPU
   APPSITE=/tmp/appsite
   rm -rf "$APPSITE"; mkdir -p "$APPSITE"; tar xJf .gpu/app/appsite.tar.xz -C "$APPSITE" || exit 6
   # The engine runs in vLLM's environment, the app in its own (app packages first, the bundle's beneath them).
@@ -53,6 +56,15 @@ elif [ "$LABEL" = chat ]; then  # the app itself (Chainlit) starting the engine 
   export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=/tmp/enginepy ERNIE_ENGINE__PROFILE="${1:-h200}"
   export ERNIE_ENGINE__FLAGS__EXTRA_ARGS='["--attention-backend", "TRITON_ATTN"]'
   export ERNIE_MODEL__ID="$W/gpubundle/ernie03b" ERNIE_MODEL__LOAD_FORMAT=dummy ERNIE_PATHS__DATA_DIR=/tmp/chat-data
+fi
+if [ "$LABEL" = app-share ]; then  # the app's share of the first text, fresh and growing chats (measure_app_share.py)
+  # APP_SHARE_LEVELS, APP_SHARE_ROUNDS: as the script's --levels and --rounds; replies of 256 tokens at most.
+  PYTHONPATH="$APPSITE:$SITE:$PWD" python3 scripts/measure_app_share.py --python python3 \
+    --rounds "${APP_SHARE_ROUNDS:-3}" --max-tokens 256 --levels "${APP_SHARE_LEVELS:-fresh:1:30,growing:1:75}" \
+    --out "$OUT/app-share" 2>&1 | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
+  for f in /tmp/app-share-*/logs/engine.log; do tail -c 200000 "$f" > "$OUT/app-share/engine-log-tail.txt"; done
+  exit 0
+elif [ "$LABEL" = chat ]; then  # many chats through the app's websocket (python -m backend loadtest)
   PYTHONPATH="$APPSITE:$SITE:$PWD" python3 -m chainlit run app.py --headless --host 127.0.0.1 --port 8501 \
     > "$OUT/app-console.txt" 2>&1 &
   APP=$!

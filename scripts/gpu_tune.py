@@ -59,6 +59,8 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     # Piecewise CUDA graphs also for steps of up to 2048 tokens (vLLM's default stops at 512), which a
     # 512-token prefill batched with other requests' decodes exceeds: such steps otherwise run without graphs.
     "cg2k": ("defaults", ["--compilation-config", '{"max_cudagraph_capture_size": 2048}']),
+    # Issue 26: is the ~10 ms a prefill costs at any length asynchronous scheduling's output lag? Off here.
+    "noasync": ("defaults", ["--no-async-scheduling"]),
     # Issue 18, on nvidia-h200-x2 (NCCL's NVLink multicast stays off: the machine's NCCL_NVLS_ENABLE=0 reaches
     # the engine, which inherits the environment): alternate with "h200", TUNE_LEVELS=1,16,64,256.
     "tp2": ("h200x2-tp", []),

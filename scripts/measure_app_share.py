@@ -5,7 +5,10 @@ configuration, the engine this machine's kept tune chose), driven through its we
 the engine's part of it from the reply's details (the app's request to the engine's first text).
 
     .venv/bin/python scripts/measure_app_share.py [--rounds 3] [--max-tokens 64] [--out results/app-share/cpu]
-        [--levels fresh:1:40,growing:1:90] [--app-dir CHECKOUT]
+        [--levels fresh:1:40,growing:1:90] [--app-dir CHECKOUT] [--python PYTHON]
+
+--python runs the app as `PYTHON -m chainlit run app.py` instead of the checkout's .venv/bin/chainlit (the lent GPU
+machine, where the app's packages come on PYTHONPATH: scripts/gpu_run.sh app-share).
 
 --app-dir starts the app of another checkout (a git worktree of an earlier commit, sharing .venv), for an A/B of
 two versions: run this once per version and round, alternating them, each with its own --out.
@@ -50,10 +53,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_app(port: int, data: Path, app_dir: Path) -> subprocess.Popen[bytes]:
+def start_app(port: int, data: Path, app_dir: Path, python: str | None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ERNIE_PATHS__DATA_DIR": str(data)}
     log = open(data / "app-console.txt", "wb")  # open for the app's lifetime
-    cmd = [str(app_dir / ".venv" / "bin" / "chainlit"), "run", "app.py", "--headless", "--port", str(port)]
+    chainlit = [python, "-m", "chainlit"] if python else [str(app_dir / ".venv" / "bin" / "chainlit")]
+    cmd = [*chainlit, "run", "app.py", "--headless", "--port", str(port)]
     return subprocess.Popen(cmd, cwd=app_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -70,6 +74,16 @@ def wait_ready(url: str, app: subprocess.Popen[bytes], timeout_s: float = 900) -
             pass
         time.sleep(1)
     raise SystemExit(f"the app was not ready in {timeout_s:.0f} s")
+
+
+def gpu_name() -> str | None:
+    """The GPU's name where there is one (nvidia-smi), for the results beside the CPU's."""
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        out = subprocess.run(query, capture_output=True, text=True)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
 
 
 def commit_of(checkout: Path) -> str:
@@ -137,9 +151,10 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         else:
             row += ["", "", ""]
         lines.append("| " + " | ".join(row) + " |")
+    gpu = f"; GPU: {meta['gpu']}" if meta.get("gpu") else ""
     head = (
-        f"CPU: {meta['cpu']}; engine {meta['engine']}; {meta['rounds']} rounds, levels alternated; median (min-max)"
-        f" over rounds. First text: {FIRST_TEXT}. App's share: {APP_SHARE}.\n\n"
+        f"CPU: {meta['cpu']}{gpu}; engine {meta['engine']}; {meta['rounds']} rounds, levels alternated;"
+        f" median (min-max) over rounds. First text: {FIRST_TEXT}. App's share: {APP_SHARE}.\n\n"
     )
     return head + "\n".join(lines) + "\n"
 
@@ -151,17 +166,18 @@ async def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "app-share" / "cpu")
     parser.add_argument("--levels", default=",".join(f"{c}:{n}:{s}" for c, n, s in LEVELS), help="chats:sessions:s,...")
     parser.add_argument("--app-dir", type=Path, default=ROOT)
+    parser.add_argument("--python", help="run the app as PYTHON -m chainlit (default: the checkout's .venv)")
     args = parser.parse_args()
     levels = [(c, int(n), float(s)) for c, n, s in (part.split(":") for part in args.levels.split(","))]
     data = Path(tempfile.mkdtemp(prefix="app-share-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    app = start_app(port, data, args.app_dir.resolve())
+    app = start_app(port, data, args.app_dir.resolve(), args.python)
     runs: list[dict[str, Any]] = []
     try:
         health = wait_ready(url, app)
         meta = {
-            "cpu": cpu_model(), "machine": platform.machine(), "cores": os.cpu_count(),
+            "cpu": cpu_model(), "gpu": gpu_name(), "machine": platform.machine(), "cores": os.cpu_count(),
             "load_before": [round(x, 2) for x in os.getloadavg()],
             "engine": f"{health['engine'].get('name')} ({health['engine'].get('model', '')})",
             "health": health, "rounds": args.rounds, "max_tokens": args.max_tokens, "levels": levels,
