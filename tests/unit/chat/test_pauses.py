@@ -1,0 +1,51 @@
+"""Chainlit's constructor pauses (backend/chat/pauses.py): taken out of its message and step constructors only."""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import chainlit as cl
+import pytest
+from chainlit.context import init_http_context
+
+from backend.chat import pauses
+
+
+@pytest.fixture
+def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every time.sleep of the process, recorded instead of slept; Chainlit's modules as they were afterwards."""
+    for name in pauses.MODULES:
+        module = importlib.import_module(name)
+        monkeypatch.setattr(module, "time", module.time)  # restored after the test
+    calls: list[float] = []
+    monkeypatch.setattr(time, "sleep", calls.append)
+    return calls
+
+
+def make_message_and_step() -> None:
+    init_http_context()  # a message and a step need a Chainlit context (and a running event loop)
+    cl.Message(content="hello")
+    importlib.import_module("chainlit.step").Step(name="a step")
+
+
+async def test_the_installed_chainlit_pauses_in_its_constructors(slept: list[float]) -> None:
+    # Pins the reason for the module: a Chainlit release without the pause shows here (drop backend/chat/pauses.py).
+    make_message_and_step()
+    assert slept == [pauses.PAUSE_S, pauses.PAUSE_S]
+
+
+async def test_without_the_pauses_a_message_and_a_step_sleep_not(slept: list[float]) -> None:
+    changed = pauses.without_construction_pauses()
+    assert changed == list(pauses.MODULES)
+    make_message_and_step()
+    assert slept == []
+    assert pauses.without_construction_pauses() == []  # a second call changes nothing
+
+
+def test_longer_sleeps_and_the_rest_of_time_are_time_s_own(slept: list[float]) -> None:
+    pauses.without_construction_pauses()
+    changed = importlib.import_module("chainlit.message").time
+    changed.sleep(0.25)
+    assert slept == [0.25]
+    assert changed.monotonic is time.monotonic and changed.time is time.time
