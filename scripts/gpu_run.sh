@@ -37,6 +37,11 @@ if [ ! -d "$SITE/vllm" ]; then
     "$W"/gpubundle/wheels/*.whl .whl/*.whl || exit 4
   cp -a "$W"/gpubundle/vllm_stripped/. "$SITE"/
 fi
+# The app's own packages (scripts/gpu_appsite.py) beneath the bundle's, where carried: the project's modules
+# that gpu_tune.py imports need some the bundle lacks (sqlalchemy).
+if [ -f .gpu/app/appsite.tar.xz ] && [ ! -d /tmp/appsite/chainlit ]; then
+  mkdir -p /tmp/appsite && tar xJf .gpu/app/appsite.tar.xz -C /tmp/appsite
+fi
 export PYTHONPATH="$SITE:$PWD" VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PATH="$SITE/bin:$PATH"
@@ -125,6 +130,7 @@ elif [ "$LABEL" = supervise ]; then
 elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
   python3 scripts/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
 else
+  [ -d /tmp/appsite/chainlit ] && export PYTHONPATH="$SITE:/tmp/appsite:$PWD"
   python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 fi
 echo "gpu_tune exit ${PIPESTATUS[0]}"
