@@ -37,10 +37,11 @@ if [ ! -d "$SITE/vllm" ]; then
     "$W"/gpubundle/wheels/*.whl .whl/*.whl || exit 4
   cp -a "$W"/gpubundle/vllm_stripped/. "$SITE"/
 fi
-# The app's own packages (scripts/gpu_appsite.py) beneath the bundle's, where carried: the project's modules
-# that gpu_tune.py imports need some the bundle lacks (sqlalchemy).
-if [ -f .gpu/app/appsite.tar.xz ] && [ ! -d /tmp/appsite/chainlit ]; then
-  mkdir -p /tmp/appsite && tar xJf .gpu/app/appsite.tar.xz -C /tmp/appsite
+# The app's own packages (scripts/gpu_appsite.py), where carried: for the app (`chat`, `app-share`), and beneath
+# the bundle's for gpu_tune.py, whose project modules need some the bundle lacks (sqlalchemy).
+APPSITE=/tmp/appsite
+if [ -f .gpu/app/appsite.tar.xz ]; then
+  rm -rf "$APPSITE"; mkdir -p "$APPSITE"; tar xJf .gpu/app/appsite.tar.xz -C "$APPSITE" || exit 6
 fi
 export PYTHONPATH="$SITE:$PWD" VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -54,8 +55,7 @@ if [ "$LABEL" = setup ]; then  # only the installation above, for a `chat` call 
   exit 0
 fi
 if [ "$LABEL" = chat ] || [ "$LABEL" = app-share ]; then  # the app itself (Chainlit) starting the engine on the GPU
-  APPSITE=/tmp/appsite
-  rm -rf "$APPSITE"; mkdir -p "$APPSITE"; tar xJf .gpu/app/appsite.tar.xz -C "$APPSITE" || exit 6
+  [ -d "$APPSITE/chainlit" ] || { echo "no app packages here: carry .gpu/app (scripts/gpu_appsite.py)"; exit 6; }
   # The engine runs in vLLM's environment, the app in its own (app packages first, the bundle's beneath them).
   printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$SITE:$PWD" > /tmp/enginepy && chmod +x /tmp/enginepy
   export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=/tmp/enginepy ERNIE_ENGINE__PROFILE="${1:-h200}"
@@ -130,7 +130,7 @@ elif [ "$LABEL" = supervise ]; then
 elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
   python3 scripts/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
 else
-  [ -d /tmp/appsite/chainlit ] && export PYTHONPATH="$SITE:/tmp/appsite:$PWD"
+  [ -d "$APPSITE/chainlit" ] && export PYTHONPATH="$SITE:$APPSITE:$PWD"
   python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 fi
 echo "gpu_tune exit ${PIPESTATUS[0]}"

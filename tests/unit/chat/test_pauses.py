@@ -14,10 +14,10 @@ from backend.chat import pauses
 
 @pytest.fixture
 def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every time.sleep of the process, recorded instead of slept; Chainlit's modules as they were afterwards."""
+    """Every time.sleep of the process, recorded instead of slept; Chainlit's modules with the real `time` for the
+    test (whether or not app.py changed them before, in this process) and as they were afterwards."""
     for name in pauses.MODULES:
-        module = importlib.import_module(name)
-        monkeypatch.setattr(module, "time", module.time)  # restored after the test
+        monkeypatch.setattr(importlib.import_module(name), "time", time)
     calls: list[float] = []
     monkeypatch.setattr(time, "sleep", calls.append)
     return calls
