@@ -79,6 +79,7 @@ def group_alive(pgid: int) -> list[int]:
 ENGINE_METRICS = {
     "requests_running": {"vllm": "vllm:num_requests_running", "llama.cpp": "llamacpp:requests_processing"},
     "prompt_tokens": {"vllm": "vllm:prompt_tokens_total", "llama.cpp": "llamacpp:prompt_tokens_total"},
+    "generated_tokens": {"vllm": "vllm:generation_tokens_total", "llama.cpp": "llamacpp:tokens_predicted_total"},
     # Seconds the engine spent generating reply tokens (after each request's first token).
     "decode_seconds": {
         "vllm": "vllm:request_decode_time_seconds_sum",

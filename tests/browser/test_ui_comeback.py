@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,16 +281,26 @@ async def test_the_reply_to_an_edited_message_stops(app: RunningApp, browser: An
 async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site: Site, browser: Any) -> None:
     ask = f"{LONG_ASK} ({uuid.uuid4().hex[:8]})"
     page, frames = await log_in(browser, site.app, "en-US")
+    # Signed in beforehand in another browser (the reopen must come while the reply is still being written, and a
+    # sign-in is two page loads: on two busy cores, as long as a whole reply).
+    later, later_frames = await log_in(browser, site.app, "en-US")
     before = await metric(site.app, GENERATED)
     await send(page, ask)
     await reply_started(frames)
     await page.wait_for_url("**/thread/*", timeout=60_000)
     await page.context.close()  # the tab goes; the reply goes on
+    closed = time.monotonic()
 
-    page, frames = await log_in(browser, site.app, "en-US")
-    await page.locator("#thread-history").get_by_text(ask).click()
-    reply = await reply_started(frames, chars=1)
-    await finished(page)
+    await later.reload()  # its history lists the new thread
+    await later.locator("#thread-history").get_by_text(ask).click()
+    reply = await reply_started(later_frames, chars=1)
+    await finished(later)
+    streamed = [event for _, event, _ in later_frames.pieces(reply)]
+    assert "stream_token" in streamed, (
+        f"the reopened thread did not follow the reply live: it ended before the reopen "
+        f"({time.monotonic() - closed:.1f} s after the tab closed)"
+    )
+    page, frames = later, later_frames
     text = the_whole_reply(frames, reply, 0)
     count = await generated(site.app, site.engine_data, frames, reply, text, before)
     # The model's history has the turn as shown: a follow-up's prompt holds the question and that reply.
