@@ -22,7 +22,7 @@ from backend.chat.page import (
     settings_widgets,
     take_back_last_reply,
 )
-from backend.chat.pauses import without_construction_pauses
+from backend.chat.pauses import without_chainlit_pauses
 from backend.chat.render import notice_text, settings_saved, starters, template_commands
 from backend.chat.replies import Replies, on_every_connection
 from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread, notices
@@ -36,7 +36,7 @@ from backend.storage.persistence import Persistence
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
-without_construction_pauses()  # Chainlit's 1 ms blocking sleep per message and step (backend/chat/pauses.py)
+without_chainlit_pauses()  # Chainlit's 1 ms sleeps per message and step, and before on_message (chat/pauses.py)
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None

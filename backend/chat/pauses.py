@@ -1,4 +1,4 @@
-"""Chainlit's construction pauses, taken off the event loop's way.
+"""Chainlit's pauses on a message's way, taken off the event loop's way.
 
 Chainlit 2.x makes every `cl.Message` and every `cl.Step` wait `time.sleep(0.001)` in its constructor (message.py,
 step.py): a blocking sleep on the event loop, which sleeps 1.1-1.3 ms on the machines measured here. Three of them
@@ -10,24 +10,34 @@ a clock of microsecond resolution on Linux, and the app sets the reply's own (ba
 the AMD EPYC of results/app-share: the app's share of the first text of a fresh chat ~8.3 ms, ~3.5 ms of them
 these pauses.
 
-`without_construction_pauses()` gives those two modules a `time` whose `sleep` skips pauses of at most a
-millisecond (longer sleeps, if Chainlit ever adds any, still sleep). Where Chainlit no longer holds `time` in
-either module it changes nothing, and says so in the log (tests/unit/chat/test_pauses.py notices a Chainlit
+A fourth pause: before it calls `on_message`, Chainlit's socket handler awaits `asyncio.sleep(0.001)` (socket.py,
+`process_message`), after it has started the tasks that store the user's message and the thread. On the event loop
+that wait lasts 1.1-2 ms (the loop's timer rounds up to its clock's millisecond); it lets those tasks start before
+`on_message` runs, which one turn of the loop does as well (`asyncio.sleep(0)`): they write in their own time
+either way, and Chainlit's SQL layer creates the thread with the first step it stores, whichever comes first.
+
+`without_chainlit_pauses()` gives the two constructors' modules a `time` whose `sleep` skips pauses of at most a
+millisecond, and the socket module an `asyncio` whose `sleep` of at most a millisecond is one turn of the loop
+(longer sleeps, such as the session timeout's, sleep as before). Where Chainlit no longer holds `time` or `asyncio`
+in those modules it changes nothing, and says so in the log (tests/unit/chat/test_pauses.py notices a Chainlit
 release that no longer pauses, or pauses another way).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import time
+from collections.abc import Awaitable
 from types import ModuleType
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-PAUSE_S = 0.001  # the pause Chainlit's constructors take; shorter or equal sleeps are skipped
-MODULES = ("chainlit.message", "chainlit.step")
+PAUSE_S = 0.001  # the pause Chainlit takes; shorter or equal sleeps are skipped (or one turn of the loop)
+MODULES = ("chainlit.message", "chainlit.step")  # their constructors pause with time.sleep
+SOCKET = "chainlit.socket"  # its message handler pauses with asyncio.sleep before on_message
 
 
 class TimeWithoutPauses:
@@ -42,14 +52,29 @@ class TimeWithoutPauses:
             time.sleep(seconds)
 
 
-def without_construction_pauses() -> list[str]:
-    """Drop the pauses of Chainlit's message and step constructors; return the modules changed."""
+class AsyncioWithoutPauses:
+    """The `asyncio` module whose pause of at most PAUSE_S is one turn of the event loop: every other name is
+    `asyncio`'s own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    def sleep(seconds: float, result: Any = None) -> Awaitable[Any]:
+        return asyncio.sleep(0 if seconds <= PAUSE_S else seconds, result)
+
+
+def without_chainlit_pauses() -> list[str]:
+    """Drop Chainlit's pauses on a message's way (its constructors', its handler's); return the modules changed."""
+    replacements: list[tuple[str, str, ModuleType, type]] = [(SOCKET, "asyncio", asyncio, AsyncioWithoutPauses)]
+    replacements += [(name, "time", time, TimeWithoutPauses) for name in MODULES]
     changed = []
-    for name in MODULES:
+    for name, attribute, original, replacement in replacements:
         module: ModuleType = importlib.import_module(name)
-        if getattr(module, "time", None) is time:
-            module.time = TimeWithoutPauses()  # type: ignore[attr-defined]
+        held = getattr(module, attribute, None)
+        if held is original:
+            setattr(module, attribute, replacement())
             changed.append(name)
-        elif not isinstance(getattr(module, "time", None), TimeWithoutPauses):
-            log.info("%s holds no `time` module: its constructor's pause (if any) is left as it is", name)
+        elif not isinstance(held, replacement):
+            log.info("%s holds no `%s` module: its pause (if any) is left as it is", name, attribute)
     return changed
