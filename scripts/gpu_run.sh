@@ -134,5 +134,9 @@ else
   python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 fi
 echo "gpu_tune exit ${PIPESTATUS[0]}"
+# At most 8 files come back from a call: py-spy's profiles (TUNE_PROFILE=1) travel as one archive.
+if ls "$OUT"/pyspy-*.txt >/dev/null 2>&1; then
+  tar czf "$OUT/pyspy-$LABEL.tar.gz" -C "$OUT" $(cd "$OUT" && ls pyspy-*.txt) && rm -f "$OUT"/pyspy-*.txt
+fi
 tar czf "$OUT/logs-$LABEL.tar.gz" -C /tmp/tune --exclude=cache --exclude=unused --exclude=engine.key . 2>/dev/null
 ls -l "$OUT"

@@ -61,6 +61,9 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "cg2k": ("defaults", ["--compilation-config", '{"max_cudagraph_capture_size": 2048}']),
     # Issue 26: is the ~10 ms a prefill costs at any length asynchronous scheduling's output lag? Off here.
     "noasync": ("defaults", ["--no-async-scheduling"]),
+    # Issue 26: at 16 users the requests come in waves, and vLLM renders and tokenizes each in one worker thread
+    # (--renderer-num-workers 1): py-spy of the API server (call cg3) found 512-token encodes queued there.
+    "renderer": ("defaults", ["--renderer-num-workers", "8"]),
     # Issue 18, on nvidia-h200-x2 (NCCL's NVLink multicast stays off: the machine's NCCL_NVLS_ENABLE=0 reaches
     # the engine, which inherits the environment): alternate with "h200", TUNE_LEVELS=1,16,64,256.
     "tp2": ("h200x2-tp", []),
