@@ -241,6 +241,15 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-cache", choices=("static", "dynamic"), default="static", help="HF KV cache (default static)")
     p.add_argument("--hf-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--hf-threads", type=int, help="torch threads for the baseline (default: torch's own)")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="send each plain-HTTP level from N client processes (users split among them), so one Python client's "
+        "own loop is not what is measured at many users; for a server on other cores (a GPU's), not a 2-core CPU "
+        "(default 1)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before the sweep (default 2)")
     p.add_argument("--timeout", type=float, default=600.0, help="longest wait per request in seconds")
     p.add_argument(

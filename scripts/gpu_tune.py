@@ -313,15 +313,22 @@ def service(model: str, name: str, label: str, index: int, max_attempts: int = 1
 
 
 async def bench_level(
-    svc: ChatService, users: int, requests: int, output_len: int, seed: int, input_len: int = INPUT_LEN
+    svc: ChatService,
+    users: int,
+    requests: int,
+    output_len: int,
+    seed: int,
+    input_len: int = INPUT_LEN,
+    processes: int = 1,
 ) -> dict[str, Any]:
-    """One level through the project's benchmark tool; its level record, plus the client's CPU use."""
+    """One level through the project's benchmark tool (from `processes` client processes); its level record, plus
+    the client's CPU use (this process's: with several client processes, theirs is not in it)."""
     ep = svc.endpoint
     argv = [
         "--base-url", ep.base_url + "/v1", "--api-key", ep.api_key, "--model", ep.model,
         "--concurrency", str(users), "--requests", str(requests), "--seed", str(seed),
         "--warmup", "0", "--name", f"c{users}", "--out-dir", "/tmp/tune/unused", *BENCH,
-        "--output-len", str(output_len), "--input-len", str(input_len),
+        "--output-len", str(output_len), "--input-len", str(input_len), "--client-processes", str(processes),
     ]  # fmt: skip
     cfg = load_config()
     t0, c0 = time.monotonic(), os.times()
@@ -405,6 +412,8 @@ async def one_round(model: str, name: str, label: str, index: int, out_dir: Path
                     prefill = level["phases"].get("request_prefill_time_seconds", {}).get("mean_ms")
                     print(f"[tune] {label} #{index} {name} probe {inlen} tokens: prefill mean {prefill} ms, TTFT P50 "
                           f"{level['ttft_ms']['p50']:.1f} ms", flush=True)  # fmt: skip
+            if os.environ.get("TUNE_CLIENTS"):  # e.g. "1,4": the same engine measured from 1 and 4 client processes
+                rec["client_ab"] = await client_ab(svc, http, root, label, index, name)
             if os.environ.get("TUNE_PROFILE"):
                 rec["profiled"] = await profiled_level(svc, out_dir, label, index)
                 print(f"[tune] {label} #{index} {name} profiled: {json.dumps(rec['profiled'])[:800]}", flush=True)
@@ -416,6 +425,32 @@ async def one_round(model: str, name: str, label: str, index: int, out_dir: Path
         rec["engine_log"] = log_excerpt(svc.supervisor.log_path)
         rec["engine_log_path"] = str(svc.supervisor.log_path)
     return rec
+
+
+async def client_ab(
+    svc: ChatService, http: httpx.AsyncClient, root: str, label: str, index: int, name: str
+) -> list[dict[str, Any]]:
+    """TUNE_CLIENTS="1,4": the levels again, sent from each number of client processes in turn, alternated over
+    three rounds (A B, B A, A B): is the one Python client part of what the levels measure?"""
+    counts = [int(n) for n in os.environ["TUNE_CLIENTS"].split(",")]
+    runs = []
+    for rep in range(3):
+        for processes in counts if rep % 2 == 0 else list(reversed(counts)):
+            for users, n in LEVELS:
+                before = await scrape(http, root)
+                level = await bench_level(
+                    svc, users, n, OUTPUT_LEN, seed=20_000 + 100 * rep + users, processes=processes
+                )
+                level["phases"] = metrics_delta(before, await scrape(http, root))
+                runs.append({"rep": rep, "processes": processes, "users": users, "level": level})
+                print(
+                    f"[tune] {label} #{index} {name} clients={processes} rep {rep} c={users}: "
+                    f"{level['output_tokens_per_s']:.0f} tok/s, TTFT P50/P99 {level['ttft_ms']['p50']:.1f}/"
+                    f"{level['ttft_ms']['p99']:.1f} ms, vLLM TTFT mean "
+                    f"{level['phases'].get('time_to_first_token_seconds', {}).get('mean_ms')} ms",
+                    flush=True,
+                )
+    return runs
 
 
 def append(out: Path, rec: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
 """A stand-in engine process for unit tests: a real child serving /health, /v1/models and a streamed chat.
 
 usage: python stub_engine.py PORT MODEL [--exit-at-start CODE] [--die-with SIGNAL] [--ready-after S] [--spawn-child]
-                             [--reply TEXT] [--break-after N]
+                             [--reply TEXT] [--break-after N] [--count-prompt]
 
 POST /v1/chat/completions streams --reply word by word as server-sent events (finish_reason "stop", then usage);
 with --break-after N the stub drops the connection after N words, in the middle of the chunked body, like an
-engine that dies mid-reply. Every POST prints "request POST <path>" so a test can count them in the output.
+engine that dies mid-reply; with --count-prompt the usage chunk's prompt_tokens is the number of words in the
+request's messages (else 1). Every POST prints "request POST <path>" so a test can count them in the output.
 Other POST paths answer 404 (so /tokenize is "not supported": the client estimates).
 """
 
@@ -62,7 +63,7 @@ def main() -> None:
 
         def do_POST(self) -> None:
             print(f"request POST {self.path}", flush=True)
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path != "/v1/chat/completions" or time.monotonic() < ready_at:
                 self.send_response(404 if time.monotonic() >= ready_at else 503)
                 self.send_header("Content-Length", "0")
@@ -75,7 +76,11 @@ def main() -> None:
             self.send_header("Connection", "close")
             self.end_headers()
             pieces = len(reply.split(" "))
-            for i, data in enumerate(reply_events(model, reply)):
+            prompt_tokens = 1
+            if "--count-prompt" in opts:
+                messages = json.loads(body or b"{}").get("messages") or []
+                prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+            for i, data in enumerate(reply_events(model, reply, prompt_tokens)):
                 if break_after is not None and break_after <= i < pieces:
                     return  # no finish_reason and no last chunk
                 self._chunk(data)

@@ -35,6 +35,7 @@ from backend.benchmarks.memory import PeakSampler
 from backend.benchmarks.plan import MIN_REQUESTS, TARGETS, requests_per_level, requests_rule, schedule
 from backend.benchmarks.redact import KEY_ENV, masked_command, scrub
 from backend.benchmarks.report import write_report
+from backend.benchmarks.spread import RawTarget, run_level_spread, shares
 from backend.benchmarks.stats import combine_rounds, level_metrics
 from backend.benchmarks.targets import MemoryReader, Server, external_server, managed_server, server_version
 from backend.benchmarks.workload import (
@@ -120,7 +121,7 @@ def check_options(args: argparse.Namespace) -> argparse.Namespace:
             "Use --per-user N for N x concurrency requests per level (at least 32), --requests N for a fixed "
             "number, and --repeat N for the number of alternated rounds.",
         )
-    for name in ("repeat", "per_user", "requests", "input_len", "output_len"):
+    for name in ("repeat", "per_user", "requests", "input_len", "output_len", "client_processes"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BenchmarkError(f"--{name.replace('_', '-')} must be at least 1.", "Give a positive whole number.")
@@ -133,6 +134,11 @@ def check_options(args: argparse.Namespace) -> argparse.Namespace:
             )
         args.chat_shape = _chat_shape(args)
         args.app_levels = []  # plain HTTP only: the app's client path measures single requests
+        if args.client_processes > 1:
+            raise BenchmarkError(
+                "--client-processes applies to --workload requests only.",
+                "Leave it out for the chat workload (one process holds its conversations).",
+            )
     args.api_key = args.api_key or os.environ.get(KEY_ENV) or "EMPTY"
     args.name = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     args.out_dir = (args.out_dir or ROOT / "results" / args.name).resolve()
@@ -145,13 +151,24 @@ def _bar(args: argparse.Namespace, total: int, desc: str) -> tqdm:
 
 
 async def measure_level(
-    args: argparse.Namespace, send: Sender, requests: list[BenchRequest], level: int, memory: MemoryReader, desc: str
+    args: argparse.Namespace,
+    send: Sender,
+    requests: list[BenchRequest],
+    level: int,
+    memory: MemoryReader,
+    desc: str,
+    spread: RawTarget | None = None,
 ) -> tuple[LevelRun, dict[str, Any]]:
-    """Run one level with a progress bar and a memory sampler; return the run and its JSON record."""
+    """Run one level with a progress bar and a memory sampler; return the run and its JSON record. With `spread`,
+    the level is sent from --client-processes processes over plain HTTP instead (backend.benchmarks.spread)."""
     load_before = os.getloadavg()
     with _bar(args, len(requests), desc) as bar:
         async with PeakSampler(memory) as sampler:
-            results, duration = await run_level(send, requests, level, lambda: bar.update(1))
+            if spread is not None and args.client_processes > 1:
+                results, duration = await run_level_spread(spread, requests, level, args.client_processes)
+                bar.update(len(requests))
+            else:
+                results, duration = await run_level(send, requests, level, lambda: bar.update(1))
     metrics = level_metrics(level, results, duration)
     record = metrics.to_dict() | {
         "peak_memory_bytes": sampler.peak,
@@ -260,6 +277,7 @@ async def sweep(
     ep = server.endpoint
     raw = RawSender(ep.base_url, ep.api_key, ep.model, sampling, args.timeout, connections=max(args.levels) + 4)
     senders: dict[str, Sender] = {"server": raw, "app": AppSender(server.client, sampling, flush_s)}
+    spread = RawTarget(ep.base_url, ep.api_key, ep.model, sampling, args.timeout)  # --client-processes
     rounds: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     done: dict[str, dict[int, list[LevelRun]]] = {dataset: {} for dataset in workloads}
     try:
@@ -270,7 +288,11 @@ async def sweep(
             # prompts of the same lengths.
             requests = await workloads[m.dataset].take(requests_per_level(m.level, args.per_user, args.requests))
             desc = f"{m.dataset} {m.target} c={m.level} round {m.round}/{args.repeat}"
-            run, record = await measure_level(args, senders[m.target], requests, m.level, server.memory, desc)
+            where_from = spread if m.target == "server" else None
+            run, record = await measure_level(
+                args, senders[m.target], requests, m.level, server.memory, desc, where_from
+            )
+            record["client_processes"] = len(shares(m.level, args.client_processes)) if where_from else 1
             where = {"round": m.round, "order": order}
             rounds.setdefault((m.dataset, m.target, m.level), []).append(
                 where | record | {"memory_source": server.memory_source}
@@ -290,7 +312,8 @@ async def sweep(
 # ----- the command ---------------------------------------------------------------------------------
 def _settings(args: argparse.Namespace, sampling: Sampling) -> dict[str, Any]:
     """The run's settings as recorded in results.json: those of the workload chosen."""
-    common = {"workload": args.workload, "concurrency": args.levels, "repeat": args.repeat}
+    common = {"workload": args.workload, "concurrency": args.levels, "repeat": args.repeat,
+              "client_processes": args.client_processes}  # fmt: skip
     if args.chat_shape is not None:
         fixed = f"{max(MIN_REQUESTS, args.requests)} (fixed)" if args.requests else None
         turns = f"{fixed or f'max({MIN_REQUESTS}, {args.per_user} x users)'} turns in all"
