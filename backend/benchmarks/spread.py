@@ -1,12 +1,14 @@
 """One level of plain-HTTP requests sent from several client processes, so the client is not what is measured.
 
 At 16 users and more on a fast GPU, one Python client receives thousands of stream chunks a second (the H200's 16-user
-level kept 0.55-0.63 of a core busy in the benchmark's own process): its event loop takes each reply's first chunk
-late when the other streams' chunks are queued before it, and that delay is counted as the server's. Here the
-level's users are split over N processes (spawned, each with its own event loop and HTTP client: a RawSender), each
-sending its share of the requests (every N-th) with its share of the users, in a closed loop as run_level does. All
-processes start sending together (a barrier after their start-up); the level's wall time runs from the first start
-to the last end (perf_counter is the system's monotonic clock on Linux, the same in every process).
+level kept 0.55-0.63 of a core busy in the benchmark's own process): where its event loop falls behind, it takes each
+reply's first chunk late, and that delay is counted as the server's. (Measured on the H200 at 16 and 64 users, one
+client process and four gave the same time between the client's and vLLM's own time to first token:
+results/gpu-h200/ttft-16-users. Faster servers or more users may differ: this measures it.) Here the level's users are
+split over N processes (spawned, each with its own event loop and HTTP client: a RawSender), each sending its share of
+the requests (every N-th) with its share of the users, in a closed loop as run_level does. All processes start sending
+together (a barrier after their start-up); the level's wall time runs from the first start to the last end (perf_counter
+is the system's monotonic clock on Linux, the same in every process).
 
 On a machine of few cores the processes compete with the server for them: use it where the server has its own.
 """
