@@ -96,6 +96,8 @@ class ServerSettings(_Strict):
     port: int = Field(8100, ge=0, le=65535)
     api_key: str | None = None
     base_url: str | None = None
+    # Only for engine "external": the GET that answers 200 while the server can serve (vLLM's router: /readiness)
+    health_path: str = Field("/health", pattern=r"^/")
 
 
 class TimeoutSettings(_Strict):

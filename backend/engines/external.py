@@ -9,7 +9,10 @@ from backend.models.resolve import ResolvedModel
 
 
 class External(Engine):
-    """Nothing to start, install or check: readiness is the server's /health and /v1/models."""
+    """Nothing to start, install or check: readiness is the server's health path (server.health_path, /health by
+    default) and its /v1/models. Behind vLLM's router the path is /readiness: 200 while at least one of its engines
+    can serve, where the router's /health is 503 while any one of them is down (which would make every app process
+    in front of it stop serving when one engine of the fleet dies)."""
 
     name = "external"
     spawns = False
@@ -31,4 +34,5 @@ class External(Engine):
             served_name=cfg.model.served_name,
             api_key=target.api_key,
             url=url.rstrip("/").removesuffix("/v1"),
+            health_path=cfg.server.health_path,
         )

@@ -60,6 +60,7 @@ SLOTS = 4  # per engine: 16 chats over 2 engines keep 4 waiting in each, which t
 REPLY_TOKENS = 32
 STORY = "Tell me a long story about a lighthouse keeper and the sea."
 RETRY_LINE = "failed before its first token"
+UNHEALTHY_LINE = "Engine health check failed"  # the app's supervisor, when its engine (here the router) fails a check
 IN_FLIGHT_S = 0.5
 
 
@@ -117,6 +118,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_py: str, postgres: Po
             "ERNIE_ENGINE__NAME": "external",
             "ERNIE_SERVER__BASE_URL": front.health_url.removesuffix("/health") + "/v1",
             "ERNIE_SERVER__API_KEY": key,
+            "ERNIE_SERVER__HEALTH_PATH": "/readiness",  # as compose.fleet.yaml: ready while one engine can serve
             "ERNIE_PATHS__PROMPTS_DIR": str(prompts),
             "ERNIE_TIMEOUTS__HEALTH_INTERVAL_S": "1",
             "ERNIE_API__QUOTAS__CONCURRENT": "0",
@@ -215,6 +217,7 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
 
     # the same 16 chats' next message; one engine is killed once a few replies have begun
     before, retries_before = processed(fleet), app.log_text().count(RETRY_LINE)
+    unhealthy_before = [a.log_text().count(UNHEALTHY_LINE) for a in fleet.apps]
     started_before = [launched(e) for e in fleet.engines]
     marks = [len(chat.events) for chat in chats]
     load = asyncio.gather(*(chat.ask(f"{STORY} ({i})") for i, chat in enumerate(chats)))
@@ -272,6 +275,12 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
     victim.start()  # as it was, for the other tests
     await asyncio.to_thread(victim.wait_ready)
     await asyncio.to_thread(wait_until, lambda: worker_health(fleet).get(dead) == 1, "the router taking it back")
+
+    # one engine down is not the fleet down: neither app process found its engine (the router) unhealthy meanwhile,
+    # so neither stopped serving nor failed the proxy's health check
+    unhealthy = [a.log_text().count(UNHEALTHY_LINE) - n for a, n in zip(fleet.apps, unhealthy_before, strict=True)]
+    fleet.figures["kill"]["app_health_check_failures"] = unhealthy
+    assert unhealthy == [0, 0], f"both app processes stayed ready while one engine was down: {unhealthy}"
 
 
 async def test_a_conversation_continues_on_the_other_process_after_its_own_died(fleet: Fleet) -> None:
@@ -349,22 +358,29 @@ class PollingChat(ChatSocket):
 @pytest.mark.filterwarnings("ignore:Unclosed connection:ResourceWarning")
 async def test_the_proxy_keeps_each_browser_on_one_process(fleet: Fleet) -> None:
     """Socket.IO's HTTP long-polling (how a browser starts) sends many requests per session: each must reach the
-    process that holds the session. Four browsers, each with its own cookie, chat over polling alone."""
-    before = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
-    browsers = [await login(fleet.proxy_url, "bob", PASSWORD) for _ in range(4)]
-    try:
-        for http in browsers:
+    process that holds the session. Browsers, each with its own cookie, chat over polling alone, one after another,
+    until each process has had two (the proxy sends a new browser round robin to a process it holds as up: one that
+    another test restarted a moment ago may get none for a few seconds); each chat is answered by one process."""
+    homes: list[int] = []
+    deadline = time.monotonic() + 120
+    while min(homes.count(0), homes.count(1)) < 2:
+        assert time.monotonic() < deadline, f"the proxy sent every browser to one process: {homes}"
+        before = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
+        http = await login(fleet.proxy_url, "bob", PASSWORD)
+        try:
             chat = PollingChat(fleet.proxy_url, http)
             await chat.connect()
             await chat.ask("Hello!")
             assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
             await chat.close()
-    finally:
-        for http in browsers:
+        finally:
             await http.aclose()
+        after = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
+        grew = [a - b for a, b in zip(after, before, strict=True)]
+        assert sorted(grew) == [0, 1], f"one process answered the browser: {before} -> {after}"
+        homes.append(grew.index(1))
     gc.collect()
-    after = [await asyncio.to_thread(chat_turns, app) for app in fleet.apps]
-    assert all(a > b for a, b in zip(after, before, strict=True)), f"both processes got browsers: {before} -> {after}"
+    fleet.figures["proxy"] = {"browsers_per_process": [homes.count(0), homes.count(1)], "in_order": homes}
 
 
 async def workshop(http: httpx.AsyncClient, method: str, path: str, **body: Any) -> httpx.Response:

@@ -105,8 +105,12 @@ def test_only_the_proxy_is_published_and_every_part_checks_its_health() -> None:
     checks = {name: " ".join(s["healthcheck"]["test"]) for name, s in services.items() if "healthcheck" in s}
     for name in ("app-1", "app-2"):
         assert f"127.0.0.1:{APP_PORT}/healthz" in checks[name]
-    for name in ("router", "engine-1", "engine-2"):
-        assert "127.0.0.1:8000/health" in checks[name]
+    for name in ("engine-1", "engine-2"):
+        assert "127.0.0.1:8000/health'" in checks[name]
+    # the router is ready while one engine can serve (its /health is 503 while any one is down): the apps ask the same
+    assert "127.0.0.1:8000/readiness'" in checks["router"]
+    for name in ("app-1", "app-2"):
+        assert services[name]["environment"]["ERNIE_SERVER__HEALTH_PATH"] == "/readiness"
     assert "pg_isready" in checks["postgres"]
     waits = {name: {d: c["condition"] for d, c in s.get("depends_on", {}).items()} for name, s in services.items()}
     assert waits["app-1"] == waits["app-2"] == {"postgres": "service_healthy", "router": "service_healthy"}
