@@ -55,6 +55,7 @@ class Target:
     engine_url: str
     engine_pid: int | None
     log: Path
+    health_path: str = "/health"  # an external server's is server.health_path (vLLM's router: /readiness)
 
 
 def locate(
@@ -75,6 +76,7 @@ def locate(
         .removesuffix("/v1"),
         engine_pid=None if engine_url else state.get("pid"),
         log=Path(log or state.get("log") or cfg.paths.engine_log),
+        health_path=cfg.server.health_path if cfg.engine.name == "external" else "/health",
     )
 
 
@@ -137,7 +139,7 @@ async def check_app(http: httpx.AsyncClient, url: str) -> Check:
 
 
 async def check_engine(http: httpx.AsyncClient, target: Target) -> Check:
-    url = target.engine_url + "/health"
+    url = target.engine_url + target.health_path
     pid = target.engine_pid
     process = "" if pid is None else f" (pid {pid} {'running' if _alive(pid) else 'not running'})"
     try:

@@ -152,6 +152,28 @@ def test_locate_without_state_file_uses_the_configuration(make_config: MakeConfi
     assert locate(make_config(app__port=9123)).app_url == "http://127.0.0.1:9123"
 
 
+def test_locate_checks_an_external_server_at_its_health_path(make_config: MakeConfig) -> None:
+    cfg = make_config(
+        engine__name="external", server__base_url="http://router:8000/v1", server__health_path="/readiness"
+    )
+    found = locate(cfg)
+    assert (found.engine_url, found.health_path) == ("http://router:8000", "/readiness")
+    assert locate(make_config(server__health_path="/readiness")).health_path == "/health", "only for external"
+
+
+async def test_the_engine_check_asks_the_target_s_health_path(fake: tuple[Fake, str]) -> None:
+    """Behind vLLM's router: /health is 503 while one engine is down, /readiness 200 while one can serve."""
+    state, url = fake
+    healthy(state)
+    state.routes["/health"] = (503, 'Unhealthy servers: ["http://10.0.0.2:8000"]')
+    state.routes["/readiness"] = (200, '{"status":"ready","healthy_workers":1,"total_workers":2}')
+    router = Target(
+        app_url=None, engine_url=url, engine_pid=None, log=LOGS / "healthy_start.txt", health_path="/readiness"
+    )
+    assert statuses(await diagnose(router))["engine"] == OK
+    assert statuses(await diagnose(target(url, LOGS / "healthy_start.txt", app=False)))["engine"] == FAIL
+
+
 def test_command_exit_code_and_output(fake: tuple[Fake, str], capsys: pytest.CaptureFixture[str]) -> None:
     state, url = fake
     healthy(state)
