@@ -262,7 +262,9 @@ class Supervisor:
             self.status.restarts += 1
             tail = self.process.tail() if self.process else ""
             restarts = self.status.restarts
-            log.error("Engine %s after %.0f s of serving; restarting (restart #%d)", reason, uptime, restarts)
+            spawned = self.spec is None or self.spec.spawns
+            then = f"restarting (restart #{restarts})" if spawned else "waiting for it (the app does not run it)"
+            log.error("Engine %s after %.0f s of serving; %s", reason, uptime, then)
             # The state first: stopping what is left of the process group can take a moment.
             if policy.exhausted:
                 streak = EngineStartError.of("engine.crash_streak", reason=reason, count=policy.failures)
@@ -271,7 +273,12 @@ class Supervisor:
                 await self._wait_for_retry()
                 policy.reset()
                 continue
-            self._set(State.RESTARTING, problem=EngineStartError.of("engine.restarting", reason=reason), log_tail=tail)
+            problem = (
+                EngineStartError.of("engine.restarting", reason=reason)
+                if spawned
+                else EngineStartError.of("engine.external_down", url=self.endpoint.base_url, reason=reason)
+            )
+            self._set(State.RESTARTING, problem=problem, log_tail=tail)
             await self._stop_process()
             await asyncio.sleep(policy.delay_s())
 

@@ -211,6 +211,48 @@ async def test_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
     await sup.stop()
 
 
+async def test_an_external_server_that_stops_answering_is_waited_for_and_said_so(tmp_path: Path) -> None:
+    """The app does not run an external server (engine.name external): when it stops answering, the notice says the
+    app waits for it at its address, not that it restarts it; once it answers again the app is ready again."""
+    port = free_port()
+    argv = [sys.executable, str(STUB), str(port), "m"]
+    server = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
+    cfg = load_config(
+        environ={
+            "ERNIE_PATHS__DATA_DIR": str(tmp_path),
+            "ERNIE_RESTART__BACKOFF_INITIAL_S": "0.1",
+            "ERNIE_TIMEOUTS__HEALTH_INTERVAL_S": "0.3",
+            "ERNIE_TIMEOUTS__HEALTH_TIMEOUT_S": "0.5",
+            "ERNIE_TIMEOUTS__HEALTH_FAILURES": "2",
+        }
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def prepare() -> LaunchSpec:
+        return LaunchSpec("external", [], {}, "", 0, "m", "k", url=url)
+
+    sup = Supervisor(cfg, prepare, Endpoint(url, "k", "m"), EngineFlags())
+    problems: list[object] = []
+    sup.on_change(lambda st: problems.append(st.problem) if st.state == State.RESTARTING else None)
+    try:
+        sup.start_background()
+        assert await sup.wait_ready(GENEROUS_S)
+        server.kill()
+        await server.wait()
+        await until(lambda: sup.status.state == State.RESTARTING)
+        [down] = problems
+        assert isinstance(down, EngineStartError) and down.code == "engine.external_down", down
+        assert down.params["url"] == url and "does not run it" in down.message
+        assert "不由本应用启动" in down.localized("zh-CN")[0]
+        server = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
+        await until(lambda: sup.ready)
+    finally:
+        await sup.stop()
+        if server.returncode is None:
+            server.kill()
+            await server.wait()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL])
 async def test_crash_loop_gives_up(tmp_path: Path, sig: int) -> None:
     sup, _ = make(tmp_path, ERNIE_RESTART__MAX_ATTEMPTS="2", ERNIE_RESTART__STABLE_AFTER_S="60")
