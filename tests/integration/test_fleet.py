@@ -47,7 +47,7 @@ from backend.serving.process import new_api_key
 from backend.storage.database import open_engine
 from tests.app_process import RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login, rendered_finished
-from tests.fleet import Child, llama_engine, router, samples, sticky_proxy
+from tests.fleet import PROXY_CHECK_S, Child, llama_engine, router, samples, sticky_proxy
 from tests.postgres_server import PostgresForTests
 from tests.waiting import wait_until
 
@@ -381,6 +381,59 @@ async def test_the_proxy_keeps_each_browser_on_one_process(fleet: Fleet) -> None
         homes.append(grew.index(1))
     gc.collect()
     fleet.figures["proxy"] = {"browsers_per_process": [homes.count(0), homes.count(1)], "in_order": homes}
+
+
+def app_health(app: RunningApp) -> int:
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        return http.get(app.url + "/healthz").status_code
+
+
+async def test_with_every_engine_down_the_chat_still_opens_says_so_and_answers_once_they_are_back(fleet: Fleet) -> None:
+    """No engine can serve: every app process's /healthz is 503 (its engine, the router, is not ready), yet the proxy
+    (which checks /livez) still lets a new browser in, its chat says the engine server is down and that the app waits
+    for it, and the message is answered once the engines are back."""
+    for engine in fleet.engines:
+        engine.kill()
+    try:
+        await asyncio.to_thread(
+            wait_until, lambda: all(app_health(a) == 503 for a in fleet.apps), "both app processes finding no engine"
+        )
+        await asyncio.sleep(2 * PROXY_CHECK_S)  # the proxy has checked both processes since (it would skip them now
+        # if it checked /healthz: every user would get its bare 503)
+        http = await login(fleet.proxy_url, "bob", PASSWORD)
+        try:
+            assert (await http.get("/")).status_code == 200, "the proxy serves the page"
+            chat = ChatSocket(fleet.proxy_url, http)
+            await chat.connect()
+            asking = asyncio.create_task(chat.ask("Hello!"))
+            said = await asyncio.to_thread(
+                wait_until,
+                lambda: next((n for n in chat.notices() if "does not run it" in n), None),
+                "the chat saying the engine server is down",
+            )
+            assert fleet.router_url in said and "restart" not in said, said
+            for engine in fleet.engines:
+                engine.start()
+            back_at = time.monotonic()
+            await asyncio.wait_for(asking, 300)
+            assert chat.last_reply is not None and rendered_finished(chat.last_reply), chat.last_reply
+            fleet.figures["every_engine_down"] = {
+                "notice": said,
+                "seconds_from_engines_started_to_the_reply": round(time.monotonic() - back_at, 2),
+            }
+            await chat.close()
+        finally:
+            await http.aclose()
+    finally:
+        for engine in fleet.engines:  # as they were, for the other tests
+            if engine.proc is None or engine.proc.poll() is not None:
+                engine.start()
+        for engine in fleet.engines:
+            await asyncio.to_thread(engine.wait_ready)
+        await asyncio.to_thread(
+            wait_until, lambda: set(worker_health(fleet).values()) == {1}, "the router taking both engines back"
+        )
+        await asyncio.to_thread(wait_until, lambda: all(app_health(a) == 200 for a in fleet.apps), "both apps ready")
 
 
 async def workshop(http: httpx.AsyncClient, method: str, path: str, **body: Any) -> httpx.Response:

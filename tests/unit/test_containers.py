@@ -143,6 +143,6 @@ def test_the_app_processes_share_what_they_must_and_nothing_else() -> None:
 def test_the_proxy_sticks_each_browser_to_one_app_process() -> None:
     caddyfile = (ROOT / "deploy" / "Caddyfile").read_text(encoding="utf-8")
     assert f"reverse_proxy app-1:{APP_PORT} app-2:{APP_PORT}" in caddyfile
-    assert "lb_policy cookie" in caddyfile and "health_uri /healthz" in caddyfile
+    assert "lb_policy cookie" in caddyfile and "health_uri /livez" in caddyfile
     mount = fleet()["proxy"]["volumes"][0]
     assert mount.startswith("./deploy/Caddyfile:/etc/caddy/Caddyfile")

@@ -6,7 +6,7 @@ import pytest
 
 from backend.chat.render import wait_text
 from backend.chat.turn import EngineWait
-from backend.errors import BackendError
+from backend.errors import BackendError, EngineStartError, Phrase
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,14 @@ def test_a_restarting_notice_gives_the_clock_and_the_problem(locale: str) -> Non
     text = wait_text(EngineWait("restarting", 12.0, problem=problem), locale)
     assert "12" in text
     assert problem.localized(locale)[0] in text, "what went wrong, in the reader's language"
+
+
+@pytest.mark.parametrize(("locale", "done"), [("en-US", "does not run it"), ("zh-CN", "不由本应用启动")])
+def test_an_external_server_down_is_not_said_to_be_restarting(locale: str, done: str) -> None:
+    """The app restarts its own engine; an external one (vLLM's router) it only waits for, and says so."""
+    problem = EngineStartError.of(
+        "engine.external_down", url="http://router:8000", reason=Phrase("reason.hung", seconds=15)
+    )
+    text = wait_text(EngineWait("restarting", 20.0, problem=problem), locale)
+    assert done in text and "http://router:8000" in text
+    assert ("restart" not in text) if locale == "en-US" else ("重启" not in text)

@@ -120,5 +120,7 @@ def test_endpoints(make_config: MakeConfig) -> None:
         assert engine.text.startswith("# engine metrics unavailable: ConnectError")
         health = http.get("/healthz")
         assert health.status_code == 503 and health.json()["engine"]["state"] == "stopped"
+        alive = http.get("/livez")  # the process serves pages while its engine is down
+        assert alive.status_code == 200 and alive.json() == {"status": "alive"}
     paths = [getattr(r, "path", None) for r in app.router.routes]
-    assert paths[:3] == ["/healthz", "/metrics", "/metrics/engine"]
+    assert paths[:4] == ["/healthz", "/livez", "/metrics", "/metrics/engine"]

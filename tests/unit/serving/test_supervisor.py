@@ -240,6 +240,8 @@ async def test_an_external_server_that_stops_answering_is_waited_for_and_said_so
         server.kill()
         await server.wait()
         await until(lambda: sup.status.state == State.RESTARTING)
+        await asyncio.sleep(1.0)  # past the backoff (0.1 s): the app waits for the server, it starts nothing
+        assert sup.status.state == State.RESTARTING, "the notice of the wait stays while the server is away"
         [down] = problems
         assert isinstance(down, EngineStartError) and down.code == "engine.external_down", down
         assert down.params["url"] == url and "does not run it" in down.message
