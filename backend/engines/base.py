@@ -155,6 +155,10 @@ class Engine:
     def check_installed(self, cfg: AppConfig, python: str) -> None:
         """Raise EngineNotInstalledError, saying how to install it, when it cannot start here."""
 
+    def health_path(self, cfg: AppConfig) -> str:
+        """The GET that answers 200 while its server can serve (the supervisor's checks, the doctor's)."""
+        return LaunchSpec.health_path
+
     def flags(self, cfg: AppConfig, profile_flags: EngineFlags) -> EngineFlags:
         """The flags the rest of the app reads (context window, dtype) from the profile's."""
         return profile_flags

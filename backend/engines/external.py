@@ -18,6 +18,9 @@ class External(Engine):
     spawns = False
     uses_profiles = False
 
+    def health_path(self, cfg: AppConfig) -> str:
+        return cfg.server.health_path
+
     def resolve(self, cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
         return ResolvedModel(cfg.model.id)
 
@@ -34,5 +37,5 @@ class External(Engine):
             served_name=cfg.model.served_name,
             api_key=target.api_key,
             url=url.rstrip("/").removesuffix("/v1"),
-            health_path=cfg.server.health_path,
+            health_path=self.health_path(cfg),
         )

@@ -22,6 +22,8 @@ from backend.api.access import api_enabled
 from backend.api.quotas import Quotas, utc_day
 from backend.api.store import ApiDatabase
 from backend.config import AppConfig
+from backend.engines.base import LaunchSpec
+from backend.engines.registry import configured_engine
 from backend.errors import ServiceError
 from backend.ops.baseline_history import read_history, regression
 from backend.ops.prometheus_text import sample_totals
@@ -55,7 +57,7 @@ class Target:
     engine_url: str
     engine_pid: int | None
     log: Path
-    health_path: str = "/health"  # an external server's is server.health_path (vLLM's router: /readiness)
+    health_path: str = LaunchSpec.health_path  # an external server's is server.health_path (vLLM's router: /readiness)
 
 
 def locate(
@@ -76,7 +78,7 @@ def locate(
         .removesuffix("/v1"),
         engine_pid=None if engine_url else state.get("pid"),
         log=Path(log or state.get("log") or cfg.paths.engine_log),
-        health_path=cfg.server.health_path if cfg.engine.name == "external" else "/health",
+        health_path=engine.health_path(cfg) if (engine := configured_engine(cfg)) else LaunchSpec.health_path,
     )
 
 
