@@ -44,12 +44,19 @@ def test_the_fingerprint_ignores_the_run_mark_and_what_the_engine_inherits_uncha
 
 @pytest.fixture
 def marked_child() -> Iterator[subprocess.Popen[bytes]]:
-    """A process carrying the run mark "r1" in its environment, in its own process group, as engines are started."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, RUN_MARK: "r1"},
+    """A process carrying the run mark "r1" in its environment, in its own process group, as engines are started.
+
+    Yielded once it runs its own code: Popen returns while the kernel may still be setting up the new program,
+    when /proc/<pid>/environ reads empty (CI's failure: is_ours false right after Popen)."""
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, RUN_MARK: "r1"}, stdout=subprocess.PIPE,
                              start_new_session=True)  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"up\n"
     yield child
     child.kill()
     child.wait()
+    child.stdout.close()
 
 
 def config(tmp_path: Path) -> AppConfig:
