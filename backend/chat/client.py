@@ -97,14 +97,21 @@ async def _event_lines(response: httpx.Response) -> AsyncIterator[str]:
         yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
 
-def _translate(exc: BaseException) -> ServiceError:
+def _broken(endpoint: Endpoint) -> ServiceError:
+    """The connection to the engine broke: the app restarts an engine it runs; an external one it only waits for."""
+    if endpoint.external:
+        return BackendError.of("backend.broken_external", url=endpoint.base_url)
+    return BackendError.of("backend.broken")
+
+
+def _translate(exc: BaseException, endpoint: Endpoint) -> ServiceError:
     """Turn an openai/httpx exception into one of our errors with a message a person can act on."""
     if isinstance(exc, openai.APIStatusError):
         return _for_status(exc.status_code, str(exc.message))
     if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
         return BackendError.of("backend.timeout")
     if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
-        return BackendError.of("backend.broken")
+        return _broken(endpoint)
     return BackendError.of("backend.unexpected", detail=str(exc))
 
 
@@ -239,7 +246,7 @@ class ChatStream:
                 with attempt:
                     first = await self._open()
         except (httpx.HTTPError, ValueError) as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._client.endpoint) from exc
         if first:
             self.stats.first_token = time.monotonic()
             self.stats.chunks += 1
@@ -253,13 +260,13 @@ class ChatStream:
                     yield text
         except (httpx.HTTPError, ValueError) as exc:
             # No retry here: part of the reply already reached the user.
-            raise _translate(exc) from exc
+            raise _translate(exc, self._client.endpoint) from exc
         finally:
             self.stats.finished = time.monotonic()
             await self.aclose()
         if self.stats.finish_reason is None:
             # The stream ended without saying why: the engine went away mid-reply.
-            raise BackendError.of("backend.broken")
+            raise _broken(self._client.endpoint)
 
 
 class ChatClient:
@@ -307,9 +314,9 @@ class ChatClient:
             try:
                 resp = await self._count_request(messages)
             except httpx.HTTPError as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, self.endpoint) from exc
         except httpx.HTTPError as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.endpoint) from exc
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
@@ -338,7 +345,7 @@ class ChatClient:
         try:
             models = await self.openai.models.list()
         except openai.OpenAIError as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.endpoint) from exc
         for model in models.data:
             if model.id == self.endpoint.model:
                 value = getattr(model, "max_model_len", None)

@@ -40,6 +40,7 @@ class Endpoint:
     api_key: str
     model: str
     api: Api = Api.VLLM
+    external: bool = False  # a server the app does not run (engine.name external): nothing restarts it
 
     @property
     def headers(self) -> dict[str, str]:

@@ -18,7 +18,7 @@ REPLY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
 # Codes that say more than their error's type: how talking to the engine failed (backend.chat.client's errors).
-CODE_KINDS = {"backend.timeout": "timeout", "backend.broken": "connection"}
+CODE_KINDS = {"backend.timeout": "timeout", "backend.broken": "connection", "backend.broken_external": "connection"}
 
 
 def error_kind(error: BaseException | str) -> str:

@@ -48,7 +48,8 @@ def make_supervisor(cfg: AppConfig, choose: Chooser | None = None) -> Supervisor
         api_key = cfg.server.api_key or new_api_key()
         target = Target(cfg.model.id, 0, api_key, python)
         spec = configured.launch(cfg, target, configured.flags(cfg, cfg.engine.flags))
-        return Supervisor(cfg, lambda: spec, Endpoint(spec.base_url, api_key, spec.served_name), spec.flags)
+        endpoint = Endpoint(spec.base_url, api_key, spec.served_name, external=True)
+        return Supervisor(cfg, lambda: spec, endpoint, spec.flags)
 
     kept = find_kept(cfg)
     reuse = kept if kept is not None and cfg.engine.keep_running else None

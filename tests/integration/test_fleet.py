@@ -271,6 +271,8 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
     assert all(n > 0 for n in replies.values()), f"both engines answered: {replies}"
     assert sum(replies.values()) >= CHATS, "every chat's reply began on an engine"
     assert len(noticed) <= SLOTS, f"at most the replies the dead engine was writing: {noticed}"
+    # the notice names the server the app talks to and does not promise a restart the app does not do
+    assert all(fleet.router_url in n and "does not run it" in n and "restart" not in n for n in noticed), noticed
 
     victim.start()  # as it was, for the other tests
     await asyncio.to_thread(victim.wait_ready)

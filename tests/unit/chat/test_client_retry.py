@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import struct
@@ -242,6 +243,23 @@ async def test_a_stream_that_breaks_after_the_first_token_is_not_retried(end: st
     assert caught.value.code == "backend.broken"
     assert server.requests == 1, "part of the reply reached the user: a retry would repeat it"
     assert "".join(pieces) == "Hello", "what arrived before the break was delivered"
+
+
+@pytest.mark.parametrize("failure", [reset, stream("Hel", end="break")], ids=["before-any-text", "mid-reply"])
+async def test_a_broken_external_server_is_not_said_to_restart(failure: Behaviour) -> None:
+    """An external server (vLLM's router, another host) is not the app's to restart: the message says whose it is."""
+    async with ScriptedServer(failure) as server:
+        client = ChatClient(dataclasses.replace(server.endpoint, external=True), connect_timeout_s=2.0, retries=0)
+        try:
+            with pytest.raises(BackendError) as caught:
+                await read_all(client)
+        finally:
+            await client.aclose()
+    assert caught.value.code == "backend.broken_external"
+    base_url = server.endpoint.base_url
+    english, chinese = caught.value.text("en-US"), caught.value.text("zh-CN")
+    assert base_url in english and "does not run it" in english and "restart" not in english
+    assert base_url in chinese and "不由本应用运行" in chinese and "重启" not in chinese
 
 
 # ----- (c) the read timeout -------------------------------------------------------------------------------

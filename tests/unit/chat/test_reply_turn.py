@@ -223,7 +223,7 @@ async def test_a_reply_broken_mid_stream_is_interrupted_and_keeps_what_arrived(
         session = svc.new_session()
         texts, done = split(await turn(svc, session, "Hello there"))
     assert done.ending == "interrupted"
-    assert isinstance(done.error, BackendError) and done.error.code == "backend.broken"
+    assert isinstance(done.error, BackendError) and done.error.code == "backend.broken_external"  # not ours to restart
     assert texts and done.text == "".join(t.text for t in texts)
     assert "Hello from ".startswith(done.text), done.text
     assert stub.chat_requests() == 1, "part of the reply was shown: it is not asked again"
@@ -245,7 +245,7 @@ async def test_a_reply_that_breaks_before_any_text_fails_after_the_retries_and_a
         texts, done = split(await turn(svc, session, "Hello there"))
     assert texts == [] and done.text == ""
     assert done.ending == "failed"
-    assert isinstance(done.error, BackendError) and done.error.code == "backend.broken"
+    assert isinstance(done.error, BackendError) and done.error.code == "backend.broken_external"  # not ours to restart
     assert stub.chat_requests() == 2, "restart.request_retries=1: one retry before the first token"
     assert session.history == []
     assert len(recorder.finished) == 1 and recorder.finished[0][1] is done.error
