@@ -356,8 +356,12 @@ async def test_an_app_killed_mid_reply_keeps_what_was_written_marked_cut_off(sit
     site.app.kill()  # SIGKILL: nothing of the app runs after this
     await asyncio.to_thread(site.restart)
     await engine_idle(site.app)  # the engine dropped the request of the killed app
-    # The thread's page again (a reload of it). Not page.reload(): a tab that reconnected to the restarted app by
-    # itself meanwhile is on Chainlit's first page (seen on a loaded machine), and a reload would stay there.
+    # The thread's page again, in a new tab of the same browser (its login cookie). Not the old tab: while the app
+    # was down, Chainlit's page saw its /user request fail and sends itself, by window.location, to /login or its
+    # first page at a moment of its own (seen on a loaded machine; in CI it interrupted a goto of the thread).
+    context = page.context
+    await page.close()
+    page = await context.new_page()
     await page.goto(thread_url)
     try:
         await page.wait_for_selector(f"{REPLY} >> text={stop_line('en-US', 'restarted')}", timeout=60_000)
