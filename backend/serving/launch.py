@@ -48,7 +48,7 @@ def make_supervisor(cfg: AppConfig, choose: Chooser | None = None) -> Supervisor
         api_key = cfg.server.api_key or new_api_key()
         target = Target(cfg.model.id, 0, api_key, python)
         spec = configured.launch(cfg, target, configured.flags(cfg, cfg.engine.flags))
-        endpoint = Endpoint(spec.base_url, api_key, spec.served_name, external=True)
+        endpoint = Endpoint(spec.base_url, api_key, spec.served_name, external=not spec.spawns)
         return Supervisor(cfg, lambda: spec, endpoint, spec.flags)
 
     kept = find_kept(cfg)
