@@ -9,13 +9,15 @@ text, the generation prompt) and `cost(m)` what one message adds (its role marke
 So the history's messages are counted once and their counts kept with the history (`ChatSession.tokens`, saved
 with each turn); a message costs one count, of itself alone (`count(system + [new])` = overhead + cost(new)), and
 trimming is arithmetic on the kept counts. The template's fixed parts (`Frame`) are measured once per system text
-with empty messages. A reply is not counted at all: its cost is the engine's usage figure (`completion_tokens`)
-plus `Frame.reply`, the markers the template puts around an assistant message (when the model generated the end
-marker itself it is counted twice: the estimate errs by one token on the safe side). The next reply's
-`prompt_tokens`, the engine's exact count of what was sent, corrects that estimate (ChatService.reply). A message
-whose count is unknown (no usage, a thread saved before counts were kept, another model) is counted with its turn,
-once. Where a template is not additive (it merges text across messages) the engine's usage figure keeps the
-counts right for the turns kept: the difference goes to the newest reply.
+with empty messages. A finished reply is counted after it, with its message (`count(system + [new, reply])` less
+what the message took: ChatService._count_turn), off the path to the first text. The engine's usage figure
+(`completion_tokens`) cannot stand for that count: the tokens a model generated need not be the tokens its text is
+read as in the next prompt (a piece of a character generated alone comes back as the replacement character, which
+takes more tokens: 16 random tokens of the tests' tiny model are read back as 37, in the median), and a count too
+low sends a prompt the engine refuses as over its window. A message whose count is unknown (a stopped reply, a
+thread saved before counts were kept, another model) is counted with its turn, once. Where a template is not
+additive (it merges text across messages) the engine's count of the prompt it was sent (`prompt_tokens`) keeps the
+counts right for the turns kept: the difference goes to the newest reply (ChatService._correct).
 
 Far within the window, the new message is not counted before it is sent: a token covers at least one byte of the
 text (byte-level BPE; SentencePiece with byte fallback, plus its word-start piece), so `upper_bound` bounds what it
@@ -69,11 +71,6 @@ def turn_starts(history: list[Message]) -> list[int]:
     """Indexes where a turn (a user message and the replies after it) begins."""
     starts = [i for i, m in enumerate(history) if m["role"] == "user"]
     return starts if starts and starts[0] == 0 else [0, *starts]
-
-
-def reply_tokens(completion_tokens: int | None, frame: Frame) -> int | None:
-    """A reply's count from the engine's usage figure (None when the engine gave none)."""
-    return None if completion_tokens is None else completion_tokens + frame.reply
 
 
 def head_of(system: str | None) -> list[Message]:

@@ -70,7 +70,7 @@ class ChatRequest:
     # sent uncounted, far within the window (backend.chat.context.upper_bound): what to count after the reply
     # (the system text and the new message); prompt_tokens and user_tokens are upper bounds until then
     uncounted: list[Message] | None = None
-    # the template's fixed parts with the system text sent (a reply's count: its usage + frame.reply)
+    # the template's fixed parts with the system text sent (its overhead: what a count of the message alone adds)
     frame: Frame = field(default_factory=lambda: Frame(0, 0))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.client import ChatClient, Message, StreamStats
-from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, head_of, reply_tokens
+from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, head_of
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
@@ -268,13 +268,13 @@ class ChatService:
             failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
         self.recorder.reply_finished(stream.stats, failure)
         text = "".join(parts)
+        reply_count: int | None = None  # a reply that did not finish is counted with its turn at the next message
         if text and ending == "finished":
-            request = await self._count_after(request)
+            request, reply_count = await self._count_turn(request, text)
         self._correct(session, request, stream.stats.prompt_tokens)
         tokens: tuple[int | None, int | None] = (None, None)
         if text:
-            completion = stream.stats.completion_tokens if ending == "finished" else None
-            tokens = (request.user_tokens, reply_tokens(completion, request.frame))
+            tokens = (request.user_tokens, reply_count)
             session.add_turn(request.user_text, text, message_id, tokens)
         yield Done(
             text,
@@ -289,27 +289,37 @@ class ChatService:
             session.counted_by,
         )
 
-    async def _count_after(self, request: ChatRequest) -> ChatRequest:
-        """A request sent uncounted (far within the window): its new message counted now, after its reply, so the
-        kept counts stay exact (backend.chat.context); where the count fails the message stays uncounted (counted
-        with its turn at the next message, once)."""
-        if request.uncounted is None:
-            return request
-        bound = request.prompt_tokens - sum(request.history_tokens[request.dropped :])  # overhead + upper_bound
+    async def _count_turn(self, request: ChatRequest, reply: str) -> tuple[ChatRequest, int | None]:
+        """A finished reply counted with its message, after it (off the path to the first text), so every kept count
+        is exact (backend.chat.context): the engine's usage figure cannot stand for it, since the tokens a model
+        generated need not be the tokens its text is read as in the next prompt. A message sent uncounted (far
+        within the window) is counted now too, beside it. Where a count fails, what it was for stays uncounted
+        (counted with its turn at the next message, once). Returns the request with exact counts and the reply's."""
+        head = [m for m in request.messages[:1] if m["role"] == "system"]
+        answered = [*head, request.messages[-1], {"role": "assistant", "content": reply}]
+        count = self.accounting().count
         try:
-            alone = await self.accounting().count(request.uncounted)
+            if request.uncounted is None:
+                alone, turn = request.frame.overhead + (request.user_tokens or 0), await count(answered)
+            else:
+                alone, turn = await asyncio.gather(count(request.uncounted), count(answered))
         except ServiceError as exc:
-            log.info("The message sent uncounted could not be counted after its reply: %s", exc)
-            return replace(request, user_tokens=None)
+            log.info("The finished reply could not be counted: %s", exc)
+            return (request if request.uncounted is None else replace(request, user_tokens=None)), None
+        reply_count = max(0, turn - alone)
+        if request.uncounted is None:
+            return request, reply_count
+        bound = request.prompt_tokens - sum(request.history_tokens[request.dropped :])  # overhead + upper_bound
         exact = request.prompt_tokens - bound + alone
-        return replace(request, prompt_tokens=exact, user_tokens=alone - request.frame.overhead, uncounted=None)
+        counted = replace(request, prompt_tokens=exact, user_tokens=alone - request.frame.overhead, uncounted=None)
+        return counted, reply_count
 
     def _correct(self, session: ChatSession, request: ChatRequest, prompt_tokens: int | None) -> None:
         """Make the kept counts agree with the engine's own count of the prompt it was sent (its usage figure).
 
-        The only estimate among them is the newest reply's (completion tokens + the template's frame): a
-        difference goes to it, so the next fit is exact on the counts the engine itself reported. (An engine that
-        cannot count gets conservative estimates throughout, left as they are.)"""
+        Every kept count is exact where the template is additive (each message rendered on its own); where it is
+        not, the difference goes to the newest reply, so the next fit is exact on the counts the engine itself
+        reported. (An engine that cannot count gets conservative estimates throughout, left as they are.)"""
         kept = len(request.history_tokens) - request.dropped
         uncounted = request.uncounted is not None  # its prompt_tokens is an upper bound: nothing to correct by
         if (
@@ -431,7 +441,7 @@ class ChatService:
         snapshot of the template folder (None: read now). `left_out`: a chat's own conversation (ChatSession.left_out,
         the oldest messages an earlier message's fit left out): those stay out while the rest fits, a trim goes down
         to `chat.trim_to` of the room, and far within the window the new message goes uncounted (ChatRequest.
-        uncounted; the chat counts it after the reply: _count_after). None (the API, the workshop): counted first,
+        uncounted; the chat counts it after the reply: _count_turn). None (the API, the workshop): counted first,
         the longest part that fits."""
         decision = self.decide(text, settings, command, templates)
         sampling = dict(decision.sampling)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from backend.chat.client import Message, StreamStats
+from backend.chat.context import estimate_tokens
 from backend.chat.decision import COMMAND_REASON
 from backend.chat.request import UserSettings
 from backend.chat.service import MIN_REPLY_TOKENS, ChatService
@@ -306,26 +307,29 @@ def test_forgetting_an_unknown_message_keeps_the_history() -> None:
 
 # ----- counting on the kept counts ----------------------------------------------------------------------------
 class UsageStream(FakeStream):
-    """Reports the engine's usage at the end, as vLLM does: the exact prompt, and the reply with its end token."""
+    """Reports the engine's usage at the end, as vLLM does: the exact prompt, and the tokens it generated, which
+    need not be what the reply's text is read as in the next prompt (`generated`: one per character, by default)."""
 
-    def __init__(self, pieces: list[str], prompt_tokens: int) -> None:
+    def __init__(self, pieces: list[str], prompt_tokens: int, generated: int | None = None) -> None:
         super().__init__(pieces)
         self.prompt_tokens = prompt_tokens
+        self.generated = len("".join(pieces)) if generated is None else generated
 
     async def __aiter__(self) -> AsyncIterator[str]:
         async for piece in super().__aiter__():
             yield piece
         self.stats.prompt_tokens = self.prompt_tokens
-        self.stats.completion_tokens = len("".join(self.pieces)) + 1
+        self.stats.completion_tokens = self.generated
 
 
 class TemplateClient(CharClient):
     """Counts like a chat template: 3 once (BOS, generation prompt), each message its characters plus 2; the
     replies' usage as the engine reports it. Records every count it was asked for."""
 
-    def __init__(self, window: int, reply: str = "ok") -> None:
+    def __init__(self, window: int, reply: str = "ok", generated: int | None = None) -> None:
         super().__init__(window)
         self.reply = reply
+        self.generated = generated  # the usage figure of each reply (None: one per character)
         self.counted: list[list[Message]] = []
 
     async def count_tokens(self, messages: list[Message]) -> int:
@@ -338,10 +342,10 @@ class TemplateClient(CharClient):
 
     def stream(self, messages: list[Message], **sampling: Any) -> FakeStream:
         self.sent.append((messages, sampling))
-        return UsageStream(list(self.reply), self.exact(messages))
+        return UsageStream(list(self.reply), self.exact(messages), self.generated)
 
 
-async def test_a_growing_chat_costs_one_small_count_per_message_and_keeps_exact_counts(build: Build) -> None:
+async def test_a_growing_chat_costs_two_small_counts_per_turn_and_keeps_exact_counts(build: Build) -> None:
     svc, _ = build(window=100_000, max_tokens=40)
     client = TemplateClient(100_000, reply="fine")
     svc.client = client  # type: ignore[assignment]
@@ -352,14 +356,31 @@ async def test_a_growing_chat_costs_one_small_count_per_message_and_keeps_exact_
         done = events[-1]
         assert isinstance(done, Done) and done.ending == "finished"
         asked = client.counted[before:]
+        message, reply = {"role": "user", "content": f"message {i}"}, {"role": "assistant", "content": "fine"}
         if i > 0:
-            assert asked == [[{"role": "user", "content": f"message {i}"}]], "one count, of the new message alone"
-        # exact but for the newest reply's estimate (its end token counted twice): one over, on the safe side
-        assert done.prompt_tokens == client.exact(client.sent[-1][0]) + (i > 0)
-        assert done.tokens[0] == len(f"message {i}") + 2 and done.counted_by == session.counted_by
-    # The kept counts: the users' exact, the replies' from usage (one token over: the end token) until the next
-    # reply's usage corrected them.
-    assert session.tokens == [len(m["content"]) + 2 for m in session.history[:-1]] + [len("fine") + 2 + 1]
+            assert asked == [[message], [message, reply]], "the new message alone, and with its reply"
+        assert done.prompt_tokens == client.exact(client.sent[-1][0]), "exact: what the engine was sent"
+        assert done.tokens == (len(f"message {i}") + 2, len("fine") + 2) and done.counted_by == session.counted_by
+    assert session.tokens == [len(m["content"]) + 2 for m in session.history], "every kept count exact"
+
+
+async def test_a_reply_read_back_as_more_tokens_than_it_was_generated_as_never_overflows_the_window(
+    build: Build,
+) -> None:
+    """A model's generated tokens need not be what its text is read as in the next prompt (a tiny random model's
+    replies read back as twice their usage): the kept counts are counts, not usage, and a chat that grows past the
+    window is trimmed on them, every prompt within the window less the reply's room."""
+    svc, _ = build(window=400, max_tokens=40)
+    client = TemplateClient(400, reply="a longer reply than its usage says", generated=1)
+    svc.client = client  # type: ignore[assignment]
+    session = svc.new_session()
+    for i in range(30):
+        done = [e async for e in svc.reply(session, f"message {i}", message_id=f"m{i}")][-1]
+        assert isinstance(done, Done) and done.ending == "finished", done
+        sent, sampling = client.sent[-1]
+        assert done.prompt_tokens == client.exact(sent) and client.exact(sent) + sampling["max_tokens"] <= 400
+        assert client.exact(sent) <= 400 - 40, "the reply keeps its room: the prompt is within the budget"
+    assert session.left_out > 0, "the chat outgrew the window and was trimmed"
 
 
 class OrderedClient(TemplateClient):
@@ -396,13 +417,14 @@ async def test_far_within_the_window_a_message_is_sent_first_and_counted_after_i
         assert isinstance(done, Done) and done.ending == "finished"
         sizes.append(client.exact(client.sent[-1][0]))
         frame_counts = ["count"] * 3 if i == 0 else []  # the template's fixed parts, measured once
-        expected = [*frame_counts, "send", "count"] if far else [*frame_counts, "count", "send"]
+        # the reply is counted with its message after it either way; far within the window the message beside it
+        expected = [*frame_counts, "send", "count", "count"] if far else [*frame_counts, "count", "send", "count"]
         assert client.order == expected, (i, client.order, sizes)
-        assert done.tokens[0] == len(text) + 2, "the message's count is exact either way"
-        assert done.prompt_tokens == client.exact(client.sent[-1][0]) + (i > 0), "exact, but the reply's estimate"
+        assert done.tokens == (len(text) + 2, len("fine") + 2), "the message's and the reply's counts exact either way"
+        assert done.prompt_tokens == client.exact(client.sent[-1][0]), "exact"
     assert fars[:5] == [True] * 5 and False in fars, "the chat grew from far within the window to near its budget"
     assert session.left_out > 0 and fars[-1], "trimmed there (to chat.trim_to of the room): far again after it"
-    assert session.tokens[:-1] == [len(m["content"]) + 2 for m in session.history[:-1]], "every count exact"
+    assert session.tokens == [len(m["content"]) + 2 for m in session.history], "every count exact"
 
 
 async def test_a_stopped_reply_leaves_its_uncounted_message_for_the_next_count(build: Build) -> None:
@@ -422,7 +444,7 @@ async def test_a_stopped_reply_leaves_its_uncounted_message_for_the_next_count(b
     assert session.kept_tokens()[2] is None, "its message stays uncounted"
     client.order.clear()
     [e async for e in svc.reply(session, "third", message_id="m2")]
-    assert client.order == ["count", "count", "send"], "the new message and the uncounted turn, before sending"
+    assert client.order[:3] == ["count", "count", "send"], "the new message and the uncounted turn, before sending"
     turn = session.history[2:4]
     assert sum(t or 0 for t in session.tokens[2:4]) == sum(len(m["content"]) + 2 for m in turn), "counted with its turn"
 
@@ -434,13 +456,13 @@ async def test_trimming_on_kept_counts_is_exact_at_the_budget(build: Build) -> N
     session = svc.new_session()
     for i in range(3):
         [e async for e in svc.reply(session, "x" * 20, message_id=f"m{i}")]
-    # history: 3 turns of (22 + 6) = 84 (the newest reply's kept count is 7: one over until corrected)
-    assert sum(session.kept_tokens()) == 85
-    text = "y" * (160 - 3 - 2 - 85)  # exactly at the budget on the kept counts
+    # history: 3 turns of (22 + 6) = 84
+    assert sum(session.kept_tokens()) == 84
+    text = "y" * (160 - 3 - 2 - 84)  # exactly at the budget on the kept counts
     request = await svc.build_request(session.history, text, session.settings, None, session.kept_tokens())
     assert (request.dropped, request.prompt_tokens) == (0, 160)
     over = await svc.build_request(session.history, text + "y", session.settings, None, session.kept_tokens())
-    assert over.dropped == 2 and over.prompt_tokens == client.exact(over.messages) + 1, "the newest reply's estimate"
+    assert over.dropped == 2 and over.prompt_tokens == client.exact(over.messages)
 
 
 async def test_kept_counts_of_another_model_are_counted_again(build: Build) -> None:
@@ -454,7 +476,8 @@ async def test_kept_counts_of_another_model_are_counted_again(build: Build) -> N
     kept = svc.resumed_session(turn(1), {}, [], ([12, 12], svc.counter_id()))
     client.counted.clear()
     [e async for e in svc.reply(kept, "hello")]
-    assert client.counted == [[{"role": "user", "content": "hello"}]], "this model's kept counts: the new message only"
+    hello, ok = {"role": "user", "content": "hello"}, {"role": "assistant", "content": "ok"}
+    assert client.counted == [[hello], [hello, ok]], "this model's kept counts: the new turn only"
 
 
 async def test_the_workshops_view_shares_the_token_accounting(build: Build, prompts: Path) -> None:
@@ -482,6 +505,7 @@ async def test_an_engine_that_cannot_count_keeps_its_estimates(build: Build) -> 
     session = svc.new_session()
     for i in range(3):
         [e async for e in svc.reply(session, f"message {i}")]
-    frame = await svc.accounting().frame(None)
-    assert session.tokens[1::2] == [len("fine") + 1 + frame.reply] * 3, "the replies' counts: usage + frame"
+    # the replies' counts are estimates too (what the estimate adds for the reply), never the usage figure
+    reply = estimate_tokens([{"role": "assistant", "content": "fine"}]) - estimate_tokens([])
+    assert session.tokens[1::2] == [reply] * 3 and reply > len("fine") + 1, session.tokens
     assert all(t is not None and t > 0 for t in session.tokens)
