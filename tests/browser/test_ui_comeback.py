@@ -314,8 +314,10 @@ async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site:
 
 
 async def test_two_tabs_on_one_thread_both_see_the_reply(site: Site, browser: Any) -> None:
-    first, first_frames, reply = await asked(browser, site, "zh-CN")
+    # The second tab is logged in before the question: a login while the reply is written (seconds on 2 busy
+    # cores) could outlast a reply the demo model ends early, and the tab would open a finished thread.
     second, second_frames = await log_in(browser, site.app, "zh-CN")
+    first, first_frames, reply = await asked(browser, site, "zh-CN")
     mark = second_frames.mark()
     await second.goto(first.url)
     await finished(second)

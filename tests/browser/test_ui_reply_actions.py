@@ -72,7 +72,10 @@ async def test_regenerate_asks_the_last_message_again_in_place(browser, chat, lo
     regenerate = page.get_by_role("button", name=t("action_regenerate", locale), exact=True)
     assert await regenerate.count() == 1, "only the last reply offers it"
     asked = len(engine.requests)
+    before = await page.locator(REPLY).nth(1).element_handle()
     await regenerate.click()
+    # The reply asked before goes first: until then the page's two finished replies are the old ones.
+    await before.wait_for_element_state("hidden", timeout=60_000)
     await page.wait_for_function(
         "([sel, details]) => document.querySelectorAll(sel).length === 2 && "
         "[...document.querySelectorAll(sel)].every(el => el.querySelector(details))",
