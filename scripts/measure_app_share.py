@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from backend.benchmarks.loadtest import APP_SHARE, FIRST_TEXT, Reply, run
+from backend.benchmarks.loadtest import APP_SHARE, FIRST_TEXT, TAIL, Reply, run
 from backend.benchmarks.stats import percentile
 from backend.config import ROOT
 from backend.serving.hardware import cpu_model
@@ -112,6 +112,7 @@ def level_figures(replies: list[Reply]) -> dict[str, Any]:
         # Chainlit's way in, then the app's path to the engine and the first piece's way out
         "to_task_start_ms": pct([(r.taken_s or 0) * 1000 for r in done]),
         "after_task_start_ms": pct([((r.app_share_s or 0) - (r.taken_s or 0)) * 1000 for r in done]),
+        "tail_ms": pct([r.tail_s * 1000 for r in done if r.tail_s is not None]),  # TAIL
         "prompt_tokens_max": longest,
         "long_replies": len(long),
         "long_prompt_tokens_min": min((r.prompt_tokens or 0 for r in long), default=None),
@@ -129,8 +130,8 @@ def spread(values: list[float | None]) -> str:
 def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "| chats | sessions | replies per run | first text P50 ms | engine's P50 ms | app's share P50 ms | P90 | P99 |"
-        " long-prompt replies: tokens ≥ | app's share P50 | P99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        " long-prompt replies: tokens ≥ | app's share P50 | P99 | tail P50 ms | P90 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for chats, sessions, _ in meta["levels"]:
         mine = [r["figures"] for r in runs if (r["chats"], r["sessions"]) == (chats, sessions)]
@@ -150,11 +151,13 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             ]
         else:
             row += ["", "", ""]
+        tails = [f.get("tail_ms") or {} for f in mine]
+        row += [spread([t.get("p50") for t in tails]), spread([t.get("p90") for t in tails])]
         lines.append("| " + " | ".join(row) + " |")
     gpu = f"; GPU: {meta['gpu']}" if meta.get("gpu") else ""
     head = (
         f"CPU: {meta['cpu']}{gpu}; engine {meta['engine']}; {meta['rounds']} rounds, levels alternated;"
-        f" median (min-max) over rounds. First text: {FIRST_TEXT}. App's share: {APP_SHARE}.\n\n"
+        f" median (min-max) over rounds. First text: {FIRST_TEXT}. App's share: {APP_SHARE}. Tail: {TAIL}.\n\n"
     )
     return head + "\n".join(lines) + "\n"
 

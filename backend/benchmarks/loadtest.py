@@ -47,6 +47,7 @@ PROMPTS = [
 CHATS = ("fresh", "growing")  # each message in a new chat; one chat per session, growing with every turn
 FIRST_TEXT = "when the page gets the reply's first text (Chainlit's stream_start), from the send"
 APP_SHARE = "the first text less the engine's (the reply's details: from the app's request to the engine's first text)"
+TAIL = "from the reply's last text on the page to its end (Chainlit's task_end: the details shown, the input free)"
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Reply:
     engine_first_text_s: float | None = None  # the reply's details: the app's request to the engine's first text
     prompt_tokens: int | None = None  # what the engine read for it (the reply's details)
     taken_s: float | None = None  # when the page heard that the app took the message (Chainlit's task_start)
+    tail_s: float | None = None  # TAIL: from the reply's last text on the page to the reply's end
 
     @property
     def app_share_s(self) -> float | None:
@@ -119,6 +121,15 @@ def tree_rss_mib(pid: int) -> float:
     return tree_rss_bytes(pid) / 2**20
 
 
+def last_text_at(events: list[tuple[str, Any]], times: list[float], start: int, end: int) -> float | None:
+    """When the page got the reply's last text between events `start` and `end` (its last stream_token, or the
+    stream_start that carried it all)."""
+    for i in reversed(range(start, end)):
+        if events[i][0] in ("stream_token", "stream_start"):
+            return times[i]
+    return None
+
+
 def first_text_at(events: list[tuple[str, Any]], times: list[float], start: int, end: int) -> float | None:
     """When the page got the reply's first text between events `start` and `end`: the reply's `stream_start`
     (Chainlit sends the first piece with it; an app notice is never streamed, but is left out all the same)."""
@@ -144,6 +155,7 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     taken = await chat.wait_for("task_start", start)
     end = await chat.wait_for("task_end", taken)
     first = first_text_at(chat.events, chat.times, start, end)
+    last = last_text_at(chat.events, chat.times, start, end)
     steps = chat.reply_steps(start)
     # Finished: the reply's details in its metadata and its text alone (not the model's words: a
     # stopped, interrupted or failed reply has an ending line, a reply with no text shows none).
@@ -155,6 +167,7 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     return Reply(
         index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
         details.get("ttft_s"), details.get("prompt_tokens"), chat.times[taken] - started,
+        None if last is None else chat.times[end] - last,
     )  # fmt: skip
 
 

@@ -92,6 +92,8 @@ def test_the_first_text_is_timed_where_the_page_gets_it_in_fresh_and_growing_cha
         # the engine's part of it comes from the reply's details: inside the page's time, never the whole of it
         assert all(r.engine_first_text_s is not None and 0 < r.engine_first_text_s for r in timed), timed
         assert all(0 < (r.app_share_s or 0) < r.first_text_s for r in timed if r.first_text_s), timed
+        # the reply's tail: from its last text to its end, inside the reply's time
+        assert all(r.tail_s is not None and 0 <= r.tail_s < r.seconds for r in timed), timed
         grown = [r.prompt_tokens or 0 for r in report.replies if r.turn > 0]
         assert chats == "fresh" or max(grown) > min(r.prompt_tokens or 0 for r in report.replies if r.turn == 0)
         turns = {r.turn for r in report.replies}

@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 
 from backend.benchmarks import loadtest
-from backend.benchmarks.loadtest import FIRST_TEXT, Reply, Report, first_text_at, loadtest_command, one_session, run
+from backend.benchmarks.loadtest import (
+    FIRST_TEXT,
+    Reply,
+    Report,
+    first_text_at,
+    last_text_at,
+    loadtest_command,
+    one_session,
+    run,
+)
 
 
 def test_the_first_text_is_the_replys_stream_start_not_its_first_stream_token() -> None:
@@ -28,6 +37,9 @@ def test_the_first_text_is_the_replys_stream_start_not_its_first_stream_token() 
     times = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     assert first_text_at(events, times, 0, len(events)) == 0.3
     assert first_text_at(events, times, 4, len(events)) is None, "no reply began in that span"
+    assert last_text_at(events, times, 0, len(events)) == 0.4, "the reply's last text: its last stream_token"
+    assert last_text_at(events, times, 0, 4) == 0.3, "or the stream_start that carried all of it"
+    assert last_text_at(events, times, 5, len(events)) is None
 
 
 def test_the_summary_says_what_the_first_text_is_with_p50_p90_p99() -> None:
