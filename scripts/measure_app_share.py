@@ -151,8 +151,7 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             ]
         else:
             row += ["", "", ""]
-        tails = [f.get("tail_ms") or {} for f in mine]
-        row += [spread([t.get("p50") for t in tails]), spread([t.get("p90") for t in tails])]
+        row += [spread([f["tail_ms"]["p50"] for f in mine]), spread([f["tail_ms"]["p90"] for f in mine])]
         lines.append("| " + " | ".join(row) + " |")
     gpu = f"; GPU: {meta['gpu']}" if meta.get("gpu") else ""
     head = (

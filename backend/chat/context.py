@@ -83,7 +83,6 @@ class Frame:
     """What the chat template adds beside the messages' texts, for one system text."""
 
     overhead: int  # once per prompt: BOS, the system block (or the template's default one), the generation prompt
-    reply: int  # around each assistant message: its role and end markers
     user: int = 0  # around each user message: its role and end markers
 
 
@@ -130,7 +129,7 @@ class Accounting:
         answered = await self.count([*head, user, reply])  # overhead + user + reply
         again = await self.count([*head, user, reply, user])  # overhead + 2 user + reply
         overhead = max(0, asked - (again - answered))
-        frame = self._frames[system] = Frame(overhead, max(0, answered - asked), max(0, asked - overhead))
+        frame = self._frames[system] = Frame(overhead, max(0, asked - overhead))
         while len(self._frames) > FRAMES_KEPT:
             self._frames.popitem(last=False)
         return frame

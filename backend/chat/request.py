@@ -71,7 +71,7 @@ class ChatRequest:
     # (the system text and the new message); prompt_tokens and user_tokens are upper bounds until then
     uncounted: list[Message] | None = None
     # the template's fixed parts with the system text sent (its overhead: what a count of the message alone adds)
-    frame: Frame = field(default_factory=lambda: Frame(0, 0))
+    frame: Frame = field(default_factory=lambda: Frame(0))
 
 
 def _invisible(ch: str) -> bool:

@@ -451,7 +451,7 @@ class ChatService:
         new = {"role": "user", "content": decision.user}
         accounting = self.accounting()
         fitted: Fitted | None = None
-        frame = Frame(0, 0)
+        frame = Frame(0)
         if kept is None and history:  # nothing kept (the API): one count of the whole prompt, where it fits
             fitted = await accounting.fit_whole(history, new, window - reserve, system)
         if fitted is None:

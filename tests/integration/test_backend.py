@@ -172,6 +172,11 @@ async def test_a_growing_chat_is_fitted_on_kept_counts_exact_to_the_engines_own(
     session = service.new_session()
     session.settings.update({"max_tokens": 16}, service.cfg)
     service.client.count_tokens = recording  # type: ignore[method-assign]
+    # what the engine's usage figure would have made of a reply: its generated tokens and the template's markers
+    # around an assistant message
+    asked = {"role": "user", "content": ""}
+    with_reply, without = await count([asked, {"role": "assistant", "content": ""}]), await count([asked])
+    assert with_reply is not None and without is not None
     read_back_otherwise = 0
     try:
         for i in range(6):
@@ -190,9 +195,7 @@ async def test_a_growing_chat_is_fitted_on_kept_counts_exact_to_the_engines_own(
             assert alone is not None
             whole = await count([*session.history, new])
             assert whole == alone + sum(k or 0 for k in kept), "exact on the kept counts, the newest reply's too"
-            # what the usage figure would have said: the generated tokens and the template's markers around a reply
-            frame = await service.accounting().frame(service.decide(done.user_text, session.settings).system)
-            read_back_otherwise += kept[-1] != (done.stats.completion_tokens or 0) + frame.reply
+            read_back_otherwise += kept[-1] != (done.stats.completion_tokens or 0) + with_reply - without
     finally:
         service.client.count_tokens = count  # type: ignore[method-assign]
     # the case the counts are for: a reply's usage figure is not what its text is read back as

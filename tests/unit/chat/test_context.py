@@ -97,8 +97,8 @@ class Template:
 async def test_the_frame_is_measured_once_and_holds_the_default_system_text() -> None:
     template = Template()
     accounting = Accounting(template)
-    assert await accounting.frame(None) == Frame(overhead=1 + 3 + 2, reply=3, user=3)
-    assert await accounting.frame("be brief") == Frame(overhead=1 + 5 + 2, reply=3, user=3)  # system: 2 words + 3
+    assert await accounting.frame(None) == Frame(overhead=1 + 3 + 2, user=3)
+    assert await accounting.frame("be brief") == Frame(overhead=1 + 5 + 2, user=3)  # system: 2 words + 3
     asked = len(template.asked)
     await accounting.frame(None)
     await accounting.frame("be brief")
