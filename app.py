@@ -31,7 +31,7 @@ from backend.chat.turn import ChatSession
 from backend.config import load_config
 from backend.errors import ConfigError
 from backend.logs import setup_logging
-from backend.ops import metrics, page, web
+from backend.ops import drain, metrics, page, web
 from backend.storage.persistence import Persistence
 from backend.tuning.tuner import first_start_choice
 
@@ -78,6 +78,7 @@ async def startup() -> None:
     web.install_routes(SERVICE, api=GATEWAY)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
+    drain.Drain(SERVICE).install()  # SIGTERM: finish the replies in flight first (admission.drain_s)
     REPLIES = Replies(SERVICE.cfg.chat, SERVICE.describe, login=ACCOUNTS is not None)
     on_every_connection(REPLIES.came_back)
     SERVICE.start()
@@ -100,6 +101,10 @@ async def _open(session: ChatSession | None, greet: bool) -> None:
     if SERVICE is None or session is None:
         await say(t("error", _lang(), error=describe(STARTUP_ERROR, _lang())))
         return
+    user = cl.context.session.user
+    session.owner = session.owner or (user.identifier if user is not None else cl.context.session.id)
+    if (restarting := SERVICE.restarting()) is not None:
+        await say(t("error", _lang(), error=describe(restarting, _lang())))
     await _send_settings(session)
     if greet:  # the demo model's notice comes with the first reply: a message here would hide the starters
         if news := SERVICE.template_news(session):

@@ -24,7 +24,8 @@ ENV_SEPARATOR = "__"
 APP_PORT = 8501
 
 EngineName = Literal["auto", "vllm", "vllm-cpu", "llama.cpp", "external", "trtllm"]
-LlamaFormat = Literal["bf16", "q8_0", "q4_k_m"]  # the formats a model folder is converted to for llama.cpp
+# The formats llama.cpp serves a model in: a model folder converted to one, or the demo GGUF requantized to one.
+LlamaFormat = Literal["bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl"]
 TUNED_FORMATS: tuple[LlamaFormat, ...] = ("q8_0", "q4_k_m")  # tune.formats' default
 
 
@@ -89,6 +90,22 @@ class AppSettings(_Strict):
     def url(self) -> str:
         """The app's address on this machine (the doctor and the load test default to it)."""
         return f"http://127.0.0.1:{self.port}"
+
+
+class AdmissionSettings(_Strict):
+    """The line in front of the engine (backend.chat.admission), shared by the chat and the API."""
+
+    enabled: bool = True
+    queue_max: int = Field(64, ge=0, le=100_000)  # requests waiting at most; beyond: 'busy, try again in N s'
+    max_wait_s: float = Field(180, gt=0)  # a newcomer expected to wait longer than this is told to come back later
+    # How long a reply holds its place, at first (until replies have been timed on this machine): the expected
+    # wait is (place x reply_s / the engine's places).
+    reply_s: float = Field(15, gt=0)
+    # On SIGTERM: replies in flight may finish for this long (new ones are refused with 'restarting'), then those
+    # still running are saved as cut off and the app stops.
+    drain_s: float = Field(30, ge=0, le=3600)
+    # What a refused newcomer is told while the app drains: back in about this many seconds.
+    restart_s: int = Field(60, ge=1, le=3600)
 
 
 class ServerSettings(_Strict):
@@ -196,7 +213,7 @@ class LlamaCppSettings(_Strict):
 
     gguf: str | None = None
     # auto: the format the tune measured fastest on this machine (tune.formats), q8_0 where nothing was measured.
-    quantization: Literal["auto", "bf16", "q8_0", "q4_k_m"] = "auto"
+    quantization: Literal["auto", "bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl"] = "auto"
     n_ctx: int = Field(4096, ge=256, le=131072)
     parallel: int = Field(8, ge=1, le=256)
     threads: int = Field(0, ge=0, le=1024)
@@ -229,7 +246,13 @@ class TuneSettings(_Strict):
     users: int = Field(4, ge=1, le=64)  # the chats expected at once: the choice favours their speed
     # The llama.cpp formats the tune may pick (their quality is measured: results/cpu-engines/quality.md).
     formats: list[LlamaFormat] = Field(default_factory=lambda: list(TUNED_FORMATS), min_length=1)
-    budget_s: float = Field(120, gt=0)  # candidates not yet measured when this is spent are skipped (not chosen)
+    # Rounds, each candidate in turn (A B A B): the choice is made on the medians and only where the difference
+    # exceeds the rounds' spread (else the default order: the candidates' own order, llama.cpp's formats first).
+    rounds: int = Field(3, ge=1, le=9)
+    # Replies at one user per round (12 x 3 rounds: 36, the project's least for a figure at one user); at tune.users
+    # users at once, each holds one conversation of four turns per round.
+    replies: int = Field(12, ge=1, le=200)
+    budget_s: float = Field(600, gt=0)  # after this no further round starts (the rounds measured so far decide)
     dir: str | None = None  # where results are kept; empty: paths.cache_dir/tune
 
 
@@ -292,6 +315,7 @@ class AppConfig(_Strict):
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     restart: RestartSettings = Field(default_factory=RestartSettings)
     chat: ChatDefaults = Field(default_factory=ChatDefaults)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     demo: DemoChat = Field(default_factory=DemoChat)
     paths: PathSettings = Field(default_factory=PathSettings)
     profiles: dict[str, EngineFlags] = Field(default_factory=dict)

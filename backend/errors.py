@@ -232,6 +232,23 @@ class QuotaError(ServiceError):
         return max(1, int(str(self.params.get("retry_s", 1))))
 
 
+class ServerFullError(ServiceError):
+    """The line in front of the engine is full (backend.chat.admission): try again later."""
+
+    key = "error.full"
+
+    @property
+    def retry_after_s(self) -> int:
+        """Seconds until a place is expected to be free (the API's Retry-After)."""
+        return max(1, int(str(self.params.get("retry_s", 1))))
+
+
+class ServerRestartingError(ServerFullError):
+    """The app is draining for a restart: nothing new is taken in."""
+
+    key = "error.restarting"
+
+
 class BenchmarkError(ServiceError):
     """The benchmark cannot run as asked (bad option, server not reachable, engine or baseline failed)."""
 

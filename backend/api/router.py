@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from backend.api.protocol import (
 from backend.api.quotas import Lease, Quotas, Route
 from backend.api.serving import ApiServing, Prepared, detached
 from backend.api.store import ApiDatabase
+from backend.chat.admission import Ticket
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, Event, Refused
@@ -44,6 +46,7 @@ from backend.errors import (
     InvalidInputError,
     PromptTooLongError,
     QuotaError,
+    ServerFullError,
     ServiceError,
     StorageError,
 )
@@ -64,6 +67,7 @@ STATUS = {
 }  # fmt: skip
 STATUS_BY_KIND: list[tuple[type[ServiceError], int]] = [
     (QuotaError, 429),
+    (ServerFullError, 503),
     (ApiError, 400),
     (InvalidInputError, 400),
     (PromptTooLongError, 400),
@@ -85,18 +89,35 @@ def _locale(request: Request) -> str:
     return request.headers.get("accept-language", "en")
 
 
+# A quota used up for the day is not worth retrying soon (OpenAI's "insufficient_quota"; its clients do not retry it).
+EXHAUSTED = {"quota.tokens"}
+
+
 def error_body(exc: ServiceError, locale: str) -> tuple[int, dict[str, Any]]:
     message, hint = exc.localized(locale)
     text = f"{message}{'' if exc.translated(locale) else ' '}{hint}".strip()
     status = status_of(exc)
-    return status, error_json(status, exc.code or exc.key, text)
+    body = error_json(status, exc.code or exc.key, text)
+    if exc.code in EXHAUSTED:
+        body["error"]["type"] = "insufficient_quota"
+    return status, body
+
+
+def retry_headers(exc: ServiceError) -> dict[str, str] | None:
+    """Retry-After for a refusal that passes (a quota, a full line, a restart); x-should-retry: false for a quota
+    used up until its reset (the official OpenAI clients obey it, and honour Retry-After up to 60 s)."""
+    if not isinstance(exc, QuotaError | ServerFullError):
+        return None
+    headers = {"Retry-After": str(exc.retry_after_s)}
+    if exc.code in EXHAUSTED:
+        headers["x-should-retry"] = "false"
+    return headers
 
 
 def refusal(exc: ServiceError, request: Request) -> JSONResponse:
-    """The OpenAI-style error response for `exc` (429 ones with Retry-After)."""
+    """The OpenAI-style error response for `exc` (429 and 503 ones with Retry-After)."""
     status, body = error_body(exc, _locale(request))
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QuotaError) else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=retry_headers(exc))
 
 
 def sse(data: dict[str, Any]) -> bytes:
@@ -128,6 +149,14 @@ class KeyName(BaseModel):
 
 def _no_observer(route: str, outcome: str, prompt: int, reply: int) -> None:
     return None
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one API request holds while it runs: its quota place and its place in the line to the engine."""
+
+    lease: Lease | None
+    ticket: Ticket | None
 
 
 class Gateway:
@@ -231,10 +260,12 @@ class Gateway:
             self.observe("api", "refused", 0, 0)
             return refusal(exc, request)
         lease: Lease | None = None
+        ticket: Ticket | None = None
         try:
             if self.quotas is not None:
                 lease = await self.quotas.admit(caller.user, "api")
             prepared = await self.serving.prepare(body)
+            ticket = await self.service.admit(caller.user)  # the line in front of the engine, shared with the chat
         except ServiceError as exc:
             if lease is not None:
                 await self.quotas.release_soon(lease)  # type: ignore[union-attr]
@@ -244,11 +275,12 @@ class Gateway:
             if lease is not None:
                 await self.quotas.release_soon(lease)  # type: ignore[union-attr]
             raise
+        held = Held(lease, ticket)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = self._events(prepared, lease, include_usage, _locale(request))
+            events = self._events(prepared, held, include_usage, _locale(request))
             return ClosingStream(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await self._whole(prepared, lease, request)
+        return await self._whole(prepared, held, request)
 
     @staticmethod
     def _body(raw: bytes) -> CompletionRequest:
@@ -261,13 +293,15 @@ class Gateway:
                 "api.bad_request", detail=f"{where}: {first.get('msg')}" if where else first["msg"]
             ) from exc
 
-    async def _finish(self, lease: Lease | None, outcome: str, prompt: int, reply: int) -> None:
-        if lease is not None:
-            lease.record(prompt, reply)
-            await self.quotas.release_soon(lease)  # type: ignore[union-attr]
+    async def _finish(self, held: Held, outcome: str, prompt: int, reply: int) -> None:
+        if held.ticket is not None:
+            held.ticket.leave()
+        if held.lease is not None:
+            held.lease.record(prompt, reply)
+            await self.quotas.release_soon(held.lease)  # type: ignore[union-attr]
         self.observe("api", outcome, prompt, reply)
 
-    async def _whole(self, prepared: Prepared, lease: Lease | None, request: Request) -> Response:
+    async def _whole(self, prepared: Prepared, held: Held, request: Request) -> Response:
         """The whole reply as one object. It is sent as a stream of one part, so that a client that goes away
         meanwhile stops the engine's work as a streamed reply's does; an error before the first text gets its
         own status, a later one (the engine broke mid-reply) comes as the error object with status 200."""
@@ -276,18 +310,18 @@ class Gateway:
         try:
             first = await anext(pieces, None)
         except ServiceError as exc:
-            await self._finish(lease, "error", *tokens_used(stream, prepared))
+            await self._finish(held, "error", *tokens_used(stream, prepared))
             return refusal(exc, request)
         except BaseException:
-            await self._finish(lease, "stopped", *tokens_used(stream, prepared))
+            await self._finish(held, "stopped", *tokens_used(stream, prepared))
             raise
-        body = self._whole_body(prepared, lease, stream, pieces, first, _locale(request))
+        body = self._whole_body(prepared, held, stream, pieces, first, _locale(request))
         return ClosingStream(body, media_type="application/json")
 
     async def _whole_body(
         self,
         prepared: Prepared,
-        lease: Lease | None,
+        held: Held,
         stream: ChatStream,
         pieces: AsyncIterator[str],
         first: str | None,
@@ -310,15 +344,13 @@ class Gateway:
             yield json.dumps(error_body(exc, locale)[1], ensure_ascii=False).encode()
             return
         finally:
-            await self._finish(lease, outcome, *tokens_used(stream, prepared))
+            await self._finish(held, outcome, *tokens_used(stream, prepared))
         prompt, reply = tokens_used(stream, prepared)
         finish = stream.stats.finish_reason or "stop"
         whole = completion_json(completion_id(), prepared.model, "".join(parts), finish, prompt, reply)
         yield json.dumps(whole, ensure_ascii=False).encode()
 
-    async def _events(
-        self, prepared: Prepared, lease: Lease | None, include_usage: bool, locale: str
-    ) -> AsyncIterator[bytes]:
+    async def _events(self, prepared: Prepared, held: Held, include_usage: bool, locale: str) -> AsyncIterator[bytes]:
         """The reply as server-sent events; a client that goes away closes the stream (the engine stops)."""
         stream, cid, model = self.serving.stream(prepared), completion_id(), prepared.model
         outcome = "stopped"
@@ -334,7 +366,7 @@ class Gateway:
             outcome = "error"
             yield sse(error_body(exc, locale)[1])
         finally:
-            await self._finish(lease, outcome, *tokens_used(stream, prepared))
+            await self._finish(held, outcome, *tokens_used(stream, prepared))
         yield b"data: [DONE]\n\n"
 
     # ----- the key page ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -20,7 +21,7 @@ import httpx
 
 from backend.benchmarks.stats import LevelMetrics, RequestResult
 from backend.benchmarks.workload import BenchRequest
-from backend.chat.client import ChatClient
+from backend.chat.client import ChatClient, event_lines
 from backend.chat.pacing import paced
 from backend.engines.base import bearer
 
@@ -85,39 +86,42 @@ async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str]
                 detail = (await resp.aread()).decode("utf-8", "replace")
                 streamed.error = f"HTTP {resp.status_code}: {detail}"[:ERROR_CHARS]
                 return streamed
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators and SSE comments
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                now = time.perf_counter()
-                data = json.loads(payload)
-                if "error" in data:
-                    streamed.error = f"stream error: {data['error']}"[:ERROR_CHARS]
-                    return streamed
-                if choices := data.get("choices"):
-                    delta = choices[0].get("delta") or {}
-                    content = delta.get("content")
-                    if "role" in delta and not content:
-                        # OpenAI's opening chunk (role, no text): a server may send it before any token
-                        streamed.opened_at = streamed.opened_at or now
-                        continue
-                    streamed.chunk_times.append(now)
-                    if content is not None:
-                        streamed.token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)
-                    if content:
-                        streamed.text.append(content)
-                        if streamed.first_text_at is None:
-                            streamed.first_text_at = now
-                elif usage := data.get("usage"):
-                    streamed.completion_tokens = int(usage.get("completion_tokens") or 0)
-                    streamed.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                    if cached is not None:
-                        streamed.cached_tokens = int(cached)
-                if (timings := data.get("timings")) and "cache_n" in timings:
-                    streamed.cached_tokens = int(timings["cache_n"])
+            # Closed here, in this task, when the stream ends early ([DONE], an error): left to the garbage collector,
+            # the line iterator is finalised in another task ("async generator ignored GeneratorExit").
+            async with aclosing(event_lines(resp)) as lines:
+                async for line in lines:
+                    if not line.startswith("data:"):
+                        continue  # blank separators and SSE comments
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    now = time.perf_counter()
+                    data = json.loads(payload)
+                    if "error" in data:
+                        streamed.error = f"stream error: {data['error']}"[:ERROR_CHARS]
+                        return streamed
+                    if choices := data.get("choices"):
+                        delta = choices[0].get("delta") or {}
+                        content = delta.get("content")
+                        if "role" in delta and not content:
+                            # OpenAI's opening chunk (role, no text): a server may send it before any token
+                            streamed.opened_at = streamed.opened_at or now
+                            continue
+                        streamed.chunk_times.append(now)
+                        if content is not None:
+                            streamed.token_chunks += 1  # one token per chunk, text or not (a partial UTF-8 byte)
+                        if content:
+                            streamed.text.append(content)
+                            if streamed.first_text_at is None:
+                                streamed.first_text_at = now
+                    elif usage := data.get("usage"):
+                        streamed.completion_tokens = int(usage.get("completion_tokens") or 0)
+                        streamed.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                        if cached is not None:
+                            streamed.cached_tokens = int(cached)
+                    if (timings := data.get("timings")) and "cache_n" in timings:
+                        streamed.cached_tokens = int(timings["cache_n"])
     except (httpx.HTTPError, ValueError) as exc:
         streamed.error = _error(exc)
         return streamed

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, cast
 
 import httpx2 as httpx  # openai 3.x is built on httpx2, a fork with the same API
 import openai
@@ -83,11 +83,18 @@ def _for_status(status: int, detail: str) -> ServiceError:
     return BackendError.of("backend.status", status=status, detail=detail)
 
 
-async def _event_lines(response: httpx.Response) -> AsyncIterator[str]:
+class StreamedBody(Protocol):
+    """A response whose body arrives in pieces (httpx's and httpx2's alike)."""
+
+    def aiter_bytes(self, chunk_size: int | None = None) -> AsyncIterator[bytes]: ...
+
+
+async def event_lines(response: StreamedBody) -> AsyncGenerator[str, None]:
     """The body's lines split at "\n" only. (httpx's aiter_lines also splits at U+2028, U+0085 and other Unicode
     line breaks, which a model's text may hold raw inside one JSON event: the event then arrives cut in two.)"""
     pending = b""
-    async with aclosing(response.aiter_bytes()) as chunks:  # closed with this generator, in its task
+    body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())  # an async generator in httpx and httpx2
+    async with aclosing(body) as chunks:  # closed with this generator, in its task
         async for data in chunks:
             pending += data
             *lines, pending = pending.split(b"\n")
@@ -155,6 +162,7 @@ class ChatStream:
 
     def _absorb(self, data: str) -> str:
         """Take one event's data (a JSON chunk) into the stats; return its text."""
+        self._client.last_token_at = time.monotonic()  # the engine is writing (its supervisor asks: busy or hung)
         chunk = json.loads(data)
         if "error" in chunk:  # an error the server reports inside the stream
             error = chunk["error"]
@@ -212,7 +220,7 @@ class ChatStream:
         if response.status_code != 200:
             raise await _status_error(response)
         self._response = response
-        self._lines = _event_lines(response)
+        self._lines = event_lines(response)
         self._pieces = pieces = self._texts()
         try:
             first = await anext(pieces, "")
@@ -282,6 +290,7 @@ class ChatClient:
     ) -> None:
         self.endpoint = endpoint
         self.retries = retries
+        self.last_token_at: float | None = None  # when a streamed chunk last came from the engine (time.monotonic())
         timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=30.0, pool=connect_timeout_s)
         self.http = httpx.AsyncClient(
             timeout=timeout,

@@ -30,7 +30,7 @@ from backend.chat.render import (
 )
 from backend.chat.request import SETTING_RANGES, UserSettings
 from backend.chat.saved import ASKED_KEY, LIVE_KEY, NOTICE_KEY, SYSTEM_AUTHOR, turn_metadata
-from backend.chat.turn import ChatSession, Done, EngineWait, Event, Notice, Started, Text
+from backend.chat.turn import ChatSession, Done, EngineWait, Event, Notice, Queued, Started, Text
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,9 @@ class ReplyView:
                 await cl.context.emitter.task_end()
 
     async def show(self, event: Event) -> None:
-        if isinstance(event, EngineWait):
-            if self.note is None and event.state != "ready":  # "ready" only updates a notice already shown
+        if isinstance(event, EngineWait | Queued):
+            done = event.state == "ready" if isinstance(event, EngineWait) else event.place == 0
+            if self.note is None and not done:  # "ready" (or "your turn") only updates a notice already shown
                 self.note = await (say if self.own else show_only)(wait_text(event, self.lang))
             elif self.note is not None:
                 self.note.content = wait_text(event, self.lang)

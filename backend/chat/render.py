@@ -8,7 +8,7 @@ from typing import Any
 
 from backend.chat.context import Message
 from backend.chat.i18n import MESSAGES, describe, describe_parts, t
-from backend.chat.turn import Done, EngineWait, Notice, Refused, Serving
+from backend.chat.turn import Done, EngineWait, Notice, Queued, Refused, Serving
 from backend.prompts.schema import Reason
 
 DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
@@ -23,8 +23,12 @@ def notice_text(event: Notice | Refused, locale: str) -> str:
     return t(event.key, locale, **event.params) + "".join(f"\n- {item}" for item in event.items)
 
 
-def wait_text(event: EngineWait, locale: str) -> str:
-    """The engine's state while a message waits for it (one notice, updated)."""
+def wait_text(event: EngineWait | Queued, locale: str) -> str:
+    """The engine's state while a message waits for it, or its place in line (one notice, updated)."""
+    if isinstance(event, Queued):
+        if event.place == 0:
+            return t("queue_done", locale, waited=event.wait_s)
+        return t("queued", locale, place=event.place, wait=max(1.0, event.wait_s))
     if event.state == "failed":
         error, hint = describe_parts(event.problem, locale)
         text = t("failed", locale, error=error, hint=hint)

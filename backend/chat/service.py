@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from backend.chat.admission import Admission, Ticket
 from backend.chat.client import ChatClient, Message, StreamStats
 from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, head_of
 from backend.chat.decision import Decision, decide
@@ -30,6 +31,7 @@ from backend.chat.turn import (
     EngineWait,
     Event,
     Notice,
+    Queued,
     Refused,
     Serving,
     Started,
@@ -38,7 +40,7 @@ from backend.chat.turn import (
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
 from backend.engines.registry import configured_engine, engine
-from backend.errors import InvalidInputError, PromptTooLongError, ServiceError
+from backend.errors import InvalidInputError, PromptTooLongError, ServerFullError, ServiceError
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import Templates, TemplateStore
 from backend.serving.hardware import gpu_label
@@ -94,6 +96,9 @@ class ChatService:
         self._max_model_len: int | None = None
         self._accounting: tuple[str, Accounting] | None = None  # the counts' model and engine, and the accounting
         self._estimating = False  # the engine cannot count: the counts are estimates (estimate_tokens)
+        a = cfg.admission
+        # The line in front of the engine; its places are the running engine's (LaunchSpec.capacity: line()).
+        self.admission = Admission(1, a.queue_max, a.max_wait_s, a.reply_s) if a.enabled else None
 
     @classmethod
     def from_config(
@@ -111,6 +116,7 @@ class ChatService:
         templates = TemplateStore(cfg.paths.resolve(cfg.paths.prompts_dir))
         service = cls(cfg, supervisor, client, templates, recorder)
         supervisor.warm_up = service.warm_up
+        supervisor.last_token = lambda: client.last_token_at
         return service
 
     def with_templates(self, templates: TemplateStore) -> ChatService:
@@ -119,6 +125,7 @@ class ChatService:
         view = ChatService(self.cfg, self.supervisor, self.client, templates, NoRecorder())
         view._accounting = (self.counter_id(), self.accounting())
         view._max_model_len = self._max_model_len
+        view.admission = self.admission  # a try waits in the same line as the chat
         return view
 
     # ----- life cycle -------------------------------------------------------------------------
@@ -245,49 +252,110 @@ class ChatService:
         session.left_out = request.dropped  # kept out while the rest fits: the engine's cache of the rest stays good
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
-        # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
-        # in here (athrow) and ends the reply like one that lands while the stream is awaited.
-        parts: list[str] = []
-        ending: Ending = "finished"
-        error: ServiceError | None = None
-        failure: BaseException | None = None
-        stream = self.client.stream(request.messages, **request.sampling)
-        yield Started(request.user_text)
         try:
-            # Closed here, in this task, whatever ends the reply: left to the garbage collector, the HTTP stream
-            # would be closed outside any task ("Attempted to exit cancel scope in a different task").
-            async with stream, aclosing(paced(stream, self.cfg.chat.stream_flush_ms / 1000)) as pieces:
-                async for piece in pieces:
-                    parts.append(piece)
-                    yield Text(piece)
-        except asyncio.CancelledError as exc:
-            # The stop button: the stream is closed above (the engine aborts the request); keep what arrived.
-            failure, ending = exc, "stopped"
-        except ServiceError as exc:
-            log.warning("Reply failed: %s", exc)
-            failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
-        self.recorder.reply_finished(stream.stats, failure)
-        text = "".join(parts)
-        reply_count: int | None = None  # a reply that did not finish is counted with its turn at the next message
-        if text and ending == "finished":
-            request, reply_count = await self._count_turn(request, text)
-        self._correct(session, request, stream.stats.prompt_tokens)
-        tokens: tuple[int | None, int | None] = (None, None)
-        if text:
-            tokens = (request.user_tokens, reply_count)
-            session.add_turn(request.user_text, text, message_id, tokens)
-        yield Done(
-            text,
-            request.template,
-            request.reason,
-            request.user_text,
-            ending,
-            error,
-            stream.stats,
-            request.prompt_tokens,
-            tokens,
-            session.counted_by,
-        )
+            ticket = self.join_line(session.owner)
+        except ServerFullError as exc:
+            self.recorder.record_error(exc)
+            yield Refused(exc)
+            return
+        try:
+            if ticket is not None:
+                try:
+                    async with aclosing(self.wait_in_line(ticket)) as places:
+                        async for place in places:
+                            yield place
+                except ServerFullError as exc:  # the app drains for a restart
+                    self.recorder.record_error(exc)
+                    yield Refused(exc)
+                    return
+            # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
+            # in here (athrow) and ends the reply like one that lands while the stream is awaited.
+            parts: list[str] = []
+            ending: Ending = "finished"
+            error: ServiceError | None = None
+            failure: BaseException | None = None
+            stream = self.client.stream(request.messages, **request.sampling)
+            yield Started(request.user_text)
+            try:
+                # Closed here, in this task, whatever ends the reply: left to the garbage collector, the HTTP stream
+                # would be closed outside any task ("Attempted to exit cancel scope in a different task").
+                async with stream, aclosing(paced(stream, self.cfg.chat.stream_flush_ms / 1000)) as pieces:
+                    async for piece in pieces:
+                        parts.append(piece)
+                        yield Text(piece)
+            except asyncio.CancelledError as exc:
+                # The stop button: the stream is closed above (the engine aborts the request); keep what arrived.
+                failure, ending = exc, "stopped"
+            except ServiceError as exc:
+                log.warning("Reply failed: %s", exc)
+                failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
+            self.recorder.reply_finished(stream.stats, failure)
+            text = "".join(parts)
+            reply_count: int | None = None  # a reply that did not finish: counted with its turn at the next message
+            if text and ending == "finished":
+                request, reply_count = await self._count_turn(request, text)
+            self._correct(session, request, stream.stats.prompt_tokens)
+            tokens: tuple[int | None, int | None] = (None, None)
+            if text:
+                tokens = (request.user_tokens, reply_count)
+                session.add_turn(request.user_text, text, message_id, tokens)
+            yield Done(
+                text,
+                request.template,
+                request.reason,
+                request.user_text,
+                ending,
+                error,
+                stream.stats,
+                request.prompt_tokens,
+                tokens,
+                session.counted_by,
+            )
+        finally:
+            if ticket is not None:
+                ticket.leave()
+
+    # ----- the line in front of the engine ------------------------------------------------------------------------
+    def line(self) -> Admission | None:
+        """The line in front of the engine that serves now, its places the engine's (None: no line: admission off,
+        or a server that queues itself, or none known yet)."""
+        spec = self.supervisor.spec
+        if self.admission is None or spec is None or spec.capacity is None:
+            return None
+        self.admission.resize(spec.capacity)
+        return self.admission
+
+    def join_line(self, owner: str) -> Ticket | None:
+        """A place in the line for one request of `owner` (None: no line); ServerFullError when it is full."""
+        line = self.line()
+        return line.join(owner) if line is not None else None
+
+    async def wait_in_line(self, ticket: Ticket) -> AsyncGenerator[Queued, None]:
+        """Nothing when `ticket` runs at once; else its place and expected wait every second until it runs, then
+        how long it waited. ServerRestartingError when the app drains meanwhile."""
+        started = time.monotonic()
+        waited = False
+        while not await ticket.wait(WAIT_STEP_S if waited else 0.0):
+            waited = True
+            yield Queued(ticket.place, ticket.expected_s)
+        if waited:
+            yield Queued(0, time.monotonic() - started)
+
+    def restarting(self) -> ServerFullError | None:
+        """Why nothing new is taken in while the app drains for a restart (None: it is not draining)."""
+        return self.admission.refusal if self.admission is not None else None
+
+    async def admit(self, owner: str) -> Ticket | None:
+        """Wait in line for one request of `owner` (the API's: it shows no place); None: no line. Leave the ticket
+        when the request ends. ServerFullError when the line is full or the app drains."""
+        ticket = self.join_line(owner)
+        if ticket is not None:
+            try:
+                await ticket.wait()
+            except BaseException:
+                ticket.leave()
+                raise
+        return ticket
 
     async def _count_turn(self, request: ChatRequest, reply: str) -> tuple[ChatRequest, int | None]:
         """A finished reply counted with its message, after it (off the path to the first text), so every kept count

@@ -40,6 +40,9 @@ class ChatSession:
     # The oldest history messages the model no longer sees (the last trim, backend.chat.context.fit): kept out
     # while the rest fits, so the engine's cache of the part sent stays good.
     left_out: int = 0
+    # Whom the line in front of the engine counts this chat as (backend.chat.admission: each owner's requests wait
+    # behind each other, not in front of another's): the login name, else the browser session.
+    owner: str = ""
 
     def add_turn(
         self,
@@ -107,6 +110,14 @@ class EngineWait:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """Every place of the engine is taken: this message waits in line (one notice the UI shows and updates)."""
+
+    place: int  # 1: next; 0: its turn came (then wait_s is how long it waited)
+    wait_s: float  # the expected seconds until it runs
+
+
+@dataclass(frozen=True)
 class Started:
     """The request goes to the engine now: the reply begins (after every notice), asked with this user text."""
 
@@ -149,4 +160,4 @@ class Serving:
     progress: Phrase | None = None  # what the start is doing meanwhile (the engine tune at a first start)
 
 
-Event = Notice | Refused | EngineWait | Started | Text | Done
+Event = Notice | Refused | EngineWait | Queued | Started | Text | Done

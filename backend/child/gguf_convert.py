@@ -1,9 +1,11 @@
 """Turn a Hugging Face ERNIE-4.5 folder into a GGUF file for llama.cpp, and quantize it.
 
 Runs with the engine's interpreter (it needs gguf, numpy, torch, safetensors, sentencepiece):
-    python -m backend.child.gguf_convert SRC_DIR OUT.gguf [--quant bf16|q8_0|q4_k_m] [--bf16 BF16.gguf]
+    python -m backend.child.gguf_convert SRC_DIR OUT.gguf [--quant bf16|q8_0|q4_k_m|q4_0|iq4_nl] [--bf16 BF16.gguf]
         [--quantize-tool .venv-engine/llama.cpp/bin/llama-quantize]
-The app calls it through backend.models.gguf, which caches the result.
+    python -m backend.child.gguf_convert --gguf IN.gguf OUT.gguf --quant q4_0 --quantize-tool ...
+The app calls it through backend.models.gguf, which caches the result. --gguf requantizes a GGUF file that is
+already quantized (the offline demo's Q4_1 file into a format whose kernels batch better).
 
 Why not llama.cpp's own convert_hf_to_gguf.py: it and its `conversion/` package (25,000 lines) exist
 only in the source distribution, which is not kept after the build. This module is the part of it
@@ -29,7 +31,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM")
-QUANTS = ("bf16", "q8_0", "q4_k_m")
+QUANTS = ("bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl")  # backend.models.gguf.QUANTS
 # llama_ftype values (llama.h); bf16 is written directly, the others by llama_model_quantize.
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 PROGRESS_LINE = re.compile(r"\[\s*(\d+)/\s*(\d+)\]")
@@ -216,14 +218,15 @@ def convert(src: Path, out: Path, progress: bool = True) -> Path:
 
 
 def quantize(src: Path, out: Path, quant: str, tool: Path, progress: bool = True) -> Path:
-    """Quantize the GGUF file `src` to `quant` (q8_0, q4_k_m) at `out` with llama.cpp's llama-quantize."""
+    """Quantize the GGUF file `src` to `quant` (one of QUANTS but bf16) at `out` with llama.cpp's llama-quantize."""
     from tqdm import tqdm
 
     if not tool.is_file():
         raise ConversionError(f"llama.cpp's quantizer {tool} is missing: build it with make setup-llamacpp.")
     # The portable kernels: quantizing is not worth a crash on a CPU that advertises more than it runs.
     env = {**os.environ, "GGML_BACKEND_PATH": str(tool.parent / "cpu" / "libggml-cpu-x64.so")}
-    cmd = [str(tool), str(src), str(out), quant.upper(), str(os.cpu_count() or 1)]
+    # --allow-requantize: `src` may be quantized already (the demo's Q4_1 file); a bf16 file is quantized as ever.
+    cmd = [str(tool), "--allow-requantize", str(src), str(out), quant.upper(), str(os.cpu_count() or 1)]
     bar = tqdm(desc=f"Quantizing to {quant}", unit=" tensors", disable=not progress, file=sys.stderr)
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
@@ -245,8 +248,11 @@ def quantize(src: Path, out: Path, quant: str, tool: Path, progress: bool = True
 def main(argv: list[str] | None = None) -> int:
     """Convert SRC to bf16 GGUF (or reuse --bf16), then quantize; write OUT atomically."""
     parser = argparse.ArgumentParser(prog="python -m backend.child.gguf_convert", description=__doc__.split("\n")[0])
-    parser.add_argument("src", type=Path, help="Hugging Face model folder (config.json, tokenizer.model, safetensors)")
+    parser.add_argument(
+        "src", type=Path, nargs="?", help="Hugging Face model folder (config.json, tokenizer.model, safetensors)"
+    )
     parser.add_argument("out", type=Path, help="GGUF file to write")
+    parser.add_argument("--gguf", type=Path, help="quantize this GGUF file (quantized already or not) instead of SRC")
     parser.add_argument("--quant", choices=QUANTS, default="bf16")
     parser.add_argument("--bf16", type=Path, help="an existing bf16 GGUF of SRC to quantize from (else made)")
     parser.add_argument("--quantize-tool", type=Path, help="llama.cpp's llama-quantize (for q8_0, q4_k_m)")
@@ -257,8 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f"{args.out.name}.tmp-{os.getpid()}")
+    if (args.src is None) == (args.gguf is None):
+        parser.error("give either SRC (a model folder) or --gguf (a GGUF file)")
     try:
-        if args.quant == "bf16":
+        if args.gguf is not None:
+            if args.quantize_tool is None:
+                raise ConversionError("--quantize-tool (llama.cpp's llama-quantize) is needed for --gguf")
+            quantize(args.gguf, tmp, args.quant, args.quantize_tool, progress)
+        elif args.quant == "bf16":
             convert(args.src, tmp, progress)
         else:
             bf16 = args.bf16

@@ -104,6 +104,9 @@ class LaunchSpec:
     weights: Weights | None = None  # what the canary checks this engine against (None: no check)
     build: str = ""  # identifies the engine's installed build, for the canary's verdict cache
     demo: bool = False  # the offline demo model answers (the chat uses the demo's own defaults)
+    # Replies the engine runs at once (llama.cpp's slots, vLLM's max_num_seqs): the app's admission lets this many
+    # through and queues the rest (None: the server queues itself, e.g. an external one).
+    capacity: int | None = None
 
     def with_check(self, weights: Weights, build: str, demo: bool = False) -> LaunchSpec:
         """This spec with what the canary checks it against (and whether it serves the demo model)."""

@@ -38,7 +38,15 @@ from backend.engines.dialect import (
     token_list,
 )
 from backend.errors import EngineNotInstalledError, ModelNotFoundError
-from backend.models.gguf import QUANTS, cached_gguf, convert_log, ensure_gguf, quantization
+from backend.models.gguf import (
+    QUANTS,
+    cached_gguf,
+    convert_log,
+    ensure_gguf,
+    ensure_requantized,
+    quantization,
+    requantized_gguf,
+)
 from backend.models.resolve import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
@@ -50,7 +58,13 @@ HEALTH_PATH = "/health"
 PROBE = " \u2063ernie-chat-message\u2063 "
 PROBES_KEPT = 64  # conversation heads whose probe a client keeps (the templates' system texts: a few)
 DEFAULT_PREFIX = ROOT / ".venv-engine" / "llama.cpp"
-GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|bf16|f16|f32)", re.IGNORECASE)
+GGUF_FORMAT = re.compile(r"(q4_k_m|q8_0|q4_1|q4_0|iq4_nl|bf16|f16|f32)", re.IGNORECASE)
+# The offline demo ships as Q4_1, whose CPU kernels batch poorly (each row of a batch is multiplied on its own);
+# requantized to q8_0 (tinyBLAS kernels) its answers stay those of the Q4_1 weights (answer check: median |Δ| 0.077
+# against the shipped file's 0.067 nats). The 4-bit formats with repacked x86 kernels (q4_0, iq4_nl) batch 2x
+# better but move the answers ~0.5 nats (q4_0, iq4_nl: the answer check fails), so they are not offered for the
+# demo (results/cpu-engines/demo-formats.md).
+DEMO_FORMATS = ("q8_0",)
 
 
 def with_probe(messages: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -131,7 +145,15 @@ def resolve_gguf(cfg: AppConfig, python: str, note: Note) -> ResolvedModel:
         return ResolvedModel(str(path))
     resolved = resolve_model(cfg, python, prepare_demo=demo_gguf)
     source = Path(resolved.model)
-    if resolved.is_demo or source.suffix == ".gguf":
+    if resolved.is_demo:
+        asked = cfg.llamacpp.quantization
+        if asked not in DEMO_FORMATS:
+            return resolved  # served as shipped
+        if not requantized_gguf(cfg, source, asked).is_file():
+            note(f"Requantizing the demo model to {asked} for llama.cpp (once; log: {convert_log(cfg)}).")
+        made = ensure_requantized(cfg, python, source, asked, quantize_binary(cfg), log_file=convert_log(cfg))
+        return ResolvedModel(str(made), is_demo=True, note=resolved.note, source=str(source))
+    if source.suffix == ".gguf":
         return resolved
     if not source.is_dir():
         raise ModelNotFoundError.of("model.needs_local", model=resolved.model)
@@ -204,6 +226,7 @@ def build_llamacpp_launch(
         health_path=HEALTH_PATH,
         cwd=str(cfg.paths.data),  # llama.cpp also looks for kernel libraries in the working directory
         variant=variant,
+        capacity=ll.parallel,
     )
 
 
@@ -240,15 +263,16 @@ class LlamaCpp(Engine):
         return found.group(1).lower() if found else "q4_k_m"  # an unknown GGUF gets the loosest tolerance
 
     def tune_formats(self, cfg: AppConfig, model: ResolvedModel, python: str) -> list[str]:
-        """A GGUF served as it is has its own format; a converted model is measured in each allowed format."""
-        if cfg.llamacpp.gguf or model.is_demo or Path(model.model).suffix == ".gguf":
-            served = (
-                resolve_gguf(cfg, python, lambda _: None)
-                if not model.is_demo
-                else ResolvedModel(str(demo_gguf(cfg, python)), is_demo=True)
-            )
-            return [self.number_format(cfg, "auto", served)]
+        """A GGUF served as it is has its own format; the demo also each of tune.formats it may be requantized to
+        (DEMO_FORMATS); a converted model is measured in each allowed format."""
         asked = cfg.llamacpp.quantization
+        if model.is_demo:
+            own = self.number_format(cfg, "auto", ResolvedModel(str(demo_gguf(cfg, python)), is_demo=True))
+            if asked != "auto":
+                return [asked if asked in DEMO_FORMATS else own]
+            return [own] + [f for f in cfg.tune.formats if f in DEMO_FORMATS]
+        if cfg.llamacpp.gguf or Path(model.model).suffix == ".gguf":
+            return [self.number_format(cfg, "auto", resolve_gguf(cfg, python, lambda _: None))]
         return list(cfg.tune.formats) if asked == "auto" else [asked]
 
     def format_on_auto(self, cfg: AppConfig) -> bool:
@@ -260,9 +284,11 @@ class LlamaCpp(Engine):
         return cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"quantization": fmt})})
 
     def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
-        if resolved.source is None:  # a GGUF served as it is: the reference loads the same file
-            served = Path(resolved.model)
-            return Weights(str(served.parent), served.name, self.number_format(cfg, variant, resolved))
+        # A GGUF served as it is: the reference loads the same file; one requantized (the demo): the file it was
+        # made from, whose weights are the model's (the served format's error is what the check measures).
+        original = Path(resolved.source or resolved.model)
+        if original.suffix == ".gguf":
+            return Weights(str(original.parent), original.name, self.number_format(cfg, variant, resolved))
         return super().weights(cfg, variant, resolved)
 
     def build_id(self, cfg: AppConfig, python: str) -> str:

@@ -259,6 +259,7 @@ class Trtllm(Engine):
             api_key=target.api_key,  # trtllm-serve checks no key; it listens on loopback only
             flags=self.flags(cfg, flags),
             variant=variant,
+            capacity=cfg.trtllm.max_batch_size,
         )
 
 

@@ -139,6 +139,7 @@ class Vllm(Engine):
             api_key=target.api_key,
             flags=flags,
             variant=variant,
+            capacity=flags.max_num_seqs,
         )
 
 

@@ -22,7 +22,7 @@ from backend.errors import ModelConversionError, Phrase, ServiceError
 log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = 2  # bump when backend.child.gguf_convert writes different files (2: add_space_prefix from HF)
-QUANTS = ("bf16", "q8_0", "q4_k_m")
+QUANTS = ("bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl")  # config.LlamaFormat
 UNMEASURED_QUANT = "q8_0"  # llamacpp.quantization auto before (or without) a tune: near-exact, 1.2-1.5x bf16's speed
 
 
@@ -106,6 +106,29 @@ def ensure_gguf(
         args = [str(source), str(target), "--quant", quant, "--bf16", str(bf16), *tool, *progress]
         _run_converter(python, args, log_file)
     log.info("GGUF %s ready in %.1f s", target, time.monotonic() - started)
+    return target
+
+
+def requantized_gguf(cfg: AppConfig, source: Path, quant: str) -> Path:
+    """The cache file for the GGUF file `source` requantized to `quant` (it may not exist yet)."""
+    stem = source.name.removesuffix(".gguf")
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()} {stat.st_size} {stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cfg.paths.cache / "gguf" / f"{stem}-{key}" / f"{stem}.{quant}.gguf"
+
+
+def ensure_requantized(
+    cfg: AppConfig, python: str, source: Path, quant: str, quantize_tool: Path, log_file: Path | None = None
+) -> Path:
+    """Return the GGUF file `source` requantized to `quant`, made once (a few seconds for a 135M model)."""
+    target = requantized_gguf(cfg, source, quant)
+    if not target.is_file():
+        started = time.monotonic()
+        log.info("Requantizing %s to %s (once) into %s", source.name, quant, target.parent)
+        progress = [] if log_file is None else ["--no-progress"]
+        args = ["--gguf", str(source), str(target), "--quant", quant, "--quantize-tool", str(quantize_tool)]
+        _run_converter(python, [*args, *progress], log_file)
+        log.info("GGUF %s ready in %.1f s", target, time.monotonic() - started)
     return target
 
 

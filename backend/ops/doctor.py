@@ -106,6 +106,16 @@ def tune_line(tune: dict[str, Any] | None) -> str:
     )
 
 
+def line_text(line: dict[str, Any] | None) -> str:
+    """How many replies the engine runs at once (its places) and the line in front of it now (empty: no line)."""
+    if not line:
+        return ""
+    return (
+        f"; the engine runs {line['places']} replies at once ({line['running']} running, {line['waiting']} waiting "
+        f"in line, {line['refused']} told to come back later; a reply holds its place {line['reply_s']} s)"
+    )
+
+
 async def check_app(http: httpx.AsyncClient, url: str) -> Check:
     try:
         resp = await http.get(url + "/healthz")
@@ -128,7 +138,7 @@ async def check_app(http: httpx.AsyncClient, url: str) -> Check:
         restarts += f"; serving {check.get('candidate')}, answer check {check.get('check')}"
         if fallbacks:
             restarts += f"; fell back after: {'; '.join(fallbacks)}"
-    restarts += tune_line(payload.get("tune"))
+    restarts += tune_line(payload.get("tune")) + line_text(payload.get("line"))
     if resp.status_code == 200:
         return Check("app", OK, f"{url} is up; engine {engine.get('state')}, {restarts}.")
     return Check(

@@ -22,8 +22,9 @@ from backend.workshop.api import workshop_routes
 def health_payload(service: ChatService) -> dict[str, Any]:
     """The app's view of itself and its engine (no secrets)."""
     st = service.supervisor.status
+    draining = service.restarting() is not None
     return {
-        "status": "ok" if service.supervisor.ready else "degraded",
+        "status": "draining" if draining else "ok" if service.supervisor.ready else "degraded",
         "engine": {
             "name": service.supervisor.spec.engine if service.supervisor.spec else None,
             "state": st.state.value,
@@ -41,6 +42,22 @@ def health_payload(service: ChatService) -> dict[str, Any]:
         "check": service.supervisor.canary.summary() if service.supervisor.canary else None,
         # The engine tune (backend.tuning): which engine and format measured fastest on this machine, and the figures.
         "tune": service.supervisor.tune,
+        # The line in front of the engine (backend.chat.admission): its places (the engine's replies at once), who
+        # runs and waits now, how many were told "busy", and the reply time its expected waits are made of.
+        "line": line_payload(service),
+    }
+
+
+def line_payload(service: ChatService) -> dict[str, Any] | None:
+    line = service.line()
+    if line is None:
+        return None
+    return {
+        "places": line.capacity,
+        "running": len(line.running),
+        "waiting": line.waiting,
+        "refused": line.refused,
+        "reply_s": round(line.reply_s, 1),
     }
 
 
@@ -80,7 +97,10 @@ def install_routes(
 
     async def livez() -> JSONResponse:
         # The process serves pages, whatever its engine does: what a proxy in front of several app processes checks,
-        # so that with every engine down users still reach the chat, which says what the engine is doing.
+        # so that with every engine down users still reach the chat, which says what the engine is doing. While it
+        # drains for a restart (backend.ops.drain), 503: the proxy sends new sessions to another process.
+        if service.restarting() is not None:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "alive"})
 
     async def app_metrics() -> Response:

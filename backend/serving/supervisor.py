@@ -36,6 +36,7 @@ from backend.errors import (
     ServiceError,
 )
 from backend.serving.canary import Canary, Rejected, crash_signal
+from backend.serving.cputime import group_cpu_s
 from backend.serving.hardware import Gpu
 from backend.serving.kept import Kept, KeptProcess, fingerprint, marked, new_run
 from backend.serving.process import EngineProcess, ProcessGroup, port_is_free
@@ -70,6 +71,7 @@ class Status:
     progress: Phrase | None = None  # what the start is doing beyond starting (measuring the engines: the tune)
     warmup_s: float | None = None  # what the last start's warm-up took (None: none ran)
     adopted: bool = False  # the engine serving was kept running by an earlier run and adopted (kept.py)
+    busy_checks: int = 0  # health checks answered late while the engine was busy (not counted as failures)
 
     @property
     def elapsed_s(self) -> float:
@@ -146,6 +148,9 @@ class Supervisor:
         # The requests a chat sends first, answered once before "ready" (the chat service wires it): the first
         # replies after a start are then as fast as later ones (an engine compiles some shapes at first use).
         self.warm_up: Callable[[], Awaitable[None]] | None = None
+        # When the engine last sent the app a token (time.monotonic(); None: never): the chat's client reports it
+        # (the chat service wires it). A busy engine late to answer its health check is told from a hung one by it.
+        self.last_token: Callable[[], float | None] = lambda: None
 
     def rewire(
         self, cfg: AppConfig, prepare: Callable[[], LaunchSpec], flags: EngineFlags, canary: Canary | None
@@ -423,12 +428,28 @@ class Supervisor:
                 await asyncio.sleep(POLL_S)
         log.info("Engine ready after %.1f s at %s", time.monotonic() - started, spec.base_url)
 
+    def _working(self, cpu_s: float, elapsed_s: float) -> str | None:
+        """Why an engine that is late to answer its health check is busy, not hung (None: nothing says so): its
+        tokens still reach the app, or it keeps a fifth of a core busy (a long prompt streams nothing) and has not
+        been silent for longer than the client waits between two tokens (timeouts.read_s)."""
+        now, last = time.monotonic(), self.last_token()
+        t = self.cfg.timeouts
+        if last is not None and now - last <= 2 * t.health_interval_s:
+            return f"its last token reached the app {now - last:.1f} s ago"
+        silent_s = now - max(last or 0.0, self.status.since)
+        if cpu_s >= 0.2 * elapsed_s and silent_s < t.read_s:
+            return f"it used {cpu_s:.1f} s of CPU in the last {elapsed_s:.1f} s"
+        return None
+
     async def _watch(self) -> Phrase:
-        """Return why the engine stopped serving: it 'exited' or it 'hung' (and was killed)."""
+        """Return why the engine stopped serving: it 'exited' or it 'hung' (and was killed). An engine late to
+        answer its health check while still working (_working) is busy: it is not counted as failing."""
         assert self.spec is not None
         t = self.cfg.timeouts
         failures = 0
         next_ping = time.monotonic() + t.health_interval_s
+        pgid = self.process.pid if self.process else None
+        cpu_before, at = (group_cpu_s(pgid) if pgid else 0.0), time.monotonic()
         async with httpx.AsyncClient(base_url=self.spec.base_url, timeout=t.health_timeout_s, trust_env=False) as http:
             while True:
                 await asyncio.sleep(POLL_S)
@@ -439,6 +460,13 @@ class Supervisor:
                     continue
                 ok = await is_healthy(http, self.spec.health_path)
                 next_ping = time.monotonic() + t.health_interval_s
+                cpu_now, now = (group_cpu_s(pgid) if pgid else 0.0), time.monotonic()
+                working = None if ok else self._working(cpu_now - cpu_before, now - at)
+                cpu_before, at = cpu_now, now
+                if working is not None:
+                    self.status.busy_checks += 1
+                    log.info("Engine late to answer its health check but busy, not hung: %s", working)
+                    continue
                 failures = 0 if ok else failures + 1
                 if failures:
                     log.warning("Engine health check failed (%d of %d)", failures, t.health_failures)

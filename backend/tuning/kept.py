@@ -1,7 +1,8 @@
-"""The tune's result, kept per machine: which engine and format won, with the figures of every candidate.
+"""The tune's result, kept per machine: which engine and format won, why, and every candidate's figures per round.
 
 A result holds for one CPU (model name and instruction sets), one set of installed engine builds, one model and
-one set of tune settings; anything else measures again. Kept as JSON under paths.cache_dir/tune/.
+one set of tune settings; anything else measures again. Nothing else enters the key: login, the API, the data
+folder or the port give the same result on the same machine. Kept as JSON under paths.cache_dir/tune/.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,22 @@ from backend.config import AppConfig
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # bump when the workload, the rule or the record's fields change
+VERSION = 3  # bump when the workload, the rule or the record's fields change
+
+
+@dataclass
+class Round:
+    """One round of one candidate: its chat figures alone and at tune.users at once, and what disturbed them."""
+
+    one: dict[str, Any]  # backend.benchmarks.chat_workload.ChatLevel.summary() at one user
+    many: dict[str, Any]  # the same at tune.users users
+    other: float = 0.0  # the largest share of the cores other processes used during either level (0.0: none)
+    again: int = 0  # levels measured again because other work disturbed them
 
 
 @dataclass
 class Measured:
-    """One candidate: how it fared (measured, or skipped and why) and its chat figures at 1 and N users."""
+    """One candidate: how it fared (measured, or skipped and why) and its rounds."""
 
     label: str  # "llama.cpp q8_0"
     engine: str
@@ -30,12 +42,11 @@ class Measured:
     outcome: str  # "measured" or "skipped: <why>"
     check: str = ""  # the answer check's verdict ("passed", "passed (cached)", "skipped: random weights")
     ready_s: float = 0.0
-    one: dict[str, Any] | None = None  # backend.benchmarks.chat_workload.ChatLevel.summary() at one user
-    many: dict[str, Any] | None = None  # the same at tune.users users
+    rounds: list[Round] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "measured" and self.one is not None and self.many is not None
+        return self.outcome == "measured" and bool(self.rounds)
 
 
 @dataclass
@@ -50,56 +61,86 @@ class TuneResult:
     seconds: float
     when: str
     measured: list[Measured] = field(default_factory=list)
-    # The 1-minute load average before and after: other work on the same cores distorts the figures 2-5x (a tune
-    # measured beside a test run chose differently from the same machine at rest): `tune --force` when quiet.
+    # The 1-minute load average before and after (for a person reading the record; the tune itself watches the
+    # other processes' CPU time during every level: Round.other).
     load: tuple[float, float] = (0.0, 0.0)
+    reason: str = ""  # why `chosen`: beyond the spread of the others, or the default order among those within it
+    disturbed: int = 0  # levels that stayed disturbed by other work after measuring them again
 
     def winner(self) -> Measured | None:
         return next((m for m in self.measured if m.label == self.chosen), None)
 
     def summary(self) -> dict[str, Any]:
-        """For /healthz and the doctor: the choice, its figures and the others' outcomes."""
+        """For /healthz and the doctor: the choice, why, its figures and the others' outcomes."""
         won = self.winner()
         return {
             "chosen": self.chosen,
+            "reason": self.reason,
             "cpu": self.cpu,
             "users": self.users,
             "when": self.when,
             "seconds": round(self.seconds, 1),
             "rule": self.rule,
             "load": list(self.load),
+            "disturbed": self.disturbed,
             "figures": {m.label: figures(m) for m in self.measured},
             "decode_tok_s_1_user": figures(won)["decode_tok_s_1"] if won else None,
         }
 
 
+def median_and_range(values: list[float]) -> tuple[float, float, float] | None:
+    """(median, min, max) of `values`, or None for none."""
+    return (statistics.median(values), min(values), max(values)) if values else None
+
+
+def level_p50(level: dict[str, Any], name: str, instead: str = "") -> float | None:
+    """A level figure's P50, or `instead`'s where the level has none (the first token for a model without text)."""
+    value = level.get(name) or level.get(instead)
+    return float(value["p50"]) if value else None
+
+
+def across_rounds(m: Measured, load: str, name: str, instead: str = "") -> tuple[float, float, float] | None:
+    """The median and the range over the rounds of one level figure ("one" or "many")."""
+    values = [level_p50(getattr(r, load), name, instead) for r in m.rounds]
+    return median_and_range([v for v in values if v is not None])
+
+
 def figures(m: Measured) -> dict[str, Any]:
-    """The figures of one candidate a person reads: decode tok/s and first text at 1 and N users, or why not."""
+    """The figures of one candidate a person reads: medians over the rounds (and their ranges), or why not."""
     if not m.ok:
         return {"outcome": m.outcome}
-    assert m.one is not None and m.many is not None
+
+    def med(load: str, name: str, instead: str = "") -> float | None:
+        found = across_rounds(m, load, name, instead)
+        return round(found[0], 1) if found else None
+
+    def spread(load: str, name: str, instead: str = "") -> list[float] | None:
+        found = across_rounds(m, load, name, instead)
+        return [round(found[1], 1), round(found[2], 1)] if found else None
+
+    output = median_and_range([float(r.many["output_tok_s"]) for r in m.rounds])
     return {
         "outcome": m.outcome,
         "check": m.check,
-        "decode_tok_s_1": _p50(m.one, "decode_tok_s"),
-        "first_text_ms_1": _p50(m.one, "first_text_ms", "first_chunk_ms"),
-        "decode_tok_s_n": _p50(m.many, "decode_tok_s"),
-        "first_text_ms_n": _p50(m.many, "first_text_ms", "first_chunk_ms"),
-        "output_tok_s_n": round(float(m.many["output_tok_s"]), 1),
+        "rounds": len(m.rounds),
+        "decode_tok_s_1": med("one", "decode_tok_s"),
+        "decode_tok_s_1_range": spread("one", "decode_tok_s"),
+        "first_text_ms_1": med("one", "first_text_ms", "first_chunk_ms"),
+        "first_text_ms_1_range": spread("one", "first_text_ms", "first_chunk_ms"),
+        "decode_tok_s_n": med("many", "decode_tok_s"),
+        "decode_tok_s_n_range": spread("many", "decode_tok_s"),
+        "first_text_ms_n": med("many", "first_text_ms", "first_chunk_ms"),
+        "output_tok_s_n": round(output[0], 1) if output else None,
+        "turns": sum(int(r.one["turns"]) + int(r.many["turns"]) for r in m.rounds),
+        "other_max": max(r.other for r in m.rounds),
     }
-
-
-def _p50(level: dict[str, Any], name: str, instead: str = "") -> float | None:
-    """A figure's P50, or `instead`'s where the level has none (the first token for a model without text)."""
-    value = level.get(name) or level.get(instead)
-    return round(float(value["p50"]), 1) if value else None
 
 
 def tune_key(cfg: AppConfig, cpu: str, builds: list[str], model: str) -> str:
     """What a result holds for: the CPU, the engine builds, the model and the settings that change the answer."""
     t = cfg.tune
     parts = [str(VERSION), cpu, *builds, model, cfg.engine.name, cfg.llamacpp.quantization, str(t.users),
-             ",".join(t.formats), cfg.model.load_format]  # fmt: skip
+             ",".join(t.formats), str(t.rounds), str(t.replies), cfg.model.load_format]  # fmt: skip
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -113,7 +154,9 @@ def load(cfg: AppConfig, key: str) -> TuneResult | None:
     path = result_path(cfg, key)
     try:
         data = json.loads(path.read_text())
-        measured = [Measured(**m) for m in data.pop("measured")]
+        measured = [
+            Measured(**{**m, "rounds": [Round(**r) for r in m.get("rounds", [])]}) for m in data.pop("measured")
+        ]
         load = tuple(data.pop("load", (0.0, 0.0)))
         return TuneResult(**data, measured=measured, load=(float(load[0]), float(load[1])))
     except FileNotFoundError:

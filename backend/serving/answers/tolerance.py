@@ -54,6 +54,8 @@ TOLERANCES: dict[str, Tolerance] = {
     # The max only guards against wild values here: 4-bit weights move single log-probs by nats; median,
     # overlap and the top-k rule do the work.
     "q4_k_m": Tolerance(tie_nats=1.0, median_nats=0.75, max_nats=7.5, min_overlap=0.5),
+    "q4_0": Tolerance(tie_nats=1.0, median_nats=0.75, max_nats=7.5, min_overlap=0.5),
+    "iq4_nl": Tolerance(tie_nats=1.0, median_nats=0.75, max_nats=7.5, min_overlap=0.5),
 }
 ALIASES = {"bf16": "bfloat16", "f16": "bfloat16", "float16": "bfloat16", "half": "bfloat16", "auto": "bfloat16"}
 

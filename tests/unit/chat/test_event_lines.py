@@ -7,13 +7,13 @@ import json
 
 import httpx2 as httpx
 
-from backend.chat.client import _event_lines
+from backend.chat.client import event_lines
 
 
 async def test_an_event_with_unicode_line_breaks_stays_whole() -> None:
     event = {"choices": [{"delta": {"content": "a\u2028b\x85c\u2029d\x1ce"}}]}
     body = ("data: " + json.dumps(event, ensure_ascii=False) + "\r\n\r\ndata: [DONE]\n\n").encode()
-    lines = [line async for line in _event_lines(httpx.Response(200, content=body))]
+    lines = [line async for line in event_lines(httpx.Response(200, content=body))]
     data = [line for line in lines if line.startswith("data:")]
     assert data == ["data: " + json.dumps(event, ensure_ascii=False), "data: [DONE]"]
     assert json.loads(data[0][5:])["choices"][0]["delta"]["content"] == "a\u2028b\x85c\u2029d\x1ce"

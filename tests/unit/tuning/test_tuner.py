@@ -19,7 +19,7 @@ from backend.engines.registry import engine, tunable
 from backend.errors import Phrase
 from backend.models.resolve import ResolvedModel
 from backend.tuning import kept, tuner
-from backend.tuning.kept import Measured, TuneResult
+from backend.tuning.kept import Measured, Round, TuneResult
 
 
 def config(tmp_path: Path, **overrides: object) -> AppConfig:
@@ -28,14 +28,24 @@ def config(tmp_path: Path, **overrides: object) -> AppConfig:
     return load_config(environ=env)
 
 
-def level(decode: float, first_ms: float) -> dict[str, Any]:
+def level(decode: float, first_ms: float, turns: int = 12) -> dict[str, Any]:
     """A chat level's summary as backend.benchmarks.chat_workload makes it (the fields the tune reads)."""
-    return {"decode_tok_s": {"p50": decode, "min": decode}, "first_text_ms": {"p50": first_ms}, "output_tok_s": decode}
+    return {"decode_tok_s": {"p50": decode, "min": decode}, "first_text_ms": {"p50": first_ms}, "output_tok_s": decode,
+            "turns": turns}  # fmt: skip
 
 
-def measured(label: str, one: tuple[float, float], many: tuple[float, float]) -> Measured:
+def rounds(one: tuple[float, float], many: tuple[float, float], jitter: float = 0.0, count: int = 3) -> list[Round]:
+    """`count` rounds around the given figures, each `jitter` (a share) quicker than the one before it."""
+    out = []
+    for i in range(count):
+        f = 1 + jitter * (i - (count - 1) / 2)
+        out.append(Round(level(one[0] * f, one[1] / f), level(many[0] * f, many[1] / f)))
+    return out
+
+
+def measured(label: str, one: tuple[float, float], many: tuple[float, float], jitter: float = 0.0) -> Measured:
     name, fmt = label.split(" ")
-    return Measured(label, name, fmt, "measured", "passed", 1.0, level(*one), level(*many))
+    return Measured(label, name, fmt, "measured", "passed", 1.0, rounds(one, many, jitter))
 
 
 def test_the_rule_takes_the_soonest_typical_reply_alone_and_at_the_expected_users() -> None:
@@ -57,7 +67,8 @@ def test_a_model_without_text_counts_from_its_first_token_and_no_figures_is_neve
     silent = {"decode_tok_s": {"p50": 50.0}, "first_text_ms": None, "first_chunk_ms": {"p50": 300.0}}
     assert tuner.reply_s(silent) == pytest.approx(0.3 + 200 / 50), "random weights: tokens without text"
     assert tuner.reply_s({"decode_tok_s": None, "first_text_ms": None}) == float("inf")
-    empty = Measured("llama.cpp q8_0", "llama.cpp", "q8_0", "measured", "passed", 1.0, silent, {"decode_tok_s": None})
+    empty = Measured("llama.cpp q8_0", "llama.cpp", "q8_0", "measured", "passed", 1.0,
+                     [Round(silent, {"decode_tok_s": None})])  # fmt: skip
     assert tuner.choose([empty]) is None
 
 
@@ -148,65 +159,137 @@ def test_the_starting_notice_shows_the_tune_progress_in_the_users_language() -> 
     assert first_page["state"].startswith("正在启动") and "（第 2 个，共 3 个）" in first_page["state"]
 
 
+class Figures:
+    """Scripted measurements for the tune's own loop: each candidate's (1 user, N users) figures per call."""
+
+    def __init__(self, figures: dict[str, tuple[tuple[float, float], tuple[float, float]]]) -> None:
+        self.figures = figures
+        self.started: list[str] = []
+        self.rounds: list[str] = []
+        self.stopped: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pairs: list[tuple[Engine, str]]) -> None:
+        test = self
+
+        class Stub:
+            def __init__(self, label: str) -> None:
+                self.label = label
+
+            async def stop(self) -> None:
+                test.stopped.append(self.label)
+
+        async def start(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> tuner.Running | Measured:
+            label = f"{eng.name} {fmt}"
+            self.started.append(label)
+            if label not in self.figures:
+                return Measured(label, eng.name, fmt, "skipped: crashed with SIGILL during start-up")
+            return tuner.Running(Stub(label), Measured(label, eng.name, fmt, "measured", "passed", 1.0))  # type: ignore[arg-type]
+
+        async def measure_round(cfg: AppConfig, running: tuner.Running) -> Round:
+            label = running.measured.label
+            self.rounds.append(label)
+            await asyncio.sleep(0.002)  # a round takes time
+            one, many = self.figures[label]
+            return Round(level(*one), level(*many))
+
+        monkeypatch.setattr(tuner, "start", start)
+        monkeypatch.setattr(tuner, "measure_round", measure_round)
+        monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: pairs)
+        monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
+
+
+Q8 = (engine("llama.cpp"), "q8_0")
+Q4 = (engine("llama.cpp"), "q4_k_m")
+
+
 def test_a_tune_that_measured_before_is_kept_and_force_measures_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = config(tmp_path)
-    runs: list[str] = []
-
-    async def fake_measure(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> Measured:
-        runs.append(f"{eng.name} {fmt}")
-        return measured(f"{eng.name} {fmt}", (50 + len(runs), 200), (30 + len(runs), 300))
-
-    fake_pairs = [(engine("llama.cpp"), "q8_0"), (engine("llama.cpp"), "q4_k_m")]
-    monkeypatch.setattr(tuner, "measure", fake_measure)
-    monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: fake_pairs)
-    monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
+    script = Figures({"llama.cpp q8_0": ((50, 200), (30, 300)), "llama.cpp q4_k_m": ((80, 200), (40, 300))})
+    script.install(monkeypatch, tmp_path, [Q8, Q4])
     steps: list[Phrase | None] = []
     first = asyncio.run(tuner.tune(cfg, sys.executable, steps.append))
-    assert first is not None and first.chosen == "llama.cpp q4_k_m" and runs == ["llama.cpp q8_0", "llama.cpp q4_k_m"]
-    assert [p.params for p in steps if p] == [
-        {"candidate": "llama.cpp q8_0", "number": 1, "total": 2},
-        {"candidate": "llama.cpp q4_k_m", "number": 2, "total": 2},
+    assert first is not None and first.chosen == "llama.cpp q4_k_m" and "every round" in first.reason
+    assert script.started == ["llama.cpp q8_0", "llama.cpp q4_k_m"]
+    assert script.rounds == ["llama.cpp q8_0", "llama.cpp q4_k_m"] * 3, "A B A B A B: the candidates take turns"
+    assert sorted(script.stopped) == sorted(script.started), "every candidate is stopped"
+    assert [(p.code, p.params) for p in steps if p][:3] == [
+        ("tune.starting", {"candidate": "llama.cpp q8_0", "number": 1, "total": 2}),
+        ("tune.starting", {"candidate": "llama.cpp q4_k_m", "number": 2, "total": 2}),
+        ("tune.measuring", {"candidate": "llama.cpp q8_0", "number": 1, "total": 6}),
     ]
     again = asyncio.run(tuner.tune(cfg, sys.executable, steps.append))
-    assert again == first and len(runs) == 2, "kept: nothing measured again"
+    assert again == first and len(script.rounds) == 6, "kept: nothing measured again"
     forced = asyncio.run(tuner.tune(cfg, sys.executable, steps.append, force=True))
-    assert forced is not None and len(runs) == 4
+    assert forced is not None and len(script.rounds) == 12
     choice = tuner.applied(cfg, forced)
     assert choice is not None and choice.engine == "llama.cpp" and choice.cfg.llamacpp.quantization == "q4_k_m"
+    assert "typical reply" in tuner.describe(forced) and "(" in tuner.describe(forced), "figures with their spread"
 
 
 def test_with_the_tune_off_a_kept_choice_stands_and_nothing_is_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runs: list[str] = []
-
-    async def fake_measure(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> Measured:
-        runs.append(fmt)
-        return measured(f"{eng.name} {fmt}", (60, 200), (30, 300))
-
-    monkeypatch.setattr(tuner, "measure", fake_measure)
-    monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: [(engine("llama.cpp"), "q4_k_m")])
-    monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
+    script = Figures({"llama.cpp q4_k_m": ((60, 200), (30, 300))})
+    script.install(monkeypatch, tmp_path, [Q4])
     off = config(tmp_path, tune__enabled="false")
-    assert asyncio.run(tuner.first_start_choice(off, lambda _: None)) is None and runs == [], "off: nothing measured"
+    assert asyncio.run(tuner.first_start_choice(off, lambda _: None)) is None and script.rounds == []
     asyncio.run(tuner.tune(config(tmp_path), sys.executable, lambda _: None))  # `python -m backend tune`, say
     choice = asyncio.run(tuner.first_start_choice(off, lambda _: None))
-    assert choice is not None and choice.cfg.llamacpp.quantization == "q4_k_m" and runs == ["q4_k_m"]
+    assert choice is not None and choice.cfg.llamacpp.quantization == "q4_k_m" and len(script.rounds) == 3
 
 
-def test_candidates_past_the_budget_are_skipped_not_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = config(tmp_path, tune__budget_s=0.01)
+def test_past_the_budget_no_further_round_starts_and_the_rounds_measured_decide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Figures({"llama.cpp q8_0": ((50, 200), (30, 300)), "llama.cpp q4_k_m": ((80, 200), (40, 300))})
+    script.install(monkeypatch, tmp_path, [Q8, Q4])
+    done = asyncio.run(tuner.tune(config(tmp_path, tune__budget_s=0.0001), sys.executable, lambda _: None))
+    assert done is not None and done.chosen == "llama.cpp q4_k_m"
+    assert script.rounds == ["llama.cpp q8_0", "llama.cpp q4_k_m"], "one round, then the budget was spent"
 
-    async def slow_measure(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> Measured:
-        await asyncio.sleep(0.05)
-        return measured(f"{eng.name} {fmt}", (50, 200), (30, 300))
 
-    monkeypatch.setattr(tuner, "measure", slow_measure)
-    monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: [(engine("llama.cpp"), "q8_0"),
-                        (engine("llama.cpp"), "q4_k_m")])  # fmt: skip
-    monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
-    done = asyncio.run(tuner.tune(cfg, sys.executable, lambda _: None))
-    assert done is not None and done.chosen == "llama.cpp q8_0"
-    assert done.measured[1].outcome.startswith("skipped: the tune's 0 s were spent")
+def test_a_candidate_that_does_not_start_is_skipped_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Figures({"llama.cpp q4_k_m": ((80, 200), (40, 300))})
+    script.install(monkeypatch, tmp_path, [Q8, Q4])
+    done = asyncio.run(tuner.tune(config(tmp_path), sys.executable, lambda _: None))
+    assert done is not None and done.chosen == "llama.cpp q4_k_m" and "only candidate" in done.reason
+    assert done.measured[0].outcome == "skipped: crashed with SIGILL during start-up"
+    assert "SIGILL" in tuner.describe(done)
+
+
+def test_within_the_spread_the_default_order_decides_and_beyond_it_the_quicker_wins() -> None:
+    # q8_0 first in the default order; q4_k_m's median 3 % quicker, but its rounds overlap q8_0's (5 % apart)
+    q8 = measured("llama.cpp q8_0", (60, 200), (30, 300), jitter=0.05)
+    q4 = measured("llama.cpp q4_k_m", (62, 195), (31, 290), jitter=0.05)
+    tie = tuner.decide([q8, q4])
+    assert tie.chosen is q8 and "default order" in tie.reason and "llama.cpp q4_k_m" in tie.reason
+    assert tuner.decide([q4, q8]).chosen is q4, "the order given is the default"
+    # 30 % quicker in every round: beyond the spread
+    fast = measured("llama.cpp q4_k_m", (80, 150), (40, 220), jitter=0.05)
+    clear = tuner.decide([q8, fast])
+    assert clear.chosen is fast and "every round" in clear.reason
+    # one wild round (a busy machine) widens a candidate's spread: no longer beyond it
+    wild = measured("llama.cpp q4_k_m", (80, 150), (40, 220))
+    wild.rounds[1] = Round(level(20, 2000), level(10, 3000))
+    assert tuner.decide([q8, wild]).chosen is q8
+
+
+def test_the_demo_keeps_one_key_before_and_after_its_folder_is_made(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    demo = ResolvedModel(str(tuner.demo_model_dir(cfg)), is_demo=True)
+    before = tuner.key_for(cfg, sys.executable, demo, [engine("llama.cpp")])
+    folder = tuner.demo_model_dir(cfg)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert tuner.key_for(cfg, sys.executable, demo, [engine("llama.cpp")]) == before
+    others = (
+        config(tmp_path, auth__enabled="true", api__enabled="true"),
+        config(tmp_path, paths__data_dir=tmp_path / "d2"),
+        config(tmp_path, server__port=9000),
+    )
+    for other in others:
+        assert tuner.key_for(other, sys.executable, demo, [engine("llama.cpp")]) == before, "nothing else enters"

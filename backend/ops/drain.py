@@ -1,0 +1,74 @@
+"""A restart that loses no reply: on SIGTERM the app drains before it stops.
+
+The first SIGTERM closes the line in front of the engine (backend.chat.admission: a message or an API request now,
+and those still waiting, are told the service is restarting and when it should be back; a page opened now says so
+too), turns /livez and /healthz to 503 (a proxy in front of several app processes sends new sessions to another),
+and lets the replies in flight finish for up to admission.drain_s seconds. Then it hands the signal to the web
+server's own handler (uvicorn's), which stops the app as before: replies still running are saved cut off by the
+restart (backend.chat.replies), the engine is stopped. A second SIGTERM (or SIGINT) stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from backend.chat.service import ChatService
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class Drain:
+    """The app's drain on SIGTERM (install() after the web server has set its own signal handlers)."""
+
+    def __init__(self, service: ChatService) -> None:
+        self.service = service
+        self.started: float | None = None
+        self._previous: Handler = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.started is not None
+
+    def install(self) -> None:
+        """Take SIGTERM, keeping the web server's handler to hand it on once drained."""
+        self._previous = signal.getsignal(signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        signal.signal(signal.SIGTERM, lambda sig, frame: loop.call_soon_threadsafe(self._on_term, sig, frame))
+
+    def _on_term(self, sig: int, frame: FrameType | None) -> None:
+        if self.draining:  # asked twice: stop now
+            self._hand_on(sig, frame)
+            return
+        self._task = asyncio.ensure_future(self.drain(sig, frame))
+
+    async def drain(self, sig: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
+        """Close the line, wait for the replies in flight (admission.drain_s at most), then stop as before."""
+        a = self.service.cfg.admission
+        self.started = time.monotonic()
+        line = self.service.admission
+        running = len(line.running) if line is not None else 0
+        log.warning("Draining for a restart: %d repl%s in flight, up to %.0f s", running,
+                    "y" if running == 1 else "ies", a.drain_s)  # fmt: skip
+        if line is not None:
+            line.close(a.restart_s)
+            drained = await line.drained(a.drain_s)
+            log.warning("Drained in %.1f s%s", time.monotonic() - self.started,
+                        "" if drained else f"; {len(line.running)} still running are saved cut off")  # fmt: skip
+        self._hand_on(sig, frame)
+
+    def _hand_on(self, sig: int, frame: FrameType | None) -> None:
+        previous = self._previous
+        if callable(previous):
+            previous(sig, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
