@@ -25,7 +25,7 @@ APP_PORT = 8501
 
 EngineName = Literal["auto", "vllm", "vllm-cpu", "llama.cpp", "external", "trtllm"]
 # The formats llama.cpp serves a model in: a model folder converted to one, or the demo GGUF requantized to one.
-LlamaFormat = Literal["bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl"]
+LlamaFormat = Literal["bf16", "q8_0", "q4_k_m"]
 TUNED_FORMATS: tuple[LlamaFormat, ...] = ("q8_0", "q4_k_m")  # tune.formats' default
 
 
@@ -213,7 +213,7 @@ class LlamaCppSettings(_Strict):
 
     gguf: str | None = None
     # auto: the format the tune measured fastest on this machine (tune.formats), q8_0 where nothing was measured.
-    quantization: Literal["auto", "bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl"] = "auto"
+    quantization: Literal["auto", "bf16", "q8_0", "q4_k_m"] = "auto"
     n_ctx: int = Field(4096, ge=256, le=131072)
     parallel: int = Field(8, ge=1, le=256)
     threads: int = Field(0, ge=0, le=1024)

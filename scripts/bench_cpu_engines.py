@@ -109,11 +109,6 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
         "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
     },
-    "ernie llama.cpp iq4_nl": {
-        "ERNIE_ENGINE__NAME": "llama.cpp",
-        "ERNIE_MODEL__ID": str(SPM),
-        "ERNIE_LLAMACPP__QUANTIZATION": "iq4_nl",
-    },
 }
 # Configurations whose chat workload sends each conversation to one slot (bench --pin-slots llamacpp.parallel).
 PINNED = {"ernie llama.cpp q4_k_m pinned"}

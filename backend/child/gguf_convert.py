@@ -1,9 +1,9 @@
 """Turn a Hugging Face ERNIE-4.5 folder into a GGUF file for llama.cpp, and quantize it.
 
 Runs with the engine's interpreter (it needs gguf, numpy, torch, safetensors, sentencepiece):
-    python -m backend.child.gguf_convert SRC_DIR OUT.gguf [--quant bf16|q8_0|q4_k_m|q4_0|iq4_nl] [--bf16 BF16.gguf]
+    python -m backend.child.gguf_convert SRC_DIR OUT.gguf [--quant bf16|q8_0|q4_k_m] [--bf16 BF16.gguf]
         [--quantize-tool .venv-engine/llama.cpp/bin/llama-quantize]
-    python -m backend.child.gguf_convert --gguf IN.gguf OUT.gguf --quant q4_0 --quantize-tool ...
+    python -m backend.child.gguf_convert --gguf IN.gguf OUT.gguf --quant q8_0 --quantize-tool ...
 The app calls it through backend.models.gguf, which caches the result. --gguf requantizes a GGUF file that is
 already quantized (the offline demo's Q4_1 file into a format whose kernels batch better).
 
@@ -31,7 +31,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM")
-QUANTS = ("bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl")  # backend.models.gguf.QUANTS
+QUANTS = ("bf16", "q8_0", "q4_k_m")  # backend.models.gguf.QUANTS
 # llama_ftype values (llama.h); bf16 is written directly, the others by llama_model_quantize.
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 PROGRESS_LINE = re.compile(r"\[\s*(\d+)/\s*(\d+)\]")

