@@ -115,6 +115,9 @@ class ServerSettings(_Strict):
     base_url: str | None = None
     # Only for engine "external": the GET that answers 200 while the server can serve (vLLM's router: /readiness)
     health_path: str = Field("/health", pattern=r"^/")
+    # Only for engine "external": replies the app lets through to it at once (the line, admission); empty: none, the
+    # server queues itself (vLLM answers 503 beyond its own bounds).
+    places: int | None = Field(None, ge=1, le=100_000)
 
 
 class TimeoutSettings(_Strict):

@@ -38,4 +38,5 @@ class External(Engine):
             api_key=target.api_key,
             url=url.rstrip("/").removesuffix("/v1"),
             health_path=self.health_path(cfg),
+            capacity=cfg.server.places,
         )

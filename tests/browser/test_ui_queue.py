@@ -1,0 +1,54 @@
+"""A chat that waits in line for the engine shows its place and expected wait in the page's language, updates it,
+and can be stopped while it waits (it never reaches the engine, and its place in line is freed).
+
+The engine is a FakeEngine (tests/app_process.py) with one place (server.places 1) that holds the first reply's
+request until the test releases it, so the second chat is certain to wait. The line itself is proven against the
+real engine in tests/integration/test_admission.py."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from backend.chat.i18n import MESSAGES, lang_of
+from tests.app_process import REPLY
+from tests.browser.pages import LOCALES, app_with_fake_engine, open_page, send, wait_finished, wait_turn_over
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+
+def queued_pattern(locale: str, place: int) -> str:
+    """The start of the "number N in line" notice in the language of `locale`, up to its place."""
+    return re.escape(MESSAGES["queued"][lang_of(locale)].split("{place}")[0]) + str(place)
+
+
+@pytest.mark.parametrize("locale", LOCALES)
+async def test_a_chat_waiting_in_line_shows_its_place_and_can_be_stopped_while_it_waits(
+    browser, tmp_path: Path, locale: str
+) -> None:  # type: ignore[no-untyped-def]
+    async with app_with_fake_engine(tmp_path / "data", server__places="1") as (app, engine):
+        first = await open_page(browser, app.url, locale)
+        second = await open_page(browser, app.url, locale)
+        engine.hold_path = "/v1/chat/completions"
+        await send(first, "Hello")
+        assert await asyncio.to_thread(engine.held.wait, 180), "the first reply holds the engine's one place"
+        asked = len(engine.requests)
+        before = await second.locator(REPLY).count()
+        await send(second, "Hello too")
+        notice = f"{REPLY} >> text=/{queued_pattern(locale, 1)}/"
+        await second.wait_for_selector(notice, timeout=60_000)
+        assert app.health()["line"] == {**app.health()["line"], "running": 1, "waiting": 1}
+        await second.click("#stop-button")
+        await wait_turn_over(second, before)
+        assert app.health()["line"]["waiting"] == 0, "the stopped chat left the line"
+        engine.hold_path = None
+        engine.release.set()
+        await wait_finished(first, 0)
+        assert len(engine.requests) == asked, "the chat stopped in line never reached the engine"
+        count = await second.locator(REPLY).count()
+        await send(second, "Hello again")  # its place was freed: it is answered at once
+        await wait_finished(second, count)
+        assert len(engine.requests) == asked + 1
