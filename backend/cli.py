@@ -61,7 +61,9 @@ def _check_config(cfg: AppConfig, args: argparse.Namespace) -> int:
 def _loadtest(cfg: AppConfig, args: argparse.Namespace) -> int:
     url = args.url or cfg.app.url
     out = Path(args.out)
-    return loadtest_command(url, args.sessions, args.duration, args.max_tokens, args.app_pid, out, args.chats)
+    return loadtest_command(
+        url, args.sessions, args.duration, args.max_tokens, args.app_pid, out, args.chats, args.api_clients
+    )
 
 
 def _session_counts(text: str) -> list[int]:
@@ -322,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=120, help="seconds to keep sending, per run")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--app-pid", type=int, help="the app's pid, to sample memory")
+    p.add_argument("--api-clients", type=int, default=0, help="tools calling the app's API at the same time")
     p.add_argument("--out", default="results/load")
 
     command(

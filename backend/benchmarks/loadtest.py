@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,8 @@ from typing import Any
 from backend.benchmarks.chat_socket import ChatSocket, reply_finished
 from backend.benchmarks.memory import tree_rss_bytes
 from backend.benchmarks.stats import percentile
+from backend.catalogue import CATALOG
+from backend.chat.i18n import MESSAGES
 from backend.chat.render import DETAILS_KEY
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,14 @@ class Reply:
     prompt_tokens: int | None = None  # what the engine read for it (the reply's details)
     taken_s: float | None = None  # when the page heard that the app took the message (Chainlit's task_start)
     tail_s: float | None = None  # TAIL: from the reply's last text on the page to the reply's end
+    # The line in front of the engine (backend.chat.admission): the place and expected wait the first "in line"
+    # notice showed, how long the message really waited from that notice to its first text, and whether it was
+    # told the server is busy (to come back later) instead.
+    place: int | None = None
+    expected_wait_s: float | None = None
+    waited_s: float | None = None
+    told_busy: bool = False
+    after_admission_s: float | None = None  # from the "your turn came" notice to the first text
 
     @property
     def app_share_s(self) -> float | None:
@@ -73,12 +84,26 @@ class Reply:
 
 
 @dataclass
+class ApiCall:
+    """One request of an API client: its status, and its Retry-After where it was told to come back."""
+
+    client: int
+    status: int
+    seconds: float
+    retry_after_s: float | None = None
+    chars: int = 0
+    error: str = ""
+
+
+@dataclass
 class Report:
     sessions: int
     duration_s: float
     chats: str = "growing"
     replies: list[Reply] = field(default_factory=list)
     memory: list[dict[str, float]] = field(default_factory=list)
+    api: list[ApiCall] = field(default_factory=list)  # the API clients' requests (--api-clients)
+    pages: list[dict[str, float]] = field(default_factory=list)  # a new page's load time, sampled through the run
 
     def summary(self) -> dict[str, Any]:
         done = [r for r in self.replies if r.ok]
@@ -108,12 +133,103 @@ class Report:
             "prompt_tokens": {"p50": statistics.median(prompts), "max": max(prompts)} if prompts else None,
             "latency_s": pct(lat, 50, 90, 99, 100),
             "turns_max": max((r.turn for r in done), default=0) + 1 if done else 0,
+            "line": line_summary(self.replies),
+            "api": api_summary(self.api) if self.api else None,
+            "page_load_s": pct([p["seconds"] for p in self.pages], 50, 90, 100) if self.pages else None,
             "memory_mib": {
                 "first_third_mean": round(statistics.mean(rss[:third]), 1) if rss else None,
                 "last_third_mean": round(statistics.mean(rss[-third:]), 1) if rss else None,
                 "max": round(max(rss), 1) if rss else None,
             },
         }
+
+
+def line_summary(replies: list[Reply]) -> dict[str, Any]:
+    """The line in front of the engine as the pages saw it: how many waited and how long (from the first "in line"
+    notice to the first text), how many were told the server is busy, and how far the expected waits were off."""
+    waited = [r for r in replies if r.waited_s is not None and r.expected_wait_s is not None]
+    waits = [r.waited_s for r in waited if r.waited_s is not None]
+    # how far the notice's estimate was from the wait that followed (0.5: half the wait too long or too short)
+    off = [abs((r.expected_wait_s or 0) - (r.waited_s or 0)) / max(r.waited_s or 0, 1.0) for r in waited]
+    after = [r.after_admission_s for r in replies if r.after_admission_s is not None]
+    return {
+        "first_text_after_admission_s": (
+            {"p50": round(percentile(after, 50), 3), "p90": round(percentile(after, 90), 3)} if after else None
+        ),
+        "waited": len(waited),
+        "wait_s": {"p50": round(percentile(waits, 50), 2), "p90": round(percentile(waits, 90), 2)} if waits else None,
+        "told_busy": sum(r.told_busy for r in replies),
+        "estimate_off": {"p50": round(percentile(off, 50), 2), "p90": round(percentile(off, 90), 2)} if off else None,
+        "estimates_within_half": round(sum(o <= 0.5 for o in off) / len(off), 2) if off else None,
+    }
+
+
+def api_summary(calls: list[ApiCall]) -> dict[str, Any]:
+    """The API clients' requests: answered, told to come back (503 or 429 with Retry-After), failed otherwise."""
+    later = [c for c in calls if c.status in (429, 503)]
+    return {
+        "requests": len(calls),
+        "ok": sum(c.status == 200 and not c.error for c in calls),
+        "told_busy": len(later),
+        "retry_after_s": sorted({c.retry_after_s for c in later if c.retry_after_s is not None})[:10],
+        "failed": sorted({f"{c.status} {c.error}"[:120] for c in calls if c.status not in (200, 429, 503) or c.error}),
+    }
+
+
+async def api_client(index: int, url: str, deadline: float, max_tokens: int, report: Report) -> None:
+    """One tool calling the app's API in a loop until the deadline (streamed replies); told to come back, it waits
+    as long as Retry-After says, as the official OpenAI clients do."""
+    import httpx
+
+    body = {"model": "auto", "stream": True, "max_tokens": max_tokens}
+    async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as http:
+        turn = 0
+        while time.monotonic() < deadline:
+            prompt = PROMPTS[(index + turn) % len(PROMPTS)]
+            turn += 1
+            started = time.monotonic()
+            call = ApiCall(index, 0, 0.0)
+            try:
+                messages = [{"role": "user", "content": prompt}]
+                async with http.stream("POST", "/v1/chat/completions", json={**body, "messages": messages}) as resp:
+                    call.status = resp.status_code
+                    if resp.status_code == 200:
+                        async for line in resp.aiter_lines():
+                            if line.startswith("data: {") and '"error"' in line[:20]:
+                                call.error = line[6:200]
+                            call.chars += len(line)
+                    else:
+                        await resp.aread()
+                        call.retry_after_s = float(resp.headers.get("retry-after", 0)) or None
+            except httpx.HTTPError as exc:
+                call.error = f"{type(exc).__name__}: {exc}"
+            call.seconds = time.monotonic() - started
+            report.api.append(call)
+            if call.retry_after_s:
+                await asyncio.sleep(min(call.retry_after_s, max(0.0, deadline - time.monotonic())))
+
+
+async def sample_pages(url: str, report: Report, stop: asyncio.Event, every_s: float = 5.0) -> None:
+    """A new page's load time (its HTML and the chat's socket connected), every `every_s` seconds."""
+    import httpx
+
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+        while not stop.is_set():
+            begin = time.monotonic()
+            try:
+                (await http.get(url + "/")).raise_for_status()
+                chat = ChatSocket(url, None)
+                await chat.connect()
+                await chat.close()
+                report.pages.append({"t_s": round(begin - started, 1), "seconds": round(time.monotonic() - begin, 3)})
+            except Exception as exc:  # a page that does not load is a finding, recorded as a very slow one
+                log.warning("A new page did not load: %s", exc)
+                report.pages.append({"t_s": round(begin - started, 1), "seconds": float("inf")})
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                pass
 
 
 def tree_rss_mib(pid: int) -> float:
@@ -148,6 +264,27 @@ async def open_chat(url: str, max_tokens: int) -> ChatSocket:
     return chat
 
 
+def _pattern(key: str, lang: str = "en") -> re.Pattern[str]:
+    """A catalogue text (backend.chat.i18n.MESSAGES) as a pattern, each parameter a captured number."""
+    return re.compile(re.sub(r"\\{\w+(?::[^}]*)?\\}", r"(\\d+)", re.escape(MESSAGES[key][lang])))
+
+
+QUEUED, QUEUE_DONE = _pattern("queued"), _pattern("queue_done")
+BUSY = re.compile(re.escape(CATALOG["admission.full"].en[0].split("(")[0].strip()))
+
+
+def notice_seen(
+    events: list[tuple[str, Any]], times: list[float], start: int, end: int, pattern: re.Pattern[str]
+) -> tuple[re.Match[str], float] | None:
+    """The first app notice between events `start` and `end` that matches `pattern`, and when it came."""
+    for i in range(start, end):
+        event, data = events[i]
+        if event in ("new_message", "update_message") and isinstance(data, dict) and data.get("name") == "system":
+            if found := pattern.search(str(data.get("output", ""))):
+                return found, times[i]
+    return None
+
+
 async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     """Send `text` in `chat`, read the reply to its end; what the page saw, timed from the send."""
     start, started = len(chat.events), time.monotonic()
@@ -164,10 +301,16 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     problem = "" if ok else (output[-200:] or " / ".join(chat.notices(start))[-200:] or "no reply")
     seconds = chat.times[end] - started
     details = ((steps[-1].get("metadata") or {}).get(DETAILS_KEY) or {}) if ok else {}
+    line = notice_seen(chat.events, chat.times, start, end, QUEUED)
+    turn_came = notice_seen(chat.events, chat.times, start, end, QUEUE_DONE)
+    busy = any(BUSY.search(notice) for notice in chat.notices(start))
     return Reply(
         index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
         details.get("ttft_s"), details.get("prompt_tokens"), chat.times[taken] - started,
         None if last is None else chat.times[end] - last,
+        int(line[0].group(1)) if line else None, float(line[0].group(2)) if line else None,
+        (first - line[1]) if line and first is not None else None, busy,
+        (first - turn_came[1]) if turn_came and first is not None else None,
     )  # fmt: skip
 
 
@@ -211,9 +354,16 @@ async def sample_memory(app_pid: int, engine_pid: int, report: Report, stop: asy
 
 
 async def run(
-    url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, chats: str = "growing"
+    url: str,
+    sessions: int,
+    duration_s: float,
+    max_tokens: int,
+    app_pid: int | None,
+    chats: str = "growing",
+    api_clients: int = 0,
 ) -> Report:
-    """`sessions` sessions at once for `duration_s` seconds, in chats of the kind `chats` (CHATS)."""
+    """`sessions` sessions at once for `duration_s` seconds, in chats of the kind `chats` (CHATS), beside
+    `api_clients` tools calling the API; a new page's load time sampled throughout."""
     import httpx
 
     if chats not in CHATS:
@@ -225,9 +375,14 @@ async def run(
     sampler = None
     if app_pid:
         sampler = asyncio.create_task(sample_memory(app_pid, health["engine"]["pid"], report, stop))
+    pages = asyncio.create_task(sample_pages(url, report, stop))
     deadline = time.monotonic() + duration_s
-    await asyncio.gather(*(one_session(i, url, deadline, max_tokens, report, chats) for i in range(sessions)))
+    await asyncio.gather(
+        *(one_session(i, url, deadline, max_tokens, report, chats) for i in range(sessions)),
+        *(api_client(i, url, deadline, max_tokens, report) for i in range(api_clients)),
+    )
     stop.set()
+    await pages
     if sampler:
         await sampler
     return report
@@ -241,6 +396,7 @@ def loadtest_command(
     app_pid: int | None,
     out: Path,
     chats: list[str] | None = None,
+    api_clients: int = 0,
 ) -> int:
     """`loadtest`: each kind of chat at each session count in turn; write <out>/load.json (one entry a level),
     print the summaries; 1 when a reply failed or a level got none."""
@@ -249,10 +405,24 @@ def loadtest_command(
     out.mkdir(parents=True, exist_ok=True)
     for kind in chats or ["growing"]:
         for count in sessions:
-            report = asyncio.run(run(url, count, duration_s, max_tokens, app_pid, kind))
+            report = asyncio.run(run(url, count, duration_s, max_tokens, app_pid, kind, api_clients))
             summaries.append(summary := report.summary())
-            levels.append({"summary": summary, "replies": [asdict(r) for r in report.replies], "memory": report.memory})
+            levels.append(
+                {
+                    "summary": summary,
+                    "replies": [asdict(r) for r in report.replies],
+                    "memory": report.memory,
+                    "api": [asdict(c) for c in report.api],
+                    "pages": report.pages,
+                }
+            )
             print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
             # written after each run: a later one that breaks leaves the earlier ones on disk
             (out / "load.json").write_text(json.dumps({"levels": levels}, indent=2, ensure_ascii=False))
-    return 0 if all(s["replies_failed"] == 0 and s["replies_ok"] > 0 for s in summaries) else 1
+    # A message told the server is busy got its clear answer: not a failed reply.
+    return 0 if all(lost(s) == 0 and s["replies_ok"] > 0 for s in summaries) else 1
+
+
+def lost(summary: dict[str, Any]) -> int:
+    """Replies that failed other than by a clear "busy, come back in N s"."""
+    return int(summary["replies_failed"]) - int(summary["line"]["told_busy"])

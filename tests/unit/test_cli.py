@@ -216,7 +216,7 @@ def test_check_prompts_and_check_config(cfg: AppConfig, monkeypatch: pytest.Monk
 def test_loadtest(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["loadtest", "--url", "http://h:1", "--sessions", "3", "--duration", "2.5", "--max-tokens", "7"]
     argv += ["--app-pid", "42", "--out", "o"]
-    expected = mock.call("http://h:1", [3], 2.5, 7, 42, Path("o"), ["growing"])
+    expected = mock.call("http://h:1", [3], 2.5, 7, 42, Path("o"), ["growing"], 0)
     assert called(monkeypatch, "loadtest_command", argv) == expected
     defaults = mock.call(cfg.app.url, [64], 120, 48, None, Path("results/load"), ["growing"])
     assert called(monkeypatch, "loadtest_command", ["loadtest"]) == defaults

@@ -118,7 +118,10 @@ def test_each_kind_of_chat_runs_at_each_session_count_in_turn(
 ) -> None:
     ran: list[tuple[str, int]] = []
 
-    async def fake_run(url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, chats: str):
+    async def fake_run(
+        url: str, sessions: int, duration_s: float, max_tokens: int, app_pid: int | None, chats: str, api_clients: int
+    ):
+        assert api_clients == 0
         ran.append((chats, sessions))
         report = Report(sessions, duration_s, chats)
         report.replies = [Reply(0, (chats, sessions) != ("growing", 16) or ok, 1.0, 0.1, 5)]

@@ -13,7 +13,8 @@ import pytest
 from backend.child.gguf_convert import ConversionError, check_source, split_fused
 from backend.child.llamacpp_build import claimed_variants, cpu_flags, keep_variants
 from backend.config import ROOT, AppConfig, EngineName, load_config
-from backend.engines.base import Candidate, Engine
+from backend.engines import llamacpp
+from backend.engines.base import Candidate, Engine, Weights
 from backend.engines.llamacpp import (
     HEALTH_PATH,
     build_llamacpp_launch,
@@ -25,6 +26,7 @@ from backend.engines.llamacpp import (
 from backend.engines.registry import engine, engines_to_try
 from backend.errors import ConfigError, EngineNotInstalledError, ModelConversionError, ModelNotFoundError
 from backend.models.gguf import cached_gguf, ensure_gguf, quantization, source_key
+from backend.models.resolve import ResolvedModel
 from backend.serving.launch import make_supervisor
 from backend.serving.profiles import effective_flags
 from backend.serving.supervisor import State
@@ -279,3 +281,28 @@ async def test_supervisor_gives_up_with_the_build_hint_when_llama_server_is_miss
         assert "make setup-llamacpp" in (supervisor.status.hint or "")
     finally:
         await supervisor.stop()
+
+
+def test_the_demo_is_served_as_shipped_or_requantized_once_and_checked_against_the_shipped_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = tmp_path / "pkg" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    shipped.parent.mkdir()
+    shipped.write_bytes(b"GGUF shipped")
+    demo = ResolvedModel(str(shipped), is_demo=True, note="the demo answers")
+    monkeypatch.setattr(llamacpp, "resolve_model", lambda cfg, python, prepare_demo=None: demo)
+    ll: Engine = engine("llama.cpp")
+    as_shipped = resolve_gguf(config(tmp_path), "/py", print)
+    assert as_shipped == demo, "auto (no tune yet): the shipped file itself"
+    assert ll.weights(config(tmp_path), "zen4", as_shipped) == Weights(str(shipped.parent), shipped.name, "q4_1")
+    cfg = config(tmp_path, llamacpp__quantization="q8_0")
+    made = llamacpp.requantized_gguf(cfg, shipped, "q8_0")
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"GGUF q8_0")  # made before: a cache hit runs nothing
+    notes: list[str | None] = []
+    served = resolve_gguf(cfg, "/nonexistent/python", notes.append)
+    assert served.model == str(made) and served.is_demo and served.source == str(shipped) and notes == []
+    # the answer check compares the requantized file with the shipped weights, at q8_0's tolerance
+    assert ll.weights(cfg, "zen4", served) == Weights(str(shipped.parent), shipped.name, "q8_0")
+    # a 4-bit format the demo is not offered in: served as shipped
+    assert resolve_gguf(config(tmp_path, llamacpp__quantization="q4_k_m"), "/py", print) == demo
