@@ -218,7 +218,7 @@ def test_loadtest(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     argv += ["--app-pid", "42", "--out", "o"]
     expected = mock.call("http://h:1", [3], 2.5, 7, 42, Path("o"), ["growing"], 0)
     assert called(monkeypatch, "loadtest_command", argv) == expected
-    defaults = mock.call(cfg.app.url, [64], 120, 48, None, Path("results/load"), ["growing"])
+    defaults = mock.call(cfg.app.url, [64], 120, 48, None, Path("results/load"), ["growing"], 0)
     assert called(monkeypatch, "loadtest_command", ["loadtest"]) == defaults
     both = ["loadtest", "--sessions", "1,16,1", "--chats", "fresh,growing"]
     assert called(monkeypatch, "loadtest_command", both).args[1::5] == ([1, 16, 1], ["fresh", "growing"])
