@@ -160,6 +160,8 @@ class Quotas:
     async def _refresh_forever(self) -> None:
         while self.held:
             await asyncio.sleep(self.settings.lease_s / REFRESHES)
+            if self.db.closed:
+                return
             try:
                 await self.refresh()
             except ServiceError as exc:  # the places go stale if this goes on: they free themselves then
