@@ -58,7 +58,10 @@ def login_routes(logins: Logins, auth_cookie: str) -> list[APIRoute]:
             log.error("Login attempts not counted: %s", exc)
             return await chainlit_server.login(request, response, form_data)
         answer = await chainlit_server.login(request, response, form_data)  # 401 (raised) for a wrong password
-        await logins.succeeded(attempt)
+        try:
+            await logins.succeeded(attempt)
+        except StorageError as exc:  # the user is in; the attempt still counts until it ages out
+            log.error("A successful login was not taken off the count: %s", exc)
         return answer
 
     async def logout(request: Request, response: Response) -> Any:

@@ -5,8 +5,11 @@ Chainlit's FastAPI app (docs/security.md says what it protects against, and what
   any request the browser marks cross-site or same-site (Sec-Fetch-Site) that is not a top-level navigation. The
   chat's websocket included: Chainlit's CORS setting answers a listed origin with credentials allowed, and a
   websocket knows no CORS at all, while the login cookie (SameSite=Lax) goes along to every port of the same host.
-- A body over its limit is refused (413) before anything reads, parses or counts it: by its Content-Length, or as its
-  bytes arrive (web.max_api_body_kb for /v1, web.max_body_kb elsewhere; the chat's socket keeps Engine.IO's own).
+- A body over its limit is refused (413) before anything parses or counts it, and no more of it is held than the limit:
+  by its Content-Length, or as its bytes arrive (web.max_api_body_kb for /v1, web.max_body_kb elsewhere; the chat's
+  socket keeps Engine.IO's own). The rest is read and dropped, up to 64 MB and 10 s, before the answer: a client that
+  reads the answer only once it has sent its body (Python's httpx, the OpenAI SDK) gets the 413, not a broken
+  connection it would send again; a larger body, or one sent after "Expect: 100-continue", is answered at once.
 - A login token whose session was ended (a logout: backend.api.logins) is taken off the request: no route sees it.
 - Every response carries the security headers (no framing, no type sniffing, a content security policy, referrers and
   resources kept to the app's own origin; HSTS over HTTPS), and a cookie set over HTTPS is Secure.
@@ -15,6 +18,7 @@ Chainlit's FastAPI app (docs/security.md says what it protects against, and what
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -39,6 +43,8 @@ OWN_PAGES = ("/api-keys", "/workshop")  # our own pages: no inline script, no ev
 NO_BODY = {"GET", "HEAD", "OPTIONS"}
 AUTH_COOKIE = "access_token"  # Chainlit's login cookie (chainlit.auth.cookie; CHAINLIT_AUTH_COOKIE_NAME)
 HSTS = "max-age=31536000"
+DRAIN_BYTES = 64 * 1024 * 1024  # of a body over its limit, read and dropped at most, before the 413
+DRAIN_S = 10.0
 
 # Our own pages (the key page, the workshop): their scripts and styles are files of their own.
 OWN_POLICY = (
@@ -69,6 +75,8 @@ class GuardState:
     page_policy: str = field(default_factory=lambda: page_policy([]))
     ended: SessionCheck | None = None  # set once the database is open (backend.api.logins)
     auth_cookie: str = AUTH_COOKIE
+    drain_bytes: int = DRAIN_BYTES
+    drain_s: float = DRAIN_S
 
     @classmethod
     def from_config(cls, cfg: AppConfig | None = None) -> GuardState:
@@ -110,11 +118,10 @@ def body_limit(path: str, settings: WebSettings) -> tuple[int, str] | None:
 def refusal_body(exc: ServiceError, status: int, locale: str, api: bool) -> dict[str, Any]:
     """The JSON of a refusal: an OpenAI error object for the API, else {"error": {code, message, hint}} as the key page
     and the workshop read it (with "detail", which Chainlit's page shows)."""
-    message, hint = exc.localized(locale)
-    text = f"{message}{'' if exc.translated(locale) else ' '}{hint}".strip()
     if api:
-        return error_json(status, exc.code or exc.key, text)
-    return {"error": {"code": exc.code, "message": message, "hint": hint}, "detail": text}
+        return error_json(status, exc.code or exc.key, exc.text(locale))
+    message, hint = exc.localized(locale)
+    return {"error": {"code": exc.code, "message": message, "hint": hint}, "detail": exc.text(locale)}
 
 
 def _cookie_name(part: str) -> str:
@@ -214,6 +221,9 @@ class Guard:
         most, setting = limit
         size = int(declared) if declared is not None and declared.isdigit() else None
         if size is not None and size > most:
+            if size <= self.state.drain_bytes and headers.get("expect", "").lower() != "100-continue":
+                if not await self._drained(scope, receive, 0):
+                    return None
             await self._too_large(scope, receive, send, size, most, setting)
             return None
         body, more = bytearray(), True
@@ -225,6 +235,8 @@ class Guard:
             body += message.get("body", b"")
             more = bool(message.get("more_body", False))
             if len(body) > most:
+                if more and not await self._drained(scope, receive, len(body)):
+                    return None
                 await self._too_large(scope, receive, send, len(body), most, setting)
                 return None
         replayed = False
@@ -237,6 +249,24 @@ class Guard:
             return await receive()
 
         return replay
+
+    async def _drained(self, scope: Scope, receive: Receive, read: int) -> bool:
+        """Read and drop the rest of a refused body, within DRAIN_BYTES and DRAIN_S; False when the client went away."""
+        try:
+            async with asyncio.timeout(self.state.drain_s):
+                while read <= self.state.drain_bytes:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        log.info(
+                            "%s %s: the client went away while sending its request", scope["method"], scope["path"]
+                        )
+                        return False
+                    read += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            pass  # answered now; the client may see the connection close before it has sent everything
+        return True
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, size: int, most: int, setting: str) -> None:
         log.info("Refused %s %s: a body of %d bytes (%s: %d)", scope.get("method"), scope.get("path"), size, setting,

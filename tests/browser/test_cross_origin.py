@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,16 @@ class EvilSite(ThreadedServer):
         super().__init__(Handler, "evil-site")
 
 
+@asynccontextmanager
+async def serving(app: RunningApp) -> AsyncIterator[RunningApp]:
+    """The app once it is ready, killed when the block ends."""
+    try:
+        await asyncio.to_thread(app.wait_ready)
+        yield app
+    finally:
+        app.kill()
+
+
 async def results_of(page: Any) -> dict[str, Any]:
     await page.wait_for_function("() => window.results && window.results.done === true", timeout=WAIT_MS)
     return dict(await page.evaluate("() => window.results"))
@@ -131,12 +142,9 @@ async def login_app(engine: FakeEngine, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("cross-origin-login")
     users = root / "users.yaml"
     write_users_file(users, {"alice": hash_password(PASSWORD)})
-    app = start_app(root / "data", **engine.app_overrides(), auth__enabled="true", auth__users_file=str(users))
-    try:
-        await asyncio.to_thread(app.wait_ready)
+    async with serving(start_app(root / "data", **engine.app_overrides(), auth__enabled="true",
+                                 auth__users_file=str(users))) as app:  # fmt: skip
         yield app
-    finally:
-        app.kill()
 
 
 async def test_another_origins_page_cannot_read_a_logged_in_users_conversations(
@@ -145,6 +153,8 @@ async def test_another_origins_page_cannot_read_a_logged_in_users_conversations(
     secret = new_markers(1)[0]
     context = await browser.new_context(locale="en-US")
     page = await context.new_page()
+    refused: list[str] = []  # what the pages' content security policy blocked: nothing of the app's own
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
     await sign_in(page, login_app.url, "alice", PASSWORD)
     await send(page, f"My bank PIN is {secret}; keep it to yourself.")
     await page.wait_for_selector(REPLY, timeout=WAIT_MS)
@@ -164,18 +174,19 @@ async def test_another_origins_page_cannot_read_a_logged_in_users_conversations(
 
     await send(page, "And one more message")  # the app's own page chats on, its socket untouched
     await page.wait_for_function(f"() => document.querySelectorAll('{REPLY}').length >= 2", timeout=WAIT_MS)
+    await page.goto(login_app.url + "/api-keys")  # the app's own pages under their stricter policy
+    await page.wait_for_selector("#manage:not([hidden])", timeout=WAIT_MS)
+    await page.goto(login_app.url + "/workshop")
+    await page.wait_for_selector("body[data-ready=true]", timeout=WAIT_MS)
+    assert refused == [], refused
     await context.close()
 
 
 @pytest_asyncio.fixture(scope="module")
 async def local_api_app(engine: FakeEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningApp]:
     root: Path = tmp_path_factory.mktemp("cross-origin-api")
-    app = start_app(root / "data", **engine.app_overrides(), api__enabled="true")  # login off: this machine only
-    try:
-        await asyncio.to_thread(app.wait_ready)
+    async with serving(start_app(root / "data", **engine.app_overrides(), api__enabled="true")) as app:  # login off
         yield app
-    finally:
-        app.kill()
 
 
 async def test_another_origins_page_cannot_use_the_local_api(

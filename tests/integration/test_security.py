@@ -148,12 +148,14 @@ async def test_a_body_over_its_limit_is_refused_before_it_is_read(site: Site, al
     key = await make_key(site.app.url, "bob")
     asked, before = len(site.engine.requests), usage(site, "bob")
     cookie = "; ".join(f"{k}={v}" for k, v in alice.cookies.items())
+    ask = {"Expect": "100-continue"}  # as curl sends a large body: it waits for the go-ahead, and gets the 413
     refusals = [  # (path, its limit's setting, the announced size, headers): the bytes are never sent
-        ("/v1/chat/completions", "web.max_api_body_kb", 20 * 1024 * 1024, {"Authorization": f"Bearer {key}"}),
-        ("/api-keys/api/keys", "web.max_body_kb", 300 * 1024, {"Cookie": cookie}),
-        ("/workshop/api/check", "web.max_body_kb", 300 * 1024, {"Cookie": cookie}),
-        ("/login", "web.max_body_kb", 300 * 1024, {}),
-        ("/project/threads", "web.max_body_kb", 300 * 1024, {"Cookie": cookie}),
+        ("/v1/chat/completions", "web.max_api_body_kb", 100 * 1024 * 1024, {"Authorization": f"Bearer {key}"}),
+        ("/v1/chat/completions", "web.max_api_body_kb", 20 * 1024 * 1024, {"Authorization": f"Bearer {key}"} | ask),
+        ("/api-keys/api/keys", "web.max_body_kb", 300 * 1024, {"Cookie": cookie} | ask),
+        ("/workshop/api/check", "web.max_body_kb", 300 * 1024, {"Cookie": cookie} | ask),
+        ("/login", "web.max_body_kb", 300 * 1024, ask),
+        ("/project/threads", "web.max_body_kb", 300 * 1024, {"Cookie": cookie} | ask),
     ]
     for path, setting, size, headers in refusals:
         started = time.monotonic()
@@ -167,8 +169,14 @@ async def test_a_body_over_its_limit_is_refused_before_it_is_read(site: Site, al
         "Content-Length: 0", "Transfer-Encoding: chunked"
     )
     chunk = b"4000\r\n" + b"x" * 0x4000 + b"\r\n"
-    status, body = await raw(site.app.url, head, chunk * (256 // 16 + 1))
+    status, body = await raw(site.app.url, head, chunk * (256 // 16 + 1) + b"0\r\n\r\n")
     assert status == 413 and json.loads(body)["error"]["code"] == "web.too_large"
+    # a tool whose client reads the answer once it has sent everything (httpx, the OpenAI SDK): a clean 413 too
+    async with httpx.AsyncClient(base_url=site.app.url, trust_env=False, timeout=60) as tool:
+        big = {"model": "auto", "messages": [{"role": "user", "content": "x" * 3_000_000}]}
+        answer = await tool.post("/v1/chat/completions", json=big, headers={"Authorization": f"Bearer {key}"})
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "web.too_large"
+    assert answer.json()["error"]["type"] == "invalid_request_error"
     zh = await alice.post("/api-keys/api/keys", content=b"{" * 300_000, headers={"Accept-Language": "zh-CN"})
     assert zh.status_code == 413 and "这里最多接受 256 KB" in zh.json()["error"]["message"]
     assert len(site.engine.requests) == asked and usage(site, "bob") == before, "nothing reached the engine or quotas"

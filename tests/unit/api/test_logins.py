@@ -12,24 +12,9 @@ from backend.api.logins import Logins, wait_s
 from backend.api.store import ApiDatabase
 from backend.config import LoginThrottle
 from backend.errors import LoginThrottledError
+from tests.unit.api.conftest import Clock
 
 THROTTLE = LoginThrottle(per_name=3, per_address=5, max_wait_s=8, window_s=900)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def db(db_url: str):  # type: ignore[no-untyped-def]
-    database = ApiDatabase(db_url)
-    await database.prepare()
-    yield database
-    await database.close()
 
 
 def test_the_wait_doubles_from_one_second_up_to_its_bound() -> None:

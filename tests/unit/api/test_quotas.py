@@ -4,7 +4,6 @@ Retry-After figures; per-user overrides; two users never share; two app processe
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 import pytest
 
@@ -12,24 +11,7 @@ from backend.api.quotas import BUSY_RETRY_S, Quotas, seconds_to_midnight, utc_da
 from backend.api.store import ApiDatabase
 from backend.config import ApiSettings, QuotaLimits
 from backend.errors import QuotaError
-
-NOON = datetime(2026, 1, 1, 12, tzinfo=UTC).timestamp()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOON
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def db(db_url: str):  # type: ignore[no-untyped-def]
-    database = ApiDatabase(db_url)
-    await database.prepare()
-    yield database
-    await database.close()
+from tests.unit.api.conftest import NOON, Clock
 
 
 def settings(**limits: int) -> ApiSettings:

@@ -99,35 +99,47 @@ async def test_another_sites_websocket_is_refused_before_its_handshake() -> None
     assert sent == [{"type": "websocket.close", "code": 1008}] and not inner.seen  # the server answers 403
 
 
-@pytest.mark.parametrize(
-    "path, setting", [("/v1/chat/completions", "max_api_body_kb"), ("/workshop/api/x", "max_body_kb")]
-)
-async def test_a_body_over_its_limit_is_refused_before_it_is_read(path: str, setting: str) -> None:
-    inner, guard, _ = guarded(max_body_kb=1, max_api_body_kb=2)
+class Client:
+    """A client's side of one request: `chunks` bodies of 512 bytes (endless: None), and what it was answered."""
+
+    def __init__(self, chunks: int | None = None) -> None:
+        self.chunks, self.reads, self.sent = chunks, 0, []  # type: ignore[var-annotated]
+
+    async def receive(self) -> dict[str, Any]:
+        self.reads += 1
+        more = self.chunks is None or self.reads < self.chunks
+        return {"type": "http.request", "body": b"x" * 512, "more_body": more}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    def answer(self) -> tuple[int, str]:
+        return self.sent[0]["status"], self.sent[1]["body"].decode()
+
+
+def scope_of(path: str, **headers: str) -> dict[str, Any]:
+    pairs = [(b"host", HOST.encode()), *((k.replace("_", "-").encode(), v.encode()) for k, v in headers.items())]
+    return {"type": "http", "method": "POST", "path": path, "headers": pairs, "query_string": b""}
+
+
+@pytest.mark.parametrize(("path", "setting"), [("/v1/chat/completions", "max_api_body_kb"), ("/x", "max_body_kb")])
+async def test_a_body_over_its_limit_is_refused_before_it_is_held(path: str, setting: str) -> None:
+    inner, guard, state = guarded(max_body_kb=1, max_api_body_kb=2)
+    state.drain_bytes = 16 * 1024
     limit = 2048 if setting == "max_api_body_kb" else 1024
-    reads = 0
-
-    async def receive() -> dict[str, Any]:
-        nonlocal reads
-        reads += 1
-        return {"type": "http.request", "body": b"x" * 512, "more_body": True}  # a client that never stops
-
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    headers = [(b"host", HOST.encode()), (b"content-length", str(limit + 1).encode())]
-    scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "query_string": b""}
-    await guard(scope, receive, send)
-    assert sent[0]["status"] == 413 and reads == 0, "refused by its Content-Length, nothing read"
-    body = sent[1]["body"].decode()
-    assert f"web.{setting}" in body and "web.too_large" in body
-
-    sent.clear()
-    scope["headers"] = [(b"host", HOST.encode()), (b"transfer-encoding", b"chunked")]
-    await guard(scope, receive, send)
-    assert sent[0]["status"] == 413 and reads == limit // 512 + 1, "as it arrives: one chunk past the limit"
+    huge = Client()  # announces more than is ever read and dropped: answered before a byte is read
+    await guard(scope_of(path, content_length=str(state.drain_bytes + 1)), huge.receive, huge.send)
+    status, body = huge.answer()
+    assert (status, huge.reads) == (413, 0) and f"web.{setting}" in body and "web.too_large" in body
+    waiting = Client()  # asks first (Expect: 100-continue): answered at once, it sends nothing
+    await guard(scope_of(path, content_length=str(limit + 1), expect="100-continue"), waiting.receive, waiting.send)
+    assert (waiting.answer()[0], waiting.reads) == (413, 0)
+    sending = Client(chunks=8)  # a client that reads its answer once it has sent all: the rest is read and dropped
+    await guard(scope_of(path, content_length=str(8 * 512)), sending.receive, sending.send)
+    assert (sending.answer()[0], sending.reads) == (413, 8)
+    endless = Client()  # no Content-Length, and it never stops: cut once as much as is ever dropped was read
+    await guard(scope_of(path, transfer_encoding="chunked"), endless.receive, endless.send)
+    assert endless.answer()[0] == 413 and endless.reads == state.drain_bytes // 512 + 1
     assert not inner.seen
 
 
