@@ -9,7 +9,7 @@ from chainlit.chat_context import chat_context
 from chainlit.data.base import BaseDataLayer
 from chainlit.types import Feedback, ThreadDict
 
-from backend.accounts.login import setup_login
+from backend.accounts.login import login_metadata, setup_login
 from backend.api.router import Gateway
 from backend.chat.i18n import describe, t
 from backend.chat.page import (
@@ -31,12 +31,13 @@ from backend.chat.turn import ChatSession
 from backend.config import load_config
 from backend.errors import ConfigError
 from backend.logs import setup_logging
-from backend.ops import drain, metrics, page, web
+from backend.ops import drain, guard, metrics, page, web
 from backend.storage.persistence import Persistence
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
 without_chainlit_pauses()  # Chainlit's 1 ms sleeps per message and step, and before on_message (chat/pauses.py)
+GUARD = guard.install()  # every request passes it: origin, body size, ended sessions, security headers (ops/guard.py)
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
@@ -51,7 +52,7 @@ if ACCOUNTS is not None:
     async def password_login(username: str, password: str) -> cl.User | None:
         assert ACCOUNTS is not None
         name = await ACCOUNTS.login(username, password)
-        return cl.User(identifier=name, metadata={"provider": "password"}) if name else None
+        return cl.User(identifier=name, metadata=login_metadata()) if name else None
 
 
 @cl.data_layer
@@ -75,7 +76,7 @@ async def startup() -> None:
         return
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
     GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished)
-    web.install_routes(SERVICE, api=GATEWAY)
+    web.install_routes(SERVICE, api=GATEWAY, guard=GUARD)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
     drain.Drain(SERVICE).install()  # SIGTERM: finish the replies in flight first (admission.drain_s)

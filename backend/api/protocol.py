@@ -99,7 +99,7 @@ def models_json(names: list[str]) -> dict[str, Any]:
 
 # OpenAI's error types, by the HTTP status the app answers with.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 429: "rate_limit_error"}  # fmt: skip
+               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
 def error_json(status: int, code: str, message: str) -> dict[str, Any]:

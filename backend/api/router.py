@@ -15,8 +15,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ValidationError
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Mount
 from starlette.types import Receive, Scope, Send
 
 from backend.accounts.login import Accounts
@@ -37,7 +38,7 @@ from backend.api.store import ApiDatabase
 from backend.chat.admission import Ticket
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
-from backend.chat.turn import Done, Event, Refused
+from backend.chat.turn import Done, Event, Refused, Started
 from backend.errors import (
     ApiError,
     BackendError,
@@ -62,7 +63,7 @@ Observer = Callable[[str, str, int, int], None]
 
 STATUS = {
     "api.off": 403, "api.remote": 403, "api.no_key": 401, "api.bad_key": 401, "api.login_needed": 401,
-    "api.unknown_model": 404, "api.no_such_key": 404, "api.not_admin": 403, "api.foreign_origin": 403,
+    "api.unknown_model": 404, "api.no_such_key": 404, "api.not_admin": 403,
     "quota.unavailable": 503,
 }  # fmt: skip
 STATUS_BY_KIND: list[tuple[type[ServiceError], int]] = [
@@ -204,6 +205,8 @@ class Gateway:
         return gateway
 
     async def close(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.close()
         if self.db is not None:
             await self.db.close()
 
@@ -222,7 +225,7 @@ class Gateway:
             yield lease
         finally:
             if lease is not None and self.quotas is not None:
-                await self.quotas.release_soon(lease)
+                await self.quotas.release_soon(lease, counted=lease.asked)
 
     def chat_finished(self, lease: Lease | None, outcome: str, prompt: int | None, reply: int | None) -> None:
         """Note a chat turn's tokens (on its lease, released when the turn's block ends) and its outcome."""
@@ -243,7 +246,11 @@ class Gateway:
         against it as it ends (count_turn); over a quota, why and until when."""
         try:
             async with self.turn(user) as lease:
+                if lease is not None:
+                    lease.asked = False  # a message refused before its reply was asked for is not counted
                 async for event in events:
+                    if isinstance(event, Started) and lease is not None:
+                        lease.asked = True
                     yield self.count_turn(lease, event)
         except QuotaError as exc:
             self.chat_finished(None, "over_quota", 0, 0)
@@ -256,6 +263,7 @@ class Gateway:
                 raise self.problem
             caller = await self.access.caller(request)
             body = self._body(await request.body())
+            self.serving.check(body)  # what needs no engine is refused before a quota place is taken
         except ServiceError as exc:
             self.observe("api", "refused", 0, 0)
             return refusal(exc, request)
@@ -267,8 +275,8 @@ class Gateway:
             prepared = await self.serving.prepare(body)
             ticket = await self.service.admit(caller.user)  # the line in front of the engine, shared with the chat
         except ServiceError as exc:
-            if lease is not None:
-                await self.quotas.release_soon(lease)  # type: ignore[union-attr]
+            if lease is not None:  # refused before the engine was asked for a reply: not counted
+                await self.quotas.release_soon(lease, counted=False)  # type: ignore[union-attr]
             self.observe("api", "over_quota" if isinstance(exc, QuotaError) else "refused", 0, 0)
             return refusal(exc, request)
         except BaseException:
@@ -456,4 +464,4 @@ class Gateway:
         router.add_api_route(PAGE_API + "/usage", usage_route, methods=["GET"])
         router.add_api_route(PAGE_API + "/keys/{key_id}", revoke_route, methods=["DELETE"])
         router.add_api_route(PAGE, page, methods=["GET"], include_in_schema=False)
-        return list(router.routes)
+        return [*router.routes, Mount(PAGE + "/static", StaticFiles(directory=STATIC))]

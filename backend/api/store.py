@@ -36,6 +36,7 @@ class ApiDatabase:
         # Keys and quotas read, then write: on SQLite each transaction takes the write lock first (and waits for it).
         self.engine: AsyncEngine = open_engine(url, immediate=True)
         self.dialect = self.engine.dialect.name
+        self.closed = False
 
     @classmethod
     def from_config(cls, cfg: AppConfig) -> ApiDatabase:
@@ -66,6 +67,7 @@ class ApiDatabase:
             raise storage_error(exc, self.where, "saving") from exc
 
     async def close(self) -> None:
+        self.closed = True  # what still runs in the background (a quota refresh) leaves it closed
         await self.engine.dispose()
 
 

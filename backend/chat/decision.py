@@ -42,14 +42,16 @@ def decide(
     settings: UserSettings,
     demo: bool,
     command: str | None = None,
+    commands: bool = True,
 ) -> Decision:
-    """Decide how `text` is sent: a command (the / menu, or /name typed), the session's chosen template, or routing.
+    """Decide how `text` is sent: a command (the / menu, or /name typed: not with `commands` off, as for the API, where
+    a message that begins with "/" is just text), the session's chosen template, or routing.
 
     Sampling: the defaults of the model that serves (chat, or demo with its penalties), then the template's own
     values, then what the user moved in the settings. The system text is the template's, else the serving model's
     default. An unknown template name raises UnknownTemplate naming the others."""
-    name, rest = (command, text) if command else templates.split_command(text)
-    if name is None and (typed := slash_command(text)) is not None:
+    name, rest = (command, text) if command or not commands else templates.split_command(text)
+    if name is None and commands and (typed := slash_command(text)) is not None:
         raise UnknownTemplate(typed[0], templates.names())
     if name:
         prompt = dataclasses.replace(templates.route(rest, explicit=name), reason=COMMAND_REASON)

@@ -442,7 +442,8 @@ class ChatService:
             st = sup.status
             waited = time.monotonic() - started
             if st.state in (State.FAILED, State.STOPPED):
-                yield EngineWait("failed", waited, st.problem, st.log_tail, sup.log_path)
+                tail = "" if self.cfg.auth.enabled else st.log_tail  # with login on, the log is the admins' to read
+                yield EngineWait("failed", waited, st.problem, tail, sup.log_path)
                 return
             if waited > self.cfg.timeouts.wait_for_ready_s:
                 yield EngineWait("not_ready", waited)
@@ -482,12 +483,18 @@ class ChatService:
         return self._accounting[1]
 
     def decide(
-        self, text: str, settings: UserSettings, command: str | None = None, templates: Templates | None = None
+        self,
+        text: str,
+        settings: UserSettings,
+        command: str | None = None,
+        templates: Templates | None = None,
+        commands: bool = True,
     ) -> Decision:
         """Which template, system text and sampling `text` is sent with, and why, on the model that serves now
-        (backend.chat.decision: the workshop's preview and try ask the same); `templates`: the turn's snapshot."""
+        (backend.chat.decision: the workshop's preview and try ask the same); `templates`: the turn's snapshot;
+        `commands` off: a message that begins with "/" is no command (the API)."""
         found = self.templates.snapshot() if templates is None else templates
-        return decide(found, self.cfg, text, settings, self.serving_demo, command)
+        return decide(found, self.cfg, text, settings, self.serving_demo, command, commands)
 
     async def build_request(
         self,
@@ -499,6 +506,7 @@ class ChatService:
         system: str | None = None,
         templates: Templates | None = None,
         left_out: int | None = None,
+        commands: bool = True,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
         the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
@@ -510,8 +518,8 @@ class ChatService:
         the oldest messages an earlier message's fit left out): those stay out while the rest fits, a trim goes down
         to `chat.trim_to` of the room, and far within the window the new message goes uncounted (ChatRequest.
         uncounted; the chat counts it after the reply: _count_turn). None (the API, the workshop): counted first,
-        the longest part that fits."""
-        decision = self.decide(text, settings, command, templates)
+        the longest part that fits. `commands` off: a message that begins with "/" is no command (the API)."""
+        decision = self.decide(text, settings, command, templates, commands)
         sampling = dict(decision.sampling)
         system = decision.system if system is None else system
         window = await self.context_window()

@@ -162,6 +162,23 @@ WORKSHOP_TABLES: dict[str, list[str]] = {
 }
 
 
+# Logins (backend.api.logins): each attempt of the last window, by "name:NAME" and by "address:ADDRESS" (an attempt is
+# written before its password is checked and taken back when it succeeds), and the login tokens a logout ended (by
+# their SHA-256; kept until the token would have expired anyway): schema version 4.
+LOGIN_TABLES: dict[str, list[str]] = {
+    "login_attempts": [
+        '"id" {text} NOT NULL',
+        '"key" {text} NOT NULL',
+        '"at" {real} NOT NULL',
+    ],
+    "ended_sessions": [
+        '"token_hash" {text} PRIMARY KEY',
+        '"ended" {real} NOT NULL',
+    ],
+}
+LOGIN_INDEXES = ['CREATE INDEX IF NOT EXISTS login_attempts_key ON login_attempts ("key", "at")']
+
+
 class SchemaError(StorageError, RuntimeError):
     """The database's schema cannot be brought to the version this app needs."""
 
@@ -189,7 +206,8 @@ MIGRATIONS = [
     Migration(1, "Chainlit 2.12 tables", {d: create_tables(d) for d in TYPES}),
     Migration(2, "API keys, quotas and usage", {d: create_tables(d, API_TABLES, API_INDEXES) for d in TYPES}),
     Migration(3, "the template workshop's version history", {d: create_tables(d, WORKSHOP_TABLES, []) for d in TYPES}),
-    # Later changes go here as Migration(4, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
+    Migration(4, "logins: attempts, ended sessions", {d: create_tables(d, LOGIN_TABLES, LOGIN_INDEXES) for d in TYPES}),
+    # Later changes go here as Migration(5, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
 ]
 LATEST = MIGRATIONS[-1].version
 
