@@ -64,8 +64,7 @@ class Library:
         if kind_of(name) is None:
             raise DocumentError.of("documents.bad_type", name=name, kinds=", ".join(KINDS))
         if size > max_bytes(self.settings):
-            limit = self.settings.max_file_mb
-            raise DocumentError.of("documents.too_large", name=name, size_mb=size / MB, limit_mb=limit)
+            raise DocumentError.of("documents.too_large", name=name, limit_mb=f"{self.settings.max_file_mb:g}")
 
     async def add(self, owner: str, name: str, data: bytes) -> tuple[DocumentInfo, bool]:
         """Take a file into the owner's library: (what was kept, whether its text was cut at max_chars).
