@@ -21,10 +21,12 @@ from backend.chat.i18n import t
 from backend.chat.live import LiveReply
 from backend.chat.render import (
     EXPORT_TYPES,
+    SOURCES_KEY,
     details_element,
     export,
     notice_text,
     reply_text,
+    sources_props,
     template_select,
     wait_text,
 )
@@ -35,6 +37,7 @@ from backend.chat.turn import ChatSession, Done, EngineWait, Event, Notice, Star
 log = logging.getLogger(__name__)
 
 DETAILS_ELEMENT = "ReplyDetails"  # public/elements/ReplyDetails.jsx
+SOURCES_ELEMENT = "ReplySources"  # public/elements/ReplySources.jsx
 REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py's action callbacks)
 SAVE_EVERY_S = 1.0  # a reply being written is saved this often (an app killed meanwhile keeps what was written)
 
@@ -177,6 +180,8 @@ class ReplyView:
         if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
             kept = turn_metadata(event.user_text, event.text, event.tokens, event.counted_by)
             metadata |= kept | {ASKED_KEY: self.live.asked}
+        if event.sources:
+            metadata[SOURCES_KEY] = [source.saved() for source in event.sources]
         async with self._lock:
             self.reply.content, self.reply.metadata, self.reply.streaming = ending, metadata, False
             self.reply.created_at = self.reply.created_at or utc_now()
@@ -186,6 +191,10 @@ class ReplyView:
             await (emitter.update_step(step) if self._streamed else emitter.send_step(step))
             if self.own:
                 await self._save(step)
+            if event.sources:
+                sources = cl.CustomElement(name=SOURCES_ELEMENT, props=sources_props(list(event.sources), self.lang),
+                                           display="inline")  # fmt: skip
+                await sources.send(self.reply.id, persist=False)
             # last: the details under the reply tell the page (and the tests) that the reply is finished
             self.details = props
             await send_details(self.reply.id, props)

@@ -8,9 +8,11 @@ from typing import Any
 
 from backend.chat.context import Message
 from backend.chat.i18n import MESSAGES, describe, describe_parts, t
+from backend.chat.sources import Source
 from backend.chat.turn import Done, EngineWait, Notice, Refused, Serving
 from backend.prompts.schema import Reason
 
+SOURCES_KEY = "ernie_sources"  # a reply message's metadata: the passages of the user's documents it was given
 DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
 STARTERS = ("write", "summary", "translation", "explain")  # backend.chat.i18n: starter_<name>, starter_<name>_message
 _CJK = re.compile(r"[\u3400-\u9fff]")
@@ -192,3 +194,15 @@ EXPORT_TYPES = {"md": "text/markdown", "json": "application/json"}  # an export'
 def export(history: list[Message], fmt: str, locale: str) -> str:
     """The conversation in the export format `fmt` (one of EXPORT_TYPES)."""
     return export_markdown(history, locale) if fmt == "md" else export_json(history)
+
+
+def source_label(source: Source, locale: str) -> str:
+    """Where a passage is from, in the user's language: "[1] handbook.pdf · p. 3", "[2] notes.md · Safety"."""
+    where = t("source_page", locale, page=source.page) if source.page is not None else (source.heading or "")
+    return f"[{source.number}] {source.document}" + (f" · {where}" if where else "")
+
+
+def sources_props(sources: list[Source], locale: str) -> dict[str, Any]:
+    """The props of the ReplySources element: a title, and each passage's label and text (opened on a click)."""
+    items = [{"label": source_label(s, locale), "text": s.text} for s in sources]
+    return {"title": t("sources_title", locale), "items": items}

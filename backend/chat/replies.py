@@ -36,14 +36,22 @@ log = logging.getLogger(__name__)
 TAB_COOKIE = "ernie_tab"  # public/ernie.js: the browser tab's own id
 
 
-def tab_id() -> str | None:
-    """The id of this page's browser tab (public/ernie.js), if it sent one."""
+def tab_id(session: Any = None) -> str | None:
+    """The id of the browser tab (public/ernie.js) of this page (or of a Chainlit `session`), if it sent one."""
     try:
-        cookie = SimpleCookie(cl.context.session.environ.get("HTTP_COOKIE", ""))
+        cookie = SimpleCookie((session or cl.context.session).environ.get("HTTP_COOKIE", ""))
     except CookieError:
         return None
     morsel = cookie.get(TAB_COOKIE)
     return morsel.value if morsel is not None and 16 <= len(morsel.value) <= 64 else None
+
+
+def owner_of(session: Any, login: bool) -> str:
+    """Who a Chainlit session is: the user with login; without, the browser tab (or, lacking its id, the session)."""
+    if login and session.user is not None:
+        return f"user:{session.user.identifier}"
+    tab = tab_id(session)
+    return f"tab:{tab}" if tab else f"session:{session.id}"
 
 
 @dataclass
@@ -68,11 +76,7 @@ class Replies:
 
     def owner(self) -> str:
         """Who this page is: the user with login; without, the browser tab (or, lacking its id, the page itself)."""
-        session = cl.context.session
-        if self.login and session.user is not None:
-            return f"user:{session.user.identifier}"
-        tab = tab_id()
-        return f"tab:{tab}" if tab else f"session:{session.id}"
+        return owner_of(cl.context.session, self.login)
 
     def key(self) -> str:
         """The thread this page's replies run under (a reloaded tab without login goes on under its first one)."""

@@ -116,9 +116,7 @@ def score(chunks, questions, results) -> dict:
     for lang in ("en", "zh", "all"):
         chosen = [(q, r) for q, r in zip(questions, results, strict=True) if lang in ("all", q["lang"])]
         for k in KS:
-            hits = sum(
-                any(folded(q["answer"]) in folded(chunks[i][1].text) for i in r[:k]) and True for q, r in chosen
-            )
+            hits = sum(any(folded(q["answer"]) in folded(chunks[i][1].text) for i in r[:k]) and True for q, r in chosen)
             out[f"{lang}@{k}"] = hits / len(chosen)
         out[f"{lang}_n"] = len(chosen)
     top3 = [sum(estimate_tokens([{"role": "user", "content": chunks[i][1].text}]) for i in r[:3]) for r in results]
@@ -147,8 +145,10 @@ async def main() -> None:
             ms = (time.perf_counter() - started) * 1000 / len(questions)
             rows.append((name, size, len(chunks), score(chunks, questions, results), ms))
         await index.close()
-    print("| option | passage chars | passages | en R@1 | en R@3 | en R@5 | zh R@1 | zh R@3 | zh R@5 |"
-          " tokens of top 3 (estimate) | ms per question |")
+    print(
+        "| option | passage chars | passages | en R@1 | en R@3 | en R@5 | zh R@1 | zh R@3 | zh R@5 |"
+        " tokens of top 3 (estimate) | ms per question |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, size, n, s, ms in rows:
         cells = [f"{s[f'{lang}@{k}']:.2f}" for lang in ("en", "zh") for k in KS]
