@@ -33,7 +33,7 @@ def test_word_headings_html_headings_and_markdown_headings_name_sections() -> No
         b"<html><head><script>var leak = 1</script><style>p{}</style></head><body><h2>Hours</h2><p>9 &amp; 5</p></body>"
     )
     assert [(s.heading, s.text) for s in extract("a.html", page)] == [("Hours", "9 & 5")]
-    md = extract("a.md", "# Top\nintro\n```\n# not a heading\n```\n## Next\nmore".encode())
+    md = extract("a.md", b"# Top\nintro\n```\n# not a heading\n```\n## Next\nmore")
     assert [s.heading for s in md] == ["Top", "Next"] and "# not a heading" in md[0].text
 
 

@@ -60,7 +60,8 @@ async def test_a_body_without_a_length_is_counted_as_it_arrives() -> None:
     app, received = app_with_guard()
 
     async def body():  # chunked: no Content-Length to refuse it by
-        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="x.txt"\r\nContent-Type: text/plain\r\n\r\n'
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="x.txt"\r\n'
+        yield b"Content-Type: text/plain\r\n\r\n"
         for _ in range(40):
             yield b"a" * 10_000
 
