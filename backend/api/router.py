@@ -234,7 +234,7 @@ class Gateway:
         try:
             if self.quotas is not None:
                 lease = await self.quotas.admit(caller.user, "api")
-            prepared = await self.serving.prepare(body)
+            prepared = await self.serving.prepare(body, caller.user if self.access.login else None)
         except ServiceError as exc:
             if lease is not None:
                 await self.quotas.release_soon(lease)  # type: ignore[union-attr]
@@ -314,6 +314,8 @@ class Gateway:
         prompt, reply = tokens_used(stream, prepared)
         finish = stream.stats.finish_reason or "stop"
         whole = completion_json(completion_id(), prepared.model, "".join(parts), finish, prompt, reply)
+        if prepared.request.sources:  # our own field (docs/documents.md): the passages the model was given
+            whole["sources"] = [source.saved() for source in prepared.request.sources]
         yield json.dumps(whole, ensure_ascii=False).encode()
 
     async def _events(
@@ -326,7 +328,10 @@ class Gateway:
             yield sse(chunk_json(cid, model, {"role": "assistant", "content": ""}))
             async for piece in detached(stream):
                 yield sse(chunk_json(cid, model, {"content": piece}))
-            yield sse(chunk_json(cid, model, {}, stream.stats.finish_reason or "stop"))
+            last = chunk_json(cid, model, {}, stream.stats.finish_reason or "stop")
+            if prepared.request.sources:  # our own field (docs/documents.md), on the last chunk
+                last["sources"] = [source.saved() for source in prepared.request.sources]
+            yield sse(last)
             if include_usage:
                 yield sse(usage_chunk_json(cid, model, *tokens_used(stream, prepared)))
             outcome = "ok"

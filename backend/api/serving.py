@@ -72,8 +72,9 @@ class ApiServing:
             raise last.problem
         raise BackendUnavailableError.of("engine.not_ready", seconds=last.elapsed_s)
 
-    async def prepare(self, body: CompletionRequest) -> Prepared:
-        """The engine request for `body` (ServiceError: the chat's refusal of the same message)."""
+    async def prepare(self, body: CompletionRequest, user: str | None = None) -> Prepared:
+        """The engine request for `body` (ServiceError: the chat's refusal of the same message); with `documents`,
+        the passages of the caller's library (`user`, a login user) are sent as the chat sends them."""
         command = self.template_of(body)
         history, text, system = split_messages(body)
         cfg = self.service.cfg
@@ -81,7 +82,8 @@ class ApiServing:
         settings = UserSettings.defaults(cfg, self.service.serving_demo)
         settings.update(body.sampling(), cfg, self.service.serving_demo)
         await self.wait_ready()
-        request = await self.service.build_request(history, text, settings, command, system=system)
+        owner = f"user:{user}" if body.documents and user else None
+        request = await self.service.build_request(history, text, settings, command, system=system, owner=owner)
         request.sampling.update(body.engine_options())
         return Prepared(request, body.model)
 

@@ -25,7 +25,7 @@ from backend.storage.database import open_engine, redact, storage_error
 from backend.storage.schema import migrate
 
 K1, B = 1.2, 0.75  # BM25's usual constants
-ROWS_PER_INSERT = 2000
+PASSAGES_PER_BATCH = 50
 
 
 @dataclass(frozen=True)
@@ -113,12 +113,6 @@ class DocumentIndex:
         """Keep a document, its passages and their terms, in one transaction."""
         doc_id = uuid.uuid4().hex
         now = datetime.now(UTC).isoformat(timespec="seconds")
-        rows, terms = [], []
-        for p in passages:
-            counts = term_counts(p.text)
-            rows.append({"d": doc_id, "n": p.number, "o": owner, "p": p.page, "h": p.heading, "t": p.text,
-                         "l": sum(counts.values())})  # fmt: skip
-            terms += [{"d": doc_id, "n": p.number, "o": owner, "term": term, "tf": tf} for term, tf in counts.items()]
 
         async def work(conn: AsyncConnection) -> None:
             await conn.execute(
@@ -127,17 +121,23 @@ class DocumentIndex:
                 {"id": doc_id, "o": owner, "name": name, "kind": kind, "size": len(content), "count": len(passages),
                  "at": now, "exp": None, "content": content},
             )  # fmt: skip
-            if rows:
+            # A batch of passages at a time: the rows of a large document's terms are never all held at once.
+            for start in range(0, len(passages), PASSAGES_PER_BATCH):
+                rows, terms = [], []
+                for p in passages[start : start + PASSAGES_PER_BATCH]:
+                    counts = term_counts(p.text)
+                    rows.append({"d": doc_id, "n": p.number, "o": owner, "p": p.page, "h": p.heading, "t": p.text,
+                                 "l": sum(counts.values())})  # fmt: skip
+                    terms += [{"d": doc_id, "n": p.number, "o": owner, "term": t, "tf": c} for t, c in counts.items()]
                 await conn.execute(
                     text('INSERT INTO document_passages ("document_id", "number", "owner", "page", "heading", "text", '
                          '"length") VALUES (:d, :n, :o, :p, :h, :t, :l)'),
                     rows,
                 )  # fmt: skip
-            for start in range(0, len(terms), ROWS_PER_INSERT):
                 await conn.execute(
                     text('INSERT INTO document_terms ("document_id", "number", "owner", "term", "tf") '
                          "VALUES (:d, :n, :o, :term, :tf)"),
-                    terms[start : start + ROWS_PER_INSERT],
+                    terms,
                 )  # fmt: skip
 
         await self._run(work)
