@@ -47,7 +47,7 @@ async def test_a_document_answers_in_both_languages_with_its_source_for_its_owne
     await attach(owner, "vault.md", f"# Vault\nThe vault code is {marker}.\n\n保险库的密码是 {marker}。\n")
     await send(owner, "What is the vault code?")
     await owner.wait_for_selector("text=Added \"vault.md\" to your documents", timeout=60_000)
-    await wait_finished(owner, 0)
+    await wait_finished(owner, 1)  # 0 is the app's notice that the file was added
     asked = last_user_message(engine)
     assert shows(asked, marker) and "[1] vault.md, Vault" in asked and asked.endswith("What is the vault code?")
     sources = owner.locator(SOURCES).first
@@ -57,7 +57,7 @@ async def test_a_document_answers_in_both_languages_with_its_source_for_its_owne
     assert shows(await sources.locator(".reply-source-text").first.inner_text(), marker)
 
     await send(owner, "保险库的密码是什么？")
-    await wait_finished(owner, 1)
+    await wait_finished(owner, 2)
     asked_zh = last_user_message(engine)
     assert shows(asked_zh, marker) and "问题：保险库的密码是什么？" in asked_zh
     assert await owner.locator(SOURCES).count() == 2
