@@ -93,10 +93,14 @@ async def main() -> None:
     mb = 1024
     print("| what | MB |\n|---|---|")
     print(f"| file (documents.max_file_mb) | {len(data) / 1024 / 1024:.1f} |")
-    print(f"| resident before the upload (the multipart body built by the test client is already held) | {start / mb:.0f} |")
-    print(f"| peak above that: upload through the guard to a route that holds the file whole | {(after_upload - start) / mb:.0f} |")
-    print(f"| peak above that: the upload and taking it into the library | {(peak - start) / mb:.0f} |")
-    print(f"\n{info.passages} passages from {settings.max_chars:,} characters (cut: {cut}); taking it in took {took:.1f} s.")
+    rows = [
+        ("resident before the upload (the multipart body built by the test client is already held)", start),
+        ("peak above that: upload through the guard to a route that holds the file whole", after_upload - start),
+        ("peak above that: the upload and taking it into the library", peak - start),
+    ]
+    for what, kb in rows:
+        print(f"| {what} | {kb / mb:.0f} |")
+    print(f"\n{info.passages} passages from {settings.max_chars:,} characters (cut: {cut}); took {took:.1f} s.")
 
 
 if __name__ == "__main__":

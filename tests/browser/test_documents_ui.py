@@ -46,7 +46,7 @@ async def test_a_document_answers_in_both_languages_with_its_source_for_its_owne
     owner = await open_page(browser, app.url, "en-US")
     await attach(owner, "vault.md", f"# Vault\nThe vault code is {marker}.\n\n保险库的密码是 {marker}。\n")
     await send(owner, "What is the vault code?")
-    await owner.wait_for_selector("text=Added \"vault.md\" to your documents", timeout=60_000)
+    await owner.wait_for_selector('text=Added "vault.md" to your documents', timeout=60_000)
     await wait_finished(owner, 1)  # 0 is the app's notice that the file was added
     asked = last_user_message(engine)
     assert shows(asked, marker) and "[1] vault.md, Vault" in asked and asked.endswith("What is the vault code?")
