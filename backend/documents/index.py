@@ -21,8 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from backend.documents.passages import Passage
 from backend.documents.terms import query_terms, term_counts
 from backend.errors import StorageError
-from backend.storage.database import open_engine, redact, storage_error
-from backend.storage.schema import migrate
+from backend.storage.database import migrate_database, open_engine, redact, storage_error
 
 K1, B = 1.2, 0.75  # BM25's usual constants
 PASSAGES_PER_BATCH = 50
@@ -93,11 +92,7 @@ class DocumentIndex:
 
     async def prepare(self) -> int:
         """Bring the schema up to date (documents are schema version 4); raise StorageError."""
-        try:
-            async with self.engine.begin() as conn:
-                return await migrate(conn, self.where)
-        except (SQLAlchemyError, OSError) as exc:
-            raise storage_error(exc, self.where, "opening") from exc
+        return await migrate_database(self.engine, self.where)
 
     async def close(self) -> None:
         await self.engine.dispose()
