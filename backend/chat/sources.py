@@ -67,13 +67,29 @@ def label(source: Source) -> str:
     return f"{source.document}, {where}" if where else source.document
 
 
+def block(source: Source) -> str:
+    """A passage as the model reads it: its number and where it is from, then its text."""
+    return f"[{source.number}] {label(source)}\n{source.text}"
+
+
 def with_sources(question: str, sources: list[Source]) -> str:
     """The user message the model reads: the passages, numbered, then the question (as the template wrote it)."""
     if not sources:
         return question
     lang = language(question)
-    blocks = [f"[{s.number}] {label(s)}\n{s.text}" for s in sources]
-    return "\n\n".join([LEAD[lang], *blocks, ASK[lang].format(question=question)])
+    return "\n\n".join([LEAD[lang], *map(block, sources), ASK[lang].format(question=question)])
+
+
+def asked(content: str) -> str:
+    """The question of a user message with_sources wrote (its passages left out: an export shows what was asked, the
+    reply's sources name the passages); any other message as it is. The history keeps the message whole, as the
+    model saw it, so that the next turn's prompt begins as this one's did (the engine's cache)."""
+    for lang, lead in LEAD.items():
+        ask = ASK[lang].split("{question}")[0]
+        at = content.rfind(ask)
+        if content.startswith(lead + "\n\n") and at >= 0:
+            return content[at + len(ask) :]
+    return content
 
 
 def within(sources: list[Source], room: int) -> list[Source]:
@@ -82,7 +98,7 @@ def within(sources: list[Source], room: int) -> list[Source]:
     kept: list[Source] = []
     used = 0
     for source in sources:
-        used += estimate_tokens([{"role": "user", "content": f"[{source.number}] {label(source)}\n{source.text}"}])
+        used += estimate_tokens([{"role": "user", "content": block(source)}])
         if used > room:
             break
         kept.append(source)
