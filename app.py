@@ -108,6 +108,8 @@ async def _open_library() -> Library | None:
         return None
     install_upload_guard(library, login=ACCOUNTS is not None)
     SERVICE.finder = library
+    if GATEWAY is not None:
+        GATEWAY.library = library  # the API's /v1/documents
     return library
 
 

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from backend.accounts.login import Accounts
 from backend.api.access import ApiAccess, Caller, api_enabled
+from backend.api.documents import document_routes
 from backend.api.keys import KeyStore
 from backend.api.protocol import (
     CompletionRequest,
@@ -36,6 +37,7 @@ from backend.api.store import ApiDatabase
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, Event, Refused
+from backend.documents.library import Library
 from backend.errors import (
     ApiError,
     BackendError,
@@ -60,7 +62,7 @@ Observer = Callable[[str, str, int, int], None]
 STATUS = {
     "api.off": 403, "api.remote": 403, "api.no_key": 401, "api.bad_key": 401, "api.login_needed": 401,
     "api.unknown_model": 404, "api.no_such_key": 404, "api.not_admin": 403, "api.foreign_origin": 403,
-    "quota.unavailable": 503,
+    "quota.unavailable": 503, "documents.not_found": 404, "documents.off": 404, "documents.no_library": 403,
 }  # fmt: skip
 STATUS_BY_KIND: list[tuple[type[ServiceError], int]] = [
     (QuotaError, 429),
@@ -150,6 +152,7 @@ class Gateway:
         self.serving = ApiServing(service)
         self.observe = observe
         self.db: ApiDatabase | None = None
+        self.library: Library | None = None  # the users' documents, when the app has them (backend.api.documents)
 
     @classmethod
     async def open(cls, service: ChatService, accounts: Accounts | None, observe: Observer = _no_observer) -> Gateway:
@@ -429,4 +432,4 @@ class Gateway:
         router.add_api_route(PAGE_API + "/usage", usage_route, methods=["GET"])
         router.add_api_route(PAGE_API + "/keys/{key_id}", revoke_route, methods=["DELETE"])
         router.add_api_route(PAGE, page, methods=["GET"], include_in_schema=False)
-        return list(router.routes)
+        return [*router.routes, *document_routes(self.access, lambda: self.library, refusal)]

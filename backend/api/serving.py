@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from backend.api.documents import library_owner
 from backend.api.protocol import CompletionRequest
 from backend.chat.client import ChatStream, Message
 from backend.chat.request import ChatRequest, UserSettings, clean_input
@@ -81,8 +82,8 @@ class ApiServing:
         text = clean_input(text, cfg.chat.max_input_chars)
         settings = UserSettings.defaults(cfg, self.service.serving_demo)
         settings.update(body.sampling(), cfg, self.service.serving_demo)
+        owner = library_owner(user, self.service.finder is not None) if body.documents else None
         await self.wait_ready()
-        owner = f"user:{user}" if body.documents and user else None
         request = await self.service.build_request(history, text, settings, command, system=system, owner=owner)
         request.sampling.update(body.engine_options())
         return Prepared(request, body.model)

@@ -28,6 +28,7 @@ from backend.chat.live import LiveReplies, LiveReply
 from backend.chat.page import ReplyView, send_under
 from backend.chat.render import DETAILS_KEY, SOURCES_KEY
 from backend.chat.saved import LIVE_KEY, live_steps, step_metadata
+from backend.chat.sources import user_owner
 from backend.chat.turn import ChatSession, Event
 from backend.config import ChatDefaults
 
@@ -49,7 +50,7 @@ def tab_id(session: Any = None) -> str | None:
 def owner_of(session: Any, login: bool) -> str:
     """Who a Chainlit session is: the user with login; without, the browser tab (or, lacking its id, the session)."""
     if login and session.user is not None:
-        return f"user:{session.user.identifier}"
+        return user_owner(session.user.identifier)
     tab = tab_id(session)
     return f"tab:{tab}" if tab else f"session:{session.id}"
 

@@ -50,6 +50,11 @@ class Source:
         return cls(**{key: saved.get(key) for key in keys})  # type: ignore[arg-type]
 
 
+def user_owner(name: str) -> str:
+    """Whose documents a login user's are (a library's owner; without login a browser tab is one: "tab:ID")."""
+    return f"user:{name}"
+
+
 class Finder(Protocol):
     """Finds the passages of an owner's documents that answer a question (backend.documents.library.Library)."""
 
