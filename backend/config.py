@@ -342,6 +342,18 @@ class ApiSettings(_Strict):
         return self.quotas.model_copy(update=override.model_dump(exclude_unset=True))
 
 
+class DocumentSettings(_Strict):
+    """Documents as context (backend.documents, docs/documents.md): what may be attached, how passages are sent."""
+
+    enabled: bool = True
+    max_file_mb: float = Field(10, gt=0, le=100)  # one file; checked as its bytes arrive, before it is held whole
+    max_documents: int = Field(20, ge=1, le=1000)  # in one library (a user's; without login, a browser tab's)
+    max_chars: int = Field(2_000_000, ge=1000)  # the text taken from one file
+    passage_chars: int = Field(600, ge=100, le=8000)  # a passage's size (measured: results/documents/)
+    passages: int = Field(3, ge=0, le=20)  # passages sent with a message (a template's `passages` overrides it)
+    share: float = Field(0.5, gt=0, le=0.9)  # at most this share of the prompt's room goes to passages
+
+
 class AppConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
@@ -357,6 +369,7 @@ class AppConfig(_Strict):
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     canary: CanarySettings = Field(default_factory=CanarySettings)
+    documents: DocumentSettings = Field(default_factory=DocumentSettings)
     tune: TuneSettings = Field(default_factory=TuneSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

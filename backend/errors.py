@@ -266,3 +266,9 @@ class BenchmarkError(ServiceError):
     """The benchmark cannot run as asked (bad option, server not reachable, engine or baseline failed)."""
 
     key = "error.benchmark"
+
+
+class DocumentError(ServiceError):
+    """A document cannot be taken into a library (its kind, size, or no text in it), or is not there."""
+
+    key = "error.document"

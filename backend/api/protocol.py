@@ -42,6 +42,7 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     template: str | None = None  # our own field: the prompt template to answer with (else the model name's, or auto)
+    documents: bool = False  # our own field: answer from the caller's documents (their library, docs/documents.md)
     # Passed to the engine as they are: OpenAI's, and two of vLLM's (llama.cpp's server reads ignore_eos too).
     stop: str | list[str] | None = None
     seed: int | None = None

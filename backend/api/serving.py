@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from backend.api.documents import library_owner
 from backend.api.protocol import CompletionRequest
 from backend.chat.client import ChatStream, Message
 from backend.chat.request import ChatRequest, UserSettings, clean_input
@@ -84,15 +85,20 @@ class ApiServing:
         history, text, system = split_messages(body)
         return command, history, clean_input(text, self.service.cfg.chat.max_input_chars), system
 
-    async def prepare(self, body: CompletionRequest) -> Prepared:
+    async def prepare(self, body: CompletionRequest, user: str | None = None) -> Prepared:
         """The engine request for `body` (ServiceError: the chat's refusal of the same message). A message is sent as
-        it is: one that begins with "/" is no command here (the template comes from the model name or "template")."""
+        it is: one that begins with "/" is no command here (the template comes from the model name or "template").
+        With `documents`, the passages of the caller's library (`user`, a login user) are sent as the chat sends
+        them."""
         command, history, text, system = self.check(body)
         cfg = self.service.cfg
         settings = UserSettings.defaults(cfg, self.service.serving_demo)
         settings.update(body.sampling(), cfg, self.service.serving_demo)
+        owner = library_owner(user, self.service.finder is not None) if body.documents else None
         await self.wait_ready()
-        request = await self.service.build_request(history, text, settings, command, system=system, commands=False)
+        request = await self.service.build_request(
+            history, text, settings, command, system=system, commands=False, owner=owner
+        )
         request.sampling.update(body.engine_options())
         return Prepared(request, body.model)
 

@@ -33,6 +33,8 @@ class Decision:
     user: str
     sampling: dict[str, Any]
     demo: bool  # decided for the offline demo model
+    question: str = ""  # the message as routed (a /name command taken off): what the user's documents are searched for
+    passages: int = 0  # passages of the user's documents sent with it at most (0: none; the template's documents)
 
 
 def decide(
@@ -62,4 +64,8 @@ def decide(
     sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
     sampling.update({key: getattr(settings, key) for key in settings.changed})
     system = prompt.system or (cfg.demo.system_prompt if demo else None) or cfg.chat.system_prompt
-    return Decision(prompt.template, prompt.reason, system, prompt.user, sampling, demo)
+    passages = cfg.documents.passages if prompt.passages is None else prompt.passages
+    passages = passages if prompt.documents and cfg.documents.enabled else 0
+    return Decision(
+        prompt.template, prompt.reason, system, prompt.user, sampling, demo, rest if name else text, passages
+    )

@@ -23,6 +23,7 @@ from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tok
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
+from backend.chat.sources import Finder, Source, with_sources, within
 from backend.chat.turn import (
     ChatSession,
     Done,
@@ -99,6 +100,7 @@ class ChatService:
         a = cfg.admission
         # The line in front of the engine; its places are the running engine's (LaunchSpec.capacity: line()).
         self.admission = Admission(1, a.queue_max, a.max_wait_s, a.reply_s) if a.enabled else None
+        self.finder: Finder | None = None  # the users' documents (backend.documents.library), when the app has them
 
     @classmethod
     def from_config(
@@ -126,6 +128,7 @@ class ChatService:
         view._accounting = (self.counter_id(), self.accounting())
         view._max_model_len = self._max_model_len
         view.admission = self.admission  # a try waits in the same line as the chat
+        view.finder = self.finder
         return view
 
     # ----- life cycle -------------------------------------------------------------------------
@@ -242,7 +245,7 @@ class ChatService:
         try:
             request = await self.build_request(
                 session.history, text, session.settings, command, session.kept_tokens(), templates=templates,
-                left_out=session.left_out,
+                left_out=session.left_out, owner=session.owner,
             )  # fmt: skip
         except ServiceError as exc:
             self.recorder.record_error(exc)
@@ -253,7 +256,7 @@ class ChatService:
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
         try:
-            ticket = self.join_line(session.owner)
+            ticket = self.join_line(session.line_owner)
         except ServerFullError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
@@ -310,6 +313,7 @@ class ChatService:
                 request.prompt_tokens,
                 tokens,
                 session.counted_by,
+                tuple(request.sources),
             )
         finally:
             if ticket is not None:
@@ -507,6 +511,7 @@ class ChatService:
         templates: Templates | None = None,
         left_out: int | None = None,
         commands: bool = True,
+        owner: str | None = None,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
         the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
@@ -518,13 +523,15 @@ class ChatService:
         the oldest messages an earlier message's fit left out): those stay out while the rest fits, a trim goes down
         to `chat.trim_to` of the room, and far within the window the new message goes uncounted (ChatRequest.
         uncounted; the chat counts it after the reply: _count_turn). None (the API, the workshop): counted first,
-        the longest part that fits. `commands` off: a message that begins with "/" is no command (the API)."""
+        the longest part that fits. `commands` off: a message that begins with "/" is no command (the API). `owner`:
+        whose documents the message is answered from (backend.chat.sources)."""
         decision = self.decide(text, settings, command, templates, commands)
         sampling = dict(decision.sampling)
         system = decision.system if system is None else system
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
-        new = {"role": "user", "content": decision.user}
+        sources = await self.sources(owner, decision.question, decision.passages, window - reserve)
+        new = {"role": "user", "content": with_sources(decision.user, sources)}
         accounting = self.accounting()
         fitted: Fitted | None = None
         frame = Frame(0)
@@ -550,11 +557,25 @@ class ChatService:
             sampling=sampling,
             template=decision.template,
             reason=decision.reason,
-            user_text=decision.user,
+            user_text=new["content"],
             prompt_tokens=fitted.prompt_tokens,
             dropped=fitted.dropped,
             history_tokens=fitted.tokens or [],
             frame=frame,
             user_tokens=fitted.new_tokens if fitted.exact else None,
             uncounted=None if fitted.exact else [*head_of(system), new],
+            sources=sources,
         )
+
+    async def sources(self, owner: str | None, question: str, count: int, room: int) -> list[Source]:
+        """The passages of the owner's documents that answer the question, as many as fit their share of the prompt's
+        `room` (documents.share): the rest of the room is the history's, fitted as before. None where the owner has
+        no documents, the template sends none, or the library fails (the message goes on without them)."""
+        if self.finder is None or owner is None or count <= 0:
+            return []
+        try:
+            found = await self.finder.find(owner, question, count)
+        except ServiceError as exc:
+            log.warning("Documents not searched: %s", exc)
+            return []
+        return within(found, int(room * self.cfg.documents.share))

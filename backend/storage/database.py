@@ -117,6 +117,16 @@ def open_engine(url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S, immedia
     return engine
 
 
+async def migrate_database(engine: AsyncEngine, where: str) -> int:
+    """Bring the schema of the database at `where` up to date in one transaction; StorageError when it cannot be
+    opened or migrated. Returns the schema version."""
+    try:
+        async with engine.begin() as conn:
+            return await migrate(conn, where)
+    except (SQLAlchemyError, OSError) as exc:
+        raise storage_error(exc, where, "opening") from exc
+
+
 class HistoryStore(SQLAlchemyDataLayer):
     """Chainlit's SQL data layer with our schema, readable errors, and a 404 for unknown threads."""
 

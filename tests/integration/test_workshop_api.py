@@ -115,7 +115,7 @@ async def test_non_editors_get_403_from_every_route(site: Site, users: dict[str,
         me = (await anonymous.get(API + "/me")).json()
         assert me["may_edit"] is False and me["login"] is True
         fields = (await anonymous.get(API + "/fields")).json()["fields"]  # the form's schema: no secret
-        assert fields == form_fields() and fields[-1]["name"] == "route_on_demo"
+        assert fields == form_fields() and fields[-1]["name"] == "passages"
         page = await anonymous.get("/workshop")  # the page itself is open: it says why nothing can be changed
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert not (site.prompts / f"{stem}.yaml").exists()
@@ -141,7 +141,7 @@ async def test_create_use_conflict_restore(site: Site, users: dict[str, httpx.As
     assert texts == [
         f'{path}, line 7, field "temprature": is not a known field; did you mean "temperature"? known fields: '
         "name, description, priority, keywords, patterns, system, user, variables, temperature, top_p, max_tokens, "
-        "stop, route_on_demo"
+        "stop, route_on_demo, documents, passages"
     ]
     refused = await ed.post(API + "/templates", json={"stem": stem, "yaml": typo})
     assert refused.status_code == 422 and [p["text"] for p in refused.json()["problems"]] == texts
