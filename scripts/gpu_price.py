@@ -5,7 +5,7 @@ usage: python scripts/gpu_price.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu
 1. Random but real weights of the model folder's architecture (transformers `from_config`, seed 0, saved in
    bfloat16), so the answer check has a reference on the same weights (`--load-format dummy` has none).
 2. The engines of PRICE_CONFIGS (default: bf16, fp8, fp8kv, b2048) started at once through the project's supervisor
-   (ChatService.from_config), each with the same fixed KV cache (--kv-cache-memory-bytes: no memory profiling that
+   (Engine.from_config), each with the same fixed KV cache (--kv-cache-memory-bytes: no memory profiling that
    another engine's start could disturb) and a share of the GPU's memory. One engine is measured at a time; the
    others are idle (nothing scheduled, their GPU work stopped).
 3. The answer check of each engine against the float32 reference (backend.child.logprob_reference, computed
@@ -39,18 +39,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
-from gpu_tune import log_excerpt, machine, metrics_delta, scrape
+from gpu_metrics import log_excerpt, machine, metrics_delta, scrape
 
 from backend.benchmarks.loadgen import AppSender, RawSender, Sampling, run_level
 from backend.benchmarks.stats import RequestResult, level_metrics
 from backend.benchmarks.workload import WORDS, BenchRequest
-from backend.chat.client import event_lines
-from backend.chat.service import ChatService
+from backend.chat.client import ChatClient, event_lines
 from backend.config import load_config
-from backend.engines.base import Api
+from backend.engines.base import Api, Endpoint
+from backend.models.prompt_ids import verified
 from backend.serving.answers.check import check_engine
 from backend.serving.answers.reference import Reference
 from backend.serving.answers.tolerance import tolerance_for
+from backend.serving.launch import make_supervisor
+from backend.serving.supervisor import Supervisor
 
 KV_BYTES = 6 << 30  # the same KV cache for every engine: 6 GiB
 COMMON = ["--attention-backend", "TRITON_ATTN", "--kv-cache-memory-bytes", str(KV_BYTES)]
@@ -99,25 +101,42 @@ def make_weights(src: str, dst: Path) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def service(model: Path, name: str) -> ChatService:
-    env = {
-        **os.environ,
-        "ERNIE_ENGINE__NAME": "vllm",
-        "ERNIE_ENGINE__PYTHON": sys.executable,
-        "ERNIE_ENGINE__PROFILE": "h200",
-        "ERNIE_ENGINE__FLAGS__GPU_MEMORY_UTILIZATION": "0.18",
-        "ERNIE_ENGINE__FLAGS__EXTRA_ARGS": json.dumps(COMMON),
-        "ERNIE_MODEL__ID": str(model),
-        "ERNIE_MODEL__LOAD_FORMAT": "auto",
-        "ERNIE_CANARY__ENABLED": "false",  # checked below, with its figures whatever the verdict
-        "ERNIE_SERVER__PORT": "0",
-        "ERNIE_PATHS__DATA_DIR": f"/tmp/price/{name}",
-        "ERNIE_PATHS__CACHE_DIR": "/tmp/price/cache",
-        "ERNIE_TIMEOUTS__STARTUP_S": "420",
-        "ERNIE_RESTART__MAX_ATTEMPTS": "1",
-        **{f"ERNIE_ENGINE__FLAGS__{k}": v for k, v in CONFIGS[name].items()},
-    }
-    return ChatService.from_config(load_config(environ=env))
+class Engine:
+    """One engine as the app starts it (its supervisor: the app's flags, checks and start) and the app's client for
+    it. (Not the chat service: this script runs beside the vLLM bundle without the app's web packages.)"""
+
+    def __init__(self, model: Path, name: str) -> None:
+        env = {
+            **os.environ,
+            "ERNIE_ENGINE__NAME": "vllm",
+            "ERNIE_ENGINE__PYTHON": sys.executable,
+            "ERNIE_ENGINE__PROFILE": "h200",
+            "ERNIE_ENGINE__FLAGS__GPU_MEMORY_UTILIZATION": "0.18",
+            "ERNIE_ENGINE__FLAGS__EXTRA_ARGS": json.dumps(COMMON),
+            "ERNIE_MODEL__ID": str(model),
+            "ERNIE_MODEL__LOAD_FORMAT": "auto",
+            "ERNIE_CANARY__ENABLED": "false",  # checked below, with its figures whatever the verdict
+            "ERNIE_SERVER__PORT": "0",
+            "ERNIE_PATHS__DATA_DIR": f"/tmp/price/{name}",
+            "ERNIE_PATHS__CACHE_DIR": "/tmp/price/cache",
+            "ERNIE_TIMEOUTS__STARTUP_S": "420",
+            "ERNIE_RESTART__MAX_ATTEMPTS": "1",
+            **{f"ERNIE_ENGINE__FLAGS__{k}": v for k, v in CONFIGS[name].items()},
+        }
+        self.name = name
+        self.supervisor: Supervisor = make_supervisor(load_config(environ=env))
+        self.client = ChatClient(self.supervisor.endpoint, read_timeout_s=600, retries=0)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.supervisor.endpoint
+
+    def start(self) -> None:
+        self.supervisor.start_background()
+
+    async def stop(self) -> None:
+        await self.supervisor.stop()
+        await self.client.aclose()
 
 
 class Prompts:
@@ -207,7 +226,7 @@ def brief(level: dict[str, Any]) -> str:
             f"{level.get('errors')}")  # fmt: skip
 
 
-async def level(svc: ChatService, send: Any, requests: list[BenchRequest], users: int) -> dict[str, Any]:
+async def level(svc: Engine, send: Any, requests: list[BenchRequest], users: int) -> dict[str, Any]:
     """One level: the requests at `users` at once; its figures and vLLM's per-phase histograms over it."""
     root = svc.endpoint.base_url
     headers = {"Authorization": f"Bearer {svc.endpoint.api_key}"}
@@ -230,10 +249,10 @@ async def main(out: Path, model_src: str) -> None:
         [sys.executable, "-m", "backend.child.logprob_reference", str(real), str(ref_path), "--threads", "8"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    services: dict[str, ChatService] = {}
+    services: dict[str, Engine] = {}
     t0 = time.monotonic()
     for name in ORDER:
-        services[name] = service(real, name)
+        services[name] = Engine(real, name)
         services[name].start()
         await asyncio.sleep(3)
     ready = await asyncio.gather(*(s.supervisor.wait_ready(420) for s in services.values()))
@@ -265,11 +284,16 @@ async def main(out: Path, model_src: str) -> None:
 
     prompts = Prompts(real)
     base = running.get("bf16")
-    app_ids = base.client.prompt_ids if base is not None else None  # set by its warm-up where they match vLLM's
+    for name, svc in running.items():  # unmeasured: the shapes of the levels, compiled at first use
+        raw = RawSender(svc.endpoint.base_url, svc.endpoint.api_key, svc.endpoint.model, SAMPLING)
+        for users, n in ((16, 16), (64, 64)):
+            await run_level(
+                raw, [BenchRequest(prompts.one(INPUT_LEN)[0], 32, f"warm-{name}-{i}") for i in range(n)], users
+            )
+        await raw.aclose()
+    # The app's own ids where they are vLLM's for the sample conversations (as ChatService.use_prompt_ids decides)
+    app_ids = await verified(real, base.client.engine_ids) if base is not None else None
     doc["app_prompt_ids"] = app_ids is not None
-    if base is not None and app_ids is None:  # say why
-        doc["app_prompt_ids_retry"] = await base.use_prompt_ids()
-        app_ids = base.client.prompt_ids
     print(f"[price] the app's prompt ids: {app_ids is not None}", flush=True)
     doc["rounds"] = []
     names = list(running)
@@ -324,7 +348,8 @@ async def main(out: Path, model_src: str) -> None:
     save(out)
     if "bf16" in services and left() > 150:  # a fresh start on the caches the first one filled, alone, its log at DEBUG
         os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
-        svc = service(real, "bf16")
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(ms_logging(Path("/tmp/price/logging.json")))
+        svc = Engine(real, "bf16")
         log = svc.supervisor.log_path
         mark = log.stat().st_size if log.exists() else 0
         t0 = time.monotonic()
@@ -342,9 +367,7 @@ async def main(out: Path, model_src: str) -> None:
         save(out)
 
 
-async def long_chats(
-    base: ChatService, prompts: Prompts, senders: dict[str, Any], r: int, app_ids: Any
-) -> dict[str, Any]:
+async def long_chats(base: Engine, prompts: Prompts, senders: dict[str, Any], r: int, app_ids: Any) -> dict[str, Any]:
     """Conversations of ~10k and ~16k tokens grown by one short message at a time, one user, the three ways."""
     got: dict[str, Any] = {}
     for size in LONG:
@@ -366,7 +389,23 @@ async def long_chats(
     return got
 
 
-def memory(running: dict[str, ChatService]) -> dict[str, Any]:
+def ms_logging(path: Path) -> Path:
+    """vLLM's own logging configuration with milliseconds in the time stamps (a start's phases to the ms)."""
+    fmt = "%(levelname)s %(asctime)s.%(msecs)03d [%(fileinfo)s:%(lineno)d] %(message)s"
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"vllm": {"class": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+                                "format": fmt}},
+        "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": "DEBUG",
+                              "stream": "ext://sys.stdout"}},
+        "loggers": {"vllm": {"handlers": ["vllm"], "level": "DEBUG", "propagate": False}},
+    }  # fmt: skip
+    path.write_text(json.dumps(config))
+    return path
+
+
+def memory(running: dict[str, Engine]) -> dict[str, Any]:
     """GPU memory per engine process (nvidia-smi), and what each engine's log says of weights and KV cache."""
     apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                           capture_output=True, text=True).stdout  # fmt: skip

@@ -41,7 +41,7 @@ from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
 from backend.engines.registry import configured_engine, dialect, engine
 from backend.errors import InvalidInputError, PromptTooLongError, ServerFullError, ServiceError
-from backend.models.prompt_ids import SAMPLES, PromptIds
+from backend.models.prompt_ids import verified
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import Templates, TemplateStore
 from backend.serving.hardware import gpu_label
@@ -434,18 +434,9 @@ class ChatService:
             return False
         if mode == "auto" and not engine(spec.engine).on_gpu:
             return False
-        made = await asyncio.to_thread(PromptIds.load, Path(spec.weights.model))
+        made = await verified(Path(spec.weights.model), self.client.engine_ids)
         if made is None:
             return False
-        await asyncio.to_thread(made.exact, SAMPLES)
-        for messages in SAMPLES:
-            ours, theirs = made.ids(messages), await self.client.engine_ids(messages)
-            if ours != theirs:
-                log.warning(
-                    "Prompts go to the engine as messages: its rendering of a sample differs from the model's template "
-                    "and tokenizer here (%s tokens against %s).", len(ours), theirs and len(theirs),
-                )  # fmt: skip
-                return False
         self.client.prompt_ids = made
         log.info("Prompts go to the engine as token ids (the chat template and tokenizer of %s).", made.folder)
         return True

@@ -21,10 +21,12 @@ holds for this path too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,26 @@ class PromptIds:
                 self.pieces.clear()
                 return False
         return True
+
+
+async def verified(
+    folder: Path, engine_ids: Callable[[list[Message]], Awaitable[list[int] | None]]
+) -> PromptIds | None:
+    """The folder's PromptIds where they give the engine's own ids (`engine_ids`: its rendering) for every sample
+    conversation; None otherwise (said in the log)."""
+    made = await asyncio.to_thread(PromptIds.load, folder)
+    if made is None:
+        return None
+    await asyncio.to_thread(made.exact, SAMPLES)
+    for messages in SAMPLES:
+        ours, theirs = made.ids(messages), await engine_ids(messages)
+        if ours != theirs:
+            log.warning(
+                "Prompts go to the engine as messages: its rendering of a sample differs from the template and "
+                "tokenizer of %s (%s tokens against %s).", folder, len(ours), theirs and len(theirs),
+            )  # fmt: skip
+            return None
+    return made
 
 
 def _raise(message: str) -> None:
