@@ -11,8 +11,8 @@ from backend.config import load_config
 from backend.engines.base import Target
 from backend.engines.registry import engine, profile_engine
 from backend.models.resolve import ResolvedModel
-from backend.serving.hardware import Gpu, parse_nvidia_smi
 from backend.serving.answers.tolerance import tolerance_for
+from backend.serving.hardware import Gpu, parse_nvidia_smi
 from backend.serving.profiles import choose_profile, effective_flags
 from tests.launching import launch
 
