@@ -255,91 +255,95 @@ async def main(out: Path, model_src: str) -> None:
         services[name] = Engine(real, name)
         services[name].start()
         await asyncio.sleep(3)
-    ready = await asyncio.gather(*(s.supervisor.wait_ready(420) for s in services.values()))
-    doc["start_s"] = round(time.monotonic() - t0, 1)
-    doc["engines"] = {}
-    for (name, svc), ok in zip(services.items(), ready, strict=True):
-        sup = svc.supervisor
-        doc["engines"][name] = {"ready": ok, "argv": sup.spec.argv if sup.spec else None, "pid": sup.status.pid}
-        if not ok:
-            doc["engines"][name]["error"] = f"{sup.status.error}\n{sup.status.log_tail}"
-    running = {n: s for n, s in services.items() if doc["engines"][n]["ready"]}
-    print(f"[price] started in {doc['start_s']} s: {[(n, e['ready']) for n, e in doc['engines'].items()]}", flush=True)
-    save(out)
     try:
-        ref_out, _ = await asyncio.to_thread(ref_proc.communicate, None, max(10, left() - 300))
-        doc["reference_log"] = ref_out.decode(errors="replace")[-2000:]
-        reference = Reference.load(ref_path)
-        for name, svc in running.items():
-            ep = svc.endpoint
-            verdict = await check_engine(
-                ep.base_url, ep.api_key, ep.model, Api.VLLM, reference, tolerance_for("bfloat16")
-            )
-            doc["engines"][name]["check"] = verdict.to_dict()
-            print(f"[price] check {name}: {verdict.passed} {verdict.reason[:300]}", flush=True)
-    except Exception as exc:  # the figures of the rest still count
-        doc["check_error"] = f"{type(exc).__name__}: {exc}"
-        print(f"[price] check failed: {doc['check_error']}", flush=True)
-    save(out)
-
-    prompts = Prompts(real)
-    base = running.get("bf16")
-    for name, svc in running.items():  # unmeasured: the shapes of the levels, compiled at first use
-        raw = RawSender(svc.endpoint.base_url, svc.endpoint.api_key, svc.endpoint.model, SAMPLING)
-        for users, n in ((16, 16), (64, 64)):
-            await run_level(
-                raw, [BenchRequest(prompts.one(INPUT_LEN)[0], 32, f"warm-{name}-{i}") for i in range(n)], users
-            )
-        await raw.aclose()
-    # The app's own ids where they are vLLM's for the sample conversations (as ChatService.use_prompt_ids decides)
-    app_ids = await verified(real, base.client.engine_ids) if base is not None else None
-    doc["app_prompt_ids"] = app_ids is not None
-    print(f"[price] the app's prompt ids: {app_ids is not None}", flush=True)
-    doc["rounds"] = []
-    names = list(running)
-    for r in range(ROUNDS):
-        if left() < 90:
-            print(f"[price] round {r}: skipped, {left():.0f} s left", flush=True)
-            break
-        rec: dict[str, Any] = {"round": r, "order": names[r % len(names) :] + names[: r % len(names)]}
-        for name in rec["order"]:
-            svc = running[name]
-            raw = RawSender(svc.endpoint.base_url, svc.endpoint.api_key, svc.endpoint.model, SAMPLING)
-            rec[name] = {}
-            for users, n in LEVELS:
-                if name == "b2048" and users == 1:
-                    continue
-                reqs = [
-                    BenchRequest(prompts.one(INPUT_LEN)[0], OUTPUT_LEN, f"{name}-{r}-{users}-{i}") for i in range(n)
-                ]
-                rec[name][str(users)] = got = await level(svc, raw, reqs, users)
-                print(f"[price] r{r} {name} c={users}: {brief(got)}", flush=True)
-            await raw.aclose()
-            if name == "bf16" and base is not None:  # the first token at 16 users three ways, the same prompts
-                ep = base.endpoint
-                made = [prompts.one(INPUT_LEN) for _ in range(64)]
-                ids = {f"w{r}-{i}": m[1] for i, m in enumerate(made)}
-                reqs = [BenchRequest(m[0], OUTPUT_LEN, f"w{r}-{i}") for i, m in enumerate(made)]
-                senders = {"chat": RawSender(ep.base_url, ep.api_key, ep.model, SAMPLING),
-                           "ids": IdsSender(ep.base_url, ep.api_key, ep.model, ids),
-                           "app": AppSender(base.client, SAMPLING, 0.02),
-                           "app-ids": AppSender(base.client, SAMPLING, 0.02)}  # fmt: skip
-                rec["ways16"] = {}
-                for way in WAYS if r % 2 == 0 else WAYS[::-1]:
-                    base.client.prompt_ids = app_ids if way == "app-ids" else None
-                    rec["ways16"][way] = got = await level(base, senders[way], reqs, 16)
-                    print(f"[price] r{r} bf16 16 users via {way}: {brief(got)}", flush=True)
-                rec["long"] = await long_chats(base, prompts, senders, r, app_ids)
-                base.client.prompt_ids = app_ids
-                for s in senders.values():
-                    if hasattr(s, "aclose"):
-                        await s.aclose()
-        doc["rounds"].append(rec)
+        ready = await asyncio.gather(*(s.supervisor.wait_ready(420) for s in services.values()))
+        doc["start_s"] = round(time.monotonic() - t0, 1)
+        doc["engines"] = {}
+        for (name, svc), ok in zip(services.items(), ready, strict=True):
+            sup = svc.supervisor
+            doc["engines"][name] = {"ready": ok, "argv": sup.spec.argv if sup.spec else None, "pid": sup.status.pid}
+            if not ok:
+                doc["engines"][name]["error"] = f"{sup.status.error}\n{sup.status.log_tail}"
+        running = {n: s for n, s in services.items() if doc["engines"][n]["ready"]}
+        print(
+            f"[price] started in {doc['start_s']} s: {[(n, e['ready']) for n, e in doc['engines'].items()]}", flush=True
+        )
         save(out)
-    doc["memory"] = memory(running)
-    save(out)
-    for svc in services.values():
-        await svc.stop()
+        try:
+            ref_out, _ = await asyncio.to_thread(ref_proc.communicate, None, max(10, left() - 300))
+            doc["reference_log"] = ref_out.decode(errors="replace")[-2000:]
+            reference = Reference.load(ref_path)
+            for name, svc in running.items():
+                ep = svc.endpoint
+                verdict = await check_engine(
+                    ep.base_url, ep.api_key, ep.model, Api.VLLM, reference, tolerance_for("bfloat16")
+                )
+                doc["engines"][name]["check"] = verdict.to_dict()
+                print(f"[price] check {name}: {verdict.passed} {verdict.reason[:300]}", flush=True)
+        except Exception as exc:  # the figures of the rest still count
+            doc["check_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"[price] check failed: {doc['check_error']}", flush=True)
+        save(out)
+
+        prompts = Prompts(real)
+        base = running.get("bf16")
+        for name, svc in running.items():  # unmeasured: the shapes of the levels, compiled at first use
+            raw = RawSender(svc.endpoint.base_url, svc.endpoint.api_key, svc.endpoint.model, SAMPLING)
+            for users, n in ((16, 16), (64, 64)):
+                await run_level(
+                    raw, [BenchRequest(prompts.one(INPUT_LEN)[0], 32, f"warm-{name}-{i}") for i in range(n)], users
+                )
+            await raw.aclose()
+        # The app's own ids where they are vLLM's for the sample conversations (as ChatService.use_prompt_ids decides)
+        app_ids = await verified(real, base.client.engine_ids) if base is not None else None
+        doc["app_prompt_ids"] = app_ids is not None
+        print(f"[price] the app's prompt ids: {app_ids is not None}", flush=True)
+        doc["rounds"] = []
+        names = list(running)
+        for r in range(ROUNDS):
+            if left() < 90:
+                print(f"[price] round {r}: skipped, {left():.0f} s left", flush=True)
+                break
+            rec: dict[str, Any] = {"round": r, "order": names[r % len(names) :] + names[: r % len(names)]}
+            for name in rec["order"]:
+                svc = running[name]
+                raw = RawSender(svc.endpoint.base_url, svc.endpoint.api_key, svc.endpoint.model, SAMPLING)
+                rec[name] = {}
+                for users, n in LEVELS:
+                    if name == "b2048" and users == 1:
+                        continue
+                    reqs = [
+                        BenchRequest(prompts.one(INPUT_LEN)[0], OUTPUT_LEN, f"{name}-{r}-{users}-{i}") for i in range(n)
+                    ]
+                    rec[name][str(users)] = got = await level(svc, raw, reqs, users)
+                    print(f"[price] r{r} {name} c={users}: {brief(got)}", flush=True)
+                await raw.aclose()
+                if name == "bf16" and base is not None:  # the first token at 16 users three ways, the same prompts
+                    ep = base.endpoint
+                    made = [prompts.one(INPUT_LEN) for _ in range(64)]
+                    ids = {f"w{r}-{i}": m[1] for i, m in enumerate(made)}
+                    reqs = [BenchRequest(m[0], OUTPUT_LEN, f"w{r}-{i}") for i, m in enumerate(made)]
+                    senders = {"chat": RawSender(ep.base_url, ep.api_key, ep.model, SAMPLING),
+                               "ids": IdsSender(ep.base_url, ep.api_key, ep.model, ids),
+                               "app": AppSender(base.client, SAMPLING, 0.02),
+                               "app-ids": AppSender(base.client, SAMPLING, 0.02)}  # fmt: skip
+                    rec["ways16"] = {}
+                    for way in WAYS if r % 2 == 0 else WAYS[::-1]:
+                        base.client.prompt_ids = app_ids if way == "app-ids" else None
+                        rec["ways16"][way] = got = await level(base, senders[way], reqs, 16)
+                        print(f"[price] r{r} bf16 16 users via {way}: {brief(got)}", flush=True)
+                    rec["long"] = await long_chats(base, prompts, senders, r, app_ids)
+                    base.client.prompt_ids = app_ids
+                    for s in senders.values():
+                        if hasattr(s, "aclose"):
+                            await s.aclose()
+            doc["rounds"].append(rec)
+            save(out)
+        doc["memory"] = memory(running)
+        save(out)
+    finally:  # the engines stop whatever happened, and their logs are kept
+        for svc in services.values():
+            await svc.stop()
     for name, svc in services.items():
         doc["engines"][name]["log"] = log_excerpt(svc.supervisor.log_path)
         log = svc.supervisor.log_path
