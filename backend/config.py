@@ -156,6 +156,8 @@ class ChatDefaults(_Strict):
     trim_to: float = Field(0.75, ge=0.3, le=1.0)  # a trimmed conversation takes at most this share of the room
     detached_reply_s: float = Field(600, ge=0, le=86_400)  # a reply goes on this long with no page watching it
     tab_memory_s: float = Field(3600, ge=0, le=86_400)  # without login: a tab's chat is kept this long for a reload
+    # Prompts to vLLM as token ids made in the app, where they match its own (models/prompt_ids.py); auto: on a GPU
+    token_ids: Literal["auto", "always", "never"] = "auto"
 
 
 class DemoChat(_Strict):

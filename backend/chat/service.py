@@ -40,8 +40,9 @@ from backend.chat.turn import (
 )
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
-from backend.engines.registry import configured_engine, engine
+from backend.engines.registry import configured_engine, dialect, engine
 from backend.errors import InvalidInputError, PromptTooLongError, ServerFullError, ServiceError
+from backend.models.prompt_ids import verified
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import Templates, TemplateStore
 from backend.serving.hardware import gpu_label
@@ -413,6 +414,7 @@ class ChatService:
         chat's own path (the context window, the template's fixed parts and the message counted, a short streamed
         reply), and on a GPU a long prompt beside a few short ones, so that the shapes an engine compiles at first
         use are compiled before a user waits on them. What it measures is kept (the fixed parts, the window)."""
+        await self.use_prompt_ids()
         settings = UserSettings.defaults(self.cfg, self.serving_demo)
         request = await self.build_request([], WARMUP_TEXT, settings)
         await self._drain(request.messages, request.sampling)
@@ -425,6 +427,23 @@ class ChatService:
             self._drain(long, request.sampling),
             *(self._drain(request.messages, request.sampling) for _ in range(WARMUP_AT_ONCE)),
         )
+
+    async def use_prompt_ids(self) -> bool:
+        """Send prompts as the model's token ids, made here (backend.models.prompt_ids), where the engine takes them
+        (its dialect), chat.token_ids allows (auto: an engine on a GPU), the model folder is here, and they equal the
+        engine's own rendering of the sample conversations; else (or until then) as messages. Whether they are."""
+        self.client.prompt_ids = None
+        spec, mode = self.supervisor.spec, self.cfg.chat.token_ids
+        if mode == "never" or spec is None or spec.weights is None or not dialect(self.endpoint.api).takes_ids:
+            return False
+        if mode == "auto" and not engine(spec.engine).on_gpu:
+            return False
+        made = await verified(Path(spec.weights.model), self.client.engine_ids)
+        if made is None:
+            return False
+        self.client.prompt_ids = made
+        log.info("Prompts go to the engine as token ids (the chat template and tokenizer of %s).", made.folder)
+        return True
 
     async def _drain(self, messages: list[Message], sampling: dict[str, Any]) -> None:
         async with self.client.stream(messages, **{**sampling, "max_tokens": WARMUP_REPLY_TOKENS}) as stream:
