@@ -92,6 +92,30 @@ def keep_variants(cmakelists: str, keep: set[str]) -> str:
     return cmakelists[:start] + block + cmakelists[end:]
 
 
+def unpack(archive: Path, dest: Path) -> None:
+    """Unpack a source archive into `dest`, refusing any member that would land outside it (links included)."""
+    root = dest.resolve()
+
+    def inside(path: str) -> bool:
+        return Path(os.path.realpath(path)).is_relative_to(root)
+
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for member in members:
+            target = os.path.join(root, member.name)
+            link = os.path.join(os.path.dirname(target) if member.issym() else root, member.linkname)
+            if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+                raise SystemExit(f"{archive.name}: {member.name} is neither a file, a folder nor a link")
+            if not inside(target) or ((member.issym() or member.islnk()) and not inside(link)):
+                raise SystemExit(f"{archive.name}: {member.name} would be unpacked outside {dest}")
+        # `filter` came in Python 3.11.4 (Debian 12 has 3.11.2): the checks above hold either way, and where it
+        # exists it also drops what a source archive needs not keep (owners, set-uid bits), and 3.12+ warns without.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, members, filter="data")
+        else:
+            tar.extractall(root, members)
+
+
 def fetch_sources(work: Path) -> Path:
     """Download llama-cpp-python's sdist from the package index and unpack it; return vendor/llama.cpp."""
     subprocess.run(
@@ -100,8 +124,7 @@ def fetch_sources(work: Path) -> Path:
         check=True,
     )  # fmt: skip
     archive = next(work.glob("llama_cpp_python-*.tar.gz"))
-    with tarfile.open(archive) as tar:
-        tar.extractall(work, filter="data")
+    unpack(archive, work)
     return work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 
 
