@@ -118,9 +118,11 @@ def unpack(archive: Path, dest: Path) -> None:
 
 def fetch_sources(work: Path) -> Path:
     """Download llama-cpp-python's sdist from the package index and unpack it; return vendor/llama.cpp."""
+    # Only llama-cpp-python itself as source: its build dependencies (scikit-build-core, ninja...) come as wheels.
+    # `--no-binary :all:` made pip build each of them from source first (11-18 min on 2 cores), ninja included.
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(work),
-         f"llama-cpp-python=={VERSION}"],
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", "-q", "-d",
+         str(work), f"llama-cpp-python=={VERSION}"],
         check=True,
     )  # fmt: skip
     archive = next(work.glob("llama_cpp_python-*.tar.gz"))
@@ -137,7 +139,8 @@ def build(variants: list[str] | None, out: Path, jobs: int) -> None:
             lists = src / "ggml" / "src" / "CMakeLists.txt"
             lists.write_text(keep_variants(lists.read_text(), set(variants)))
         build_dir = work / "build"
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS], check=True)
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []  # Debian's ninja-build, where installed
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_OPTIONS], check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
         staged = out.with_name(out.name + ".partial")
         shutil.rmtree(staged, ignore_errors=True)
