@@ -11,37 +11,44 @@ ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=nonintera
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 libnuma1 \
     && rm -rf /var/lib/apt/lists/*
 
-# ----- build: the two environments and llama.cpp's server, with compilers that the image does not keep -----------
-FROM base AS build
+# ----- build: the environments and llama.cpp's server, with compilers that the image does not keep ---------------
+FROM base AS tools
 RUN apt-get update && apt-get install -y --no-install-recommends make g++ cmake ninja-build \
     && rm -rf /var/lib/apt/lists/*
-# Where pip finds torch 2.13.0+cpu when the index it is given lacks it: PyTorch's CPU wheel index.
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# pip behind a proxy that re-signs TLS: its certificates as the optional BuildKit secret "ca" (never kept in a layer).
+RUN printf '#!/bin/sh\nif [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi\nexec "$@"\n' \
+    > /usr/local/bin/with-ca && chmod +x /usr/local/bin/with-ca
 WORKDIR /app
 COPY Makefile requirements.txt requirements-dev.txt requirements-engine.txt ./
 COPY backend/__init__.py backend/
 COPY backend/child/ backend/child/
-# pip behind a proxy that re-signs TLS: its certificates as the optional BuildKit secret "ca" (never kept in a layer).
-RUN printf '#!/bin/sh\nif [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi\nexec "$@"\n' \
-    > /usr/local/bin/with-ca && chmod +x /usr/local/bin/with-ca
-# Each step its own layer; pip's downloads and llama.cpp's build are kept in BuildKit caches across builds, so a
-# change of one requirement neither downloads everything again nor compiles llama.cpp again.
+
+# The three stages below build at once (BuildKit); pip's downloads and llama.cpp's build are kept in its caches, so
+# a change of one requirement neither downloads everything again nor compiles llama.cpp again.
+# llama.cpp's server with every CPU kernel variant the app chooses among: the image runs on other CPUs than the one
+# that built it, and the canary picks the best variant that runs correctly where the container starts. The Makefile
+# links the build from the cache, out of which it is copied into the layer.
+FROM tools AS llamacpp
+RUN --mount=type=cache,target=/root/.cache/ernie-chat --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca with-ca make .venv-engine/.llamacpp PYTHON=python3 LLAMA_VARIANTS=ladder \
+    && built=$(readlink -f .venv-engine/llama.cpp) && rm .venv-engine/llama.cpp && cp -a "$built" .venv-engine/llama.cpp
+
+FROM tools AS engine
+# Where pip finds torch 2.13.0+cpu when the index it is given lacks it: PyTorch's CPU wheel index.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca \
     with-ca make .venv-engine/.installed PYTHON=python3 TORCH_INDEX="$TORCH_INDEX"
-# Every CPU kernel variant llama.cpp has: the image runs on other CPUs than the one that built it, and the
-# canary picks the best variant that runs correctly where the container starts. The Makefile links the build from
-# the cache, out of which it is copied into the layer.
-RUN --mount=type=cache,target=/root/.cache/ernie-chat --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca with-ca make .venv-engine/.llamacpp PYTHON=python3 LLAMA_VARIANTS=all \
-    && built=$(readlink -f .venv-engine/llama.cpp) && rm .venv-engine/llama.cpp && cp -a "$built" .venv-engine/llama.cpp
+
+FROM tools AS app
 RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca with-ca make .venv/.installed PYTHON=python3
 
 # ----- the image: the environments, the project, a user of its own and its data in a volume ----------------------
 FROM base
 RUN useradd --create-home --uid 1000 ernie && mkdir -p /data && chown ernie:ernie /data
 WORKDIR /app
-COPY --from=build /app/.venv /app/.venv
-COPY --from=build /app/.venv-engine /app/.venv-engine
+COPY --from=app /app/.venv /app/.venv
+COPY --from=engine /app/.venv-engine /app/.venv-engine
+COPY --from=llamacpp /app/.venv-engine/llama.cpp /app/.venv-engine/llama.cpp
 COPY . .
 # Everything the app writes lives under /data: the database, logs and login secret (data_dir), the converted models,
 # the tune's and the answer check's verdicts (cache_dir), downloaded models (HF_HOME), the templates the workshop

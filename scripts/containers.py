@@ -178,6 +178,11 @@ def makefile_value(name: str) -> str:
     return found.group(1)
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # every package pip asks for is a 404 here
+        pass
+
+
 @contextlib.contextmanager
 def torch_index(log: Log) -> Iterator[str | None]:
     """This machine's copy of torch's CPU wheel, served on loopback as PyTorch's own index would serve it (the URL);
@@ -190,7 +195,7 @@ def torch_index(log: Log) -> Iterator[str | None]:
             log(f"no local copy of {pin}: the containers ask PyTorch's CPU index")
             yield None
             return
-        handler = functools.partial(SimpleHTTPRequestHandler, directory=tmp)
+        handler = functools.partial(QuietHandler, directory=tmp)
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

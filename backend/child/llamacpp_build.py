@@ -1,6 +1,6 @@
 """Build llama.cpp's own C++ server (llama-server, llama-quantize) from the sources on the package index.
 
-    python -m backend.child.llamacpp_build [--prefix DIR] [--variants all|native] [--jobs N]
+    python -m backend.child.llamacpp_build [--prefix DIR] [--variants native|ladder|all] [--jobs N]
 
 No binary is downloaded: the llama-cpp-python sdist on PyPI vendors the whole of llama.cpp
 (`tools/server/` included), and pip fetches that sdist like any other package. It is built with CMake
@@ -11,9 +11,11 @@ with `GGML_BACKEND_DL`: the CPU kernels are separate libraries, one per instruct
 (backend.serving.canary) tries the best variant the CPU claims first and falls back on a crash or a mismatch.
 
 `--variants native` (the default, what `make setup-llamacpp` builds) compiles only the variants this
-CPU claims among a short ladder, plus the portable x64 one (~10 minutes on 2 cores); `all` compiles
-llama.cpp's whole list, for an image meant for other CPUs. The result is cached per version and
-variant list under ~/.cache/ernie-chat/llama.cpp (like pip's wheel cache) and linked into the prefix.
+CPU claims among a short ladder, plus the portable x64 one (~10 minutes on 2 cores); `ladder` compiles the whole
+ladder, for an image meant for other CPUs (every variant the app chooses among: it tries those outside the ladder
+only after x64, which runs anywhere); `all` compiles llama.cpp's whole list (14 on x86: 12.7 minutes on 2 cores).
+Off x86, both build llama.cpp's own list. The result is cached per version and variant list under
+~/.cache/ernie-chat/llama.cpp (like pip's wheel cache) and linked into the prefix.
 """
 
 from __future__ import annotations
@@ -168,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     """Build (or reuse the cached build of) llama-server and link it to PREFIX."""
     parser = argparse.ArgumentParser(prog="python -m backend.child.llamacpp_build", description=main.__doc__)
     parser.add_argument("--prefix", type=Path, default=Path(".venv-engine") / "llama.cpp")
-    parser.add_argument("--variants", choices=("native", "all"), default="native")
+    parser.add_argument("--variants", choices=("native", "ladder", "all"), default="native")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--rebuild", action="store_true", help="ignore the cached build")
     args = parser.parse_args(argv)
-    variants = claimed_variants(cpu_flags()) if args.variants == "native" else None
+    chosen = {"native": claimed_variants(cpu_flags()), "ladder": list(LADDER), "all": None}
+    variants = chosen[args.variants]
     if variants is not None and os.uname().machine not in ("x86_64", "AMD64"):
         variants = None  # llama.cpp's list for other architectures (ARM) is used whole
     target = cache_dir(variants)
