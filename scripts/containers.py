@@ -279,21 +279,22 @@ def readme_packages() -> list[str]:
 
 
 class Container:
-    """A long-running container (sleep) that steps run in with `docker exec`; removed at the end."""
+    """A long-running container (sleep) that steps run in with `docker exec`, with `env` set for each of them."""
 
-    def __init__(self, docker: Docker, image: str, name: str, mounts: dict[str, str], env: dict[str, str]) -> None:
-        self.docker, self.name = docker, name
-        if docker.exists("container", name):
-            docker("rm", "-f", name)
-        args = ["run", "-d", "--name", name, "--network", "host", "--shm-size", "2g"]
+    def __init__(self, docker: Docker, name: str, env: dict[str, str]) -> None:
+        self.docker, self.name, self.env = docker, name, env
+
+    def start(self, image: str, mounts: dict[str, str]) -> None:
+        if self.docker.exists("container", self.name):
+            self.docker("rm", "-f", self.name)
+        args = ["run", "-d", "--name", self.name, "--network", "host", "--shm-size", "2g"]
         for src, dst in mounts.items():
             args += ["-v", f"{src}:{dst}:ro"]
-        for key, value in env.items():
-            args += ["-e", f"{key}={value}"]
-        docker(*args, image, "sleep", "infinity")
+        self.docker(*args, image, "sleep", "infinity")
 
     def sh(self, script: str, timeout: float, check: bool = True, echo: bool = False) -> str:
-        return self.docker("exec", self.name, "bash", "-c", script, timeout=timeout, check=check, echo=echo)
+        env = [arg for key, value in self.env.items() for arg in ("-e", f"{key}={value}")]
+        return self.docker("exec", *env, self.name, "bash", "-c", script, timeout=timeout, check=check, echo=echo)
 
     def remove(self) -> None:
         self.docker("rm", "-f", self.name, check=False)
@@ -343,17 +344,29 @@ def fresh(args: argparse.Namespace, log: Log, docker: Docker, summary: dict[str,
         mounts = {str(tmp / "src"): "/src"}
         if CA_BUNDLE.is_file():
             mounts[str(CA_BUNDLE)], env["PIP_CERT"] = CA_IN_CONTAINER, CA_IN_CONTAINER
-        box = Container(docker, image, f"ernie-fresh-{suite}", mounts, env)
-        stack.callback(box.remove)
+        box = Container(docker, f"ernie-fresh-{suite}", env)
+        resume = args.resume and docker.quiet("start", box.name).returncode == 0
+        if not resume:
+            box.start(image, mounts)
+        if not args.keep:
+            stack.callback(box.remove)
+        done = set(box.sh("ls /root", 30).split()) if resume else set()
+        summary["resumed"] = sorted(done) if resume else False
         packages = readme_packages()
         summary["packages"] = packages
-        with timed("apt-get install (the README's packages)"):
-            box.sh(f"apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q {' '.join(packages)}",
-                   timeout=1200)  # fmt: skip
+        if "packages-installed" not in done:
+            with timed("apt-get install (the README's packages)"):
+                box.sh(f"apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                       f"{' '.join(packages)} && touch /root/packages-installed", timeout=1200)  # fmt: skip
         summary["debian_version"] = box.sh("cat /etc/debian_version", 30).strip()
         summary["python"] = box.sh("python3 --version", 30).strip()
-        with timed("git clone"):
-            box.sh("git clone -q /src /root/ernie-chat", 300)
+        if "ernie-chat" not in done:
+            with timed("git clone"):
+                box.sh("git clone -q /src /root/ernie-chat", 300)
+        if args.stop_after == "setup":  # a part of `make run`, timed on its own
+            with timed("make setup"):
+                box.sh("cd /root/ernie-chat && make setup", args.ready_timeout)
+            return
         port = free_port()
         with timed("make run: install and start, until /healthz answers 200"):
             box.sh(f"cd /root/ernie-chat && (ERNIE_API__ENABLED=true setsid make run PORT={port} > /root/make-run.log "
@@ -447,6 +460,9 @@ def image(args: argparse.Namespace, log: Log, docker: Docker, summary: dict[str,
                 build += ["--build-arg", f"TORCH_INDEX={index}"]
             if CA_BUNDLE.is_file():
                 build += ["--secret", f"id=ca,src={CA_BUNDLE}"]
+            if args.target:  # one stage only, kept in the build cache: a long first build in parts
+                docker(*build, "--target", args.target, str(tmp / "src"), timeout=args.build_timeout)
+                return
             started = time.monotonic()
             docker(*build, "-t", IMAGE, str(tmp / "src"), timeout=args.build_timeout)
             summary["build_s"], summary["cold"] = round(time.monotonic() - started, 1), args.cold
@@ -521,12 +537,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test", action="store_true", help="run `make test` too (35-50 minutes on 2 cores)")
     p.add_argument("--ready-timeout", type=float, default=3600, help="seconds for the first `make run` to be ready")
     p.add_argument("--test-timeout", type=float, default=7200)
+    p.add_argument("--stop-after", choices=("setup",), help="only install (`make setup`), to split a long run")
+    p.add_argument("--keep", action="store_true", help="leave the container (ernie-fresh-SUITE) for a later --resume")
+    p.add_argument("--resume", action="store_true", help="go on in the container a --keep run left")
     p.add_argument("--out", type=Path)
     p = sub.add_parser("image", help="build the CPU image and check it")
     p.add_argument("--cold", action="store_true", help="empty the build cache and remove the image first")
     p.add_argument("--no-build", action="store_true", help="check the image built before")
     p.add_argument("--no-run", action="store_true", help="build only")
     p.add_argument("--rebuild", action="store_true", help="also time a rebuild after a change under backend/child/")
+    p.add_argument("--target", help="build this stage of the Dockerfile only (into the build cache), nothing else")
     p.add_argument("--build-timeout", type=float, default=3600)
     p.add_argument("--ready-timeout", type=float, default=900, help="seconds for a start to be healthy")
     p.add_argument("--out", type=Path)
@@ -552,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"FAILED: {err}")
         summary["outcome"], code = f"failed: {str(err).splitlines()[0]}", 1
     summary["total_s"] = round(time.monotonic() - started, 1)
+    summary.setdefault("machine", {})["load_1min_after"] = os.getloadavg()[0]  # other work on the cores shows here
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log(f"{summary['outcome']} in {summary['total_s']} s: {out / 'summary.json'}")
     return code
