@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -129,35 +128,43 @@ def fetch_sources(work: Path) -> Path:
     )  # fmt: skip
     archive = next(work.glob("llama_cpp_python-*.tar.gz"))
     unpack(archive, work)
+    archive.unlink()
     return work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 
 
 def build(variants: list[str] | None, out: Path, jobs: int) -> None:
-    """Configure and build into `out` (bin/ with the programs, bin/cpu/ with one library per variant)."""
-    with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
-        work = Path(tmp)
-        src = fetch_sources(work)
+    """Configure and build into `out` (bin/ with the programs, bin/cpu/ with one library per variant). The sources and
+    the build tree stay beside it (`out`.work) until the build is done: one stopped half way (Ctrl-C, a time limit, a
+    container build cancelled) goes on from where it stopped the next time, instead of compiling everything again."""
+    work = out.with_name(out.name + ".work")
+    src = work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    if not (work / ".unpacked").is_file():
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        fetch_sources(work)
         if variants is not None:
             lists = src / "ggml" / "src" / "CMakeLists.txt"
             lists.write_text(keep_variants(lists.read_text(), set(variants)))
-        build_dir = work / "build"
-        generator = ["-G", "Ninja"] if shutil.which("ninja") else []  # Debian's ninja-build, where installed
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_OPTIONS], check=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
-        staged = out.with_name(out.name + ".partial")
-        shutil.rmtree(staged, ignore_errors=True)
-        (staged / "bin" / "cpu").mkdir(parents=True)
-        built = build_dir / "bin"
-        for path in built.iterdir():
-            if path.name.startswith("libggml-cpu-") and path.suffix == ".so":
-                # Kept out of bin/ so that llama.cpp's own search (the program's folder) finds none of them
-                # and loads exactly the one GGML_BACKEND_PATH names.
-                shutil.copy2(path, staged / "bin" / "cpu" / path.name)
-            elif path.name in TARGETS or ".so" in path.name:
-                shutil.copy2(path, staged / "bin" / path.name, follow_symlinks=False)
-        (staged / "VERSION").write_text(f"llama-cpp-python {VERSION} vendor/llama.cpp\n")
-        shutil.rmtree(out, ignore_errors=True)
-        staged.rename(out)
+        (work / ".unpacked").touch()
+    ninja = shutil.which("ninja") is not None  # Debian's ninja-build, where installed
+    build_dir = work / ("build-ninja" if ninja else "build-make")  # a build tree keeps the generator it began with
+    generator = ["-G", "Ninja"] if ninja else []
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_OPTIONS], check=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
+    staged = out.with_name(out.name + ".partial")
+    shutil.rmtree(staged, ignore_errors=True)
+    (staged / "bin" / "cpu").mkdir(parents=True)
+    for path in (build_dir / "bin").iterdir():
+        if path.name.startswith("libggml-cpu-") and path.suffix == ".so":
+            # Kept out of bin/ so that llama.cpp's own search (the program's folder) finds none of them
+            # and loads exactly the one GGML_BACKEND_PATH names.
+            shutil.copy2(path, staged / "bin" / "cpu" / path.name)
+        elif path.name in TARGETS or ".so" in path.name:
+            shutil.copy2(path, staged / "bin" / path.name, follow_symlinks=False)
+    (staged / "VERSION").write_text(f"llama-cpp-python {VERSION} vendor/llama.cpp\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staged.rename(out)
+    shutil.rmtree(work)
 
 
 def cache_dir(variants: list[str] | None) -> Path:
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if variants is not None and os.uname().machine not in ("x86_64", "AMD64"):
         variants = None  # llama.cpp's list for other architectures (ARM) is used whole
     target = cache_dir(variants)
+    if args.rebuild:
+        shutil.rmtree(target.with_name(target.name + ".work"), ignore_errors=True)
     if args.rebuild or not (target / "bin" / "llama-server").is_file():
         started = time.monotonic()
         print(f"Building llama.cpp's server (variants: {', '.join(variants or ['all'])}) into {target}", flush=True)
