@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -439,8 +440,23 @@ def wait_healthy(docker: Docker, name: str, timeout: float) -> float:
         time.sleep(2)
 
 
+def compose_files(log: Log) -> dict[str, str]:
+    """Whether each compose file's configuration parses (`config -q`), with stand-in secrets for those its example
+    .env asks for; they are not run here (their images are the vLLM release's, from a registry, and need a GPU)."""
+    tool = ["docker-compose"] if shutil.which("docker-compose") else [os.environ.get("DOCKER", "docker"), "compose"]
+    version = subprocess.run([*tool, "version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    example = (ROOT / "deploy" / "fleet.env.example").read_text().splitlines()
+    secrets = {line.split("=")[0]: "stand-in" for line in example if re.match(r"^[A-Z_]+=", line)}
+    found = {}
+    for name in ("compose.gpu.yaml", "compose.fleet.yaml"):
+        log.run([*tool, "-f", str(ROOT / name), "config", "-q"], timeout=60, env={**os.environ, **secrets})
+        found[name] = f"parses ({' '.join(version)})"
+    return found
+
+
 def image(args: argparse.Namespace, log: Log, docker: Docker, summary: dict[str, Any]) -> None:
     summary.update(machine=machine(), image=IMAGE)
+    summary["compose_files"] = compose_files(log)
     first_from = re.search(r"^FROM\s+(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
     assert first_from is not None
     base = first_from.group(1)
