@@ -124,6 +124,7 @@ def test_an_archive_reaching_outside_is_refused_on_the_oldest_python(
 IMPORT_ALL = """
 import importlib, site, sys
 from pathlib import Path
+sys.path = [p for p in sys.path if "-packages" not in p]  # the system's own (Debian's dist-packages) are not the app's
 site.addsitedir(sys.argv[1])
 root = Path(sys.argv[2])
 for path in sorted(root.rglob("*.py")):
