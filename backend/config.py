@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -156,6 +156,8 @@ class ChatDefaults(_Strict):
     trim_to: float = Field(0.75, ge=0.3, le=1.0)  # a trimmed conversation takes at most this share of the room
     detached_reply_s: float = Field(600, ge=0, le=86_400)  # a reply goes on this long with no page watching it
     tab_memory_s: float = Field(3600, ge=0, le=86_400)  # without login: a tab's chat is kept this long for a reload
+    # Prompts to vLLM as token ids made in the app, where they match its own (models/prompt_ids.py); auto: on a GPU
+    token_ids: Literal["auto", "always", "never"] = "auto"
 
 
 class DemoChat(_Strict):
@@ -259,6 +261,16 @@ class TuneSettings(_Strict):
     dir: str | None = None  # where results are kept; empty: paths.cache_dir/tune
 
 
+class LoginThrottle(_Strict):
+    """Failed logins (docs/security.md): after `free` failures within `window_s`, each next attempt of the same name (or
+    from the same client address) waits, 1 s and then twice as long after each failure, at most `max_wait_s`."""
+
+    per_name: int = Field(5, ge=1)  # failures of one user name, from anywhere, before attempts wait
+    per_address: int = Field(20, ge=1)  # failures from one client address, over all names
+    max_wait_s: float = Field(30, gt=0, le=3600)
+    window_s: float = Field(900, gt=0)  # a failure older than this no longer counts
+
+
 class AuthSettings(_Strict):
     """Login with a password (docs/accounts.md); users come from the users file and ERNIE_AUTH__USERS."""
 
@@ -266,6 +278,7 @@ class AuthSettings(_Strict):
     users_file: str = "config/users.yaml"
     # "name:hash,name:hash" with hashes from `python -m backend add-user NAME --print`; wins over the file.
     users: SecretStr | None = None
+    throttle: LoginThrottle = Field(default_factory=LoginThrottle)
 
 
 class StorageSettings(_Strict):
@@ -284,6 +297,25 @@ class WorkshopSettings(_Strict):
     allow_remote: bool = False
 
 
+class WebSettings(_Strict):
+    """What every request to the app's port passes before it reaches a page or the API (backend/ops/guard.py;
+    docs/security.md)."""
+
+    # The app's own addresses as browsers see them, where a proxy in front changes the Host header
+    # (["https://chat.example.com"]); a request whose Origin is neither its Host nor one of these is refused.
+    origins: list[Annotated[str, Field(pattern=r"^https?://[^/\s]+$")]] = Field(default_factory=list)
+    # Reached over HTTPS (through a proxy): cookies are Secure and browsers are told to keep to HTTPS (HSTS). A request
+    # that a proxy on this machine marks X-Forwarded-Proto: https counts as HTTPS without it.
+    https: bool = False
+    max_body_kb: int = Field(256, ge=1, le=1_048_576)  # the largest request body of a page's call (413 beyond)
+    max_api_body_kb: int = Field(2048, ge=1, le=1_048_576)  # the largest /v1 request (a tool's whole conversation)
+    # Who reads /metrics, /metrics/engine and /healthz's detail (/livez and /healthz's status answer everyone):
+    # "local" (this machine), or "anyone" (behind a proxy that keeps them to the monitoring system).
+    monitoring: Literal["local", "anyone"] = "local"
+    # A token that reads them from anywhere (Authorization: Bearer TOKEN; Prometheus' `authorization` setting).
+    monitoring_token: SecretStr | None = None
+
+
 class QuotaLimits(_Strict):
     """One user's share of the machine, chat and API together (0: no limit)."""
 
@@ -300,7 +332,9 @@ class ApiSettings(_Strict):
     quotas: QuotaLimits = Field(default_factory=QuotaLimits)
     # Per-user overrides of the defaults above: {name: {tokens_per_day: 1000000}}
     overrides: dict[str, QuotaLimits] = Field(default_factory=dict)
-    lease_s: float = Field(900, gt=0)  # an unfinished request of a process that died stops counting after this
+    # A place held by a process that died stops counting this long after its last refresh (a live process refreshes
+    # its places every third of it).
+    lease_s: float = Field(60, ge=3)
 
     def limits(self, user: str) -> QuotaLimits:
         """The user's limits: the defaults with their override's keys applied."""
@@ -308,6 +342,18 @@ class ApiSettings(_Strict):
         if override is None:
             return self.quotas
         return self.quotas.model_copy(update=override.model_dump(exclude_unset=True))
+
+
+class DocumentSettings(_Strict):
+    """Documents as context (backend.documents, docs/documents.md): what may be attached, how passages are sent."""
+
+    enabled: bool = True
+    max_file_mb: float = Field(10, gt=0, le=100)  # one file; checked as its bytes arrive, before it is held whole
+    max_documents: int = Field(20, ge=1, le=1000)  # in one library (a user's; without login, a browser tab's)
+    max_chars: int = Field(2_000_000, ge=1000)  # the text taken from one file
+    passage_chars: int = Field(600, ge=100, le=8000)  # a passage's size (measured: results/documents/)
+    passages: int = Field(3, ge=0, le=20)  # passages sent with a message (a template's `passages` overrides it)
+    share: float = Field(0.5, gt=0, le=0.9)  # at most this share of the prompt's room goes to passages
 
 
 class AppConfig(_Strict):
@@ -325,11 +371,13 @@ class AppConfig(_Strict):
     trtllm: TrtllmSettings = Field(default_factory=TrtllmSettings)
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     canary: CanarySettings = Field(default_factory=CanarySettings)
+    documents: DocumentSettings = Field(default_factory=DocumentSettings)
     tune: TuneSettings = Field(default_factory=TuneSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     workshop: WorkshopSettings = Field(default_factory=WorkshopSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
 
     @model_validator(mode="after")
     def _known_profile(self) -> AppConfig:

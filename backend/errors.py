@@ -249,7 +249,26 @@ class ServerRestartingError(ServerFullError):
     key = "error.restarting"
 
 
+class LoginThrottledError(QuotaError):
+    """Too many failed logins for one name or from one address: the next attempt waits (retry_after_s)."""
+
+    key = "error.login"
+
+
+class RequestRefusedError(ServiceError):
+    """A request refused before it reaches a page or the API: made by another site's page, too large, or asking for
+    what only this machine may read."""
+
+    key = "error.request"
+
+
 class BenchmarkError(ServiceError):
     """The benchmark cannot run as asked (bad option, server not reachable, engine or baseline failed)."""
 
     key = "error.benchmark"
+
+
+class DocumentError(ServiceError):
+    """A document cannot be taken into a library (its kind, size, or no text in it), or is not there."""
+
+    key = "error.document"

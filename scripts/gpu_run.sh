@@ -10,6 +10,8 @@
 #             warm caches, alternated: measure_restart)
 #        bash scripts/gpu_run.sh app-share [PROFILE]   (the same app, scripts/measure_app_share.py: what the app adds to
 #             the first text in fresh and growing chats; env APP_SHARE_LEVELS, APP_SHARE_ROUNDS; as `chat`, after `setup`)
+#        bash scripts/gpu_run.sh price                 (issue 43: FP8 priced against bf16 and the first token's split at
+#             16 users and in long chats, engines at once on one GPU: scripts/gpu_price.py; env PRICE_CONFIGS, PRICE_ROUNDS)
 #        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
 #        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
 #             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
@@ -125,6 +127,19 @@ elif [ "$LABEL" = first-reply ] || [ "$LABEL" = restart ]; then  # the engine as
   done
   du -sh /tmp/ernie-cache/* 2>/dev/null
   exit 0
+elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first token's split (scripts/gpu_price.py)
+  python3 scripts/gpu_price.py "$OUT" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
+  (cd "$OUT" && ls engine-*.log >/dev/null 2>&1 && tar czf "engine-logs-$LABEL.tar.gz" engine-*.log && rm -f engine-*.log)
+  # What importing each entry point costs (vLLM's CLI `serve`, and its api_server module), one after the other.
+  TIMEFORMAT="%R s"
+  # (`vllm ... serve` imports every subcommand's module in main(); the api_server module is what serve runs)
+  CLI="vllm.entrypoints.cli.benchmark.main, vllm.entrypoints.cli.collect_env, vllm.entrypoints.cli.launch"
+  CLI="$CLI, vllm.entrypoints.cli.openai, vllm.entrypoints.cli.run_batch, vllm.entrypoints.cli.serve"
+  for m in "$CLI" vllm.entrypoints.openai.api_server; do
+    f="$OUT/importtime-$(echo "$m" | cut -c1-24 | tr -c 'a-z0-9._\n' '_').txt"
+    echo "[price] import $m: $( { time python3 -X importtime -c "import $m" 2> "$f"; } 2>&1 )"
+  done
+  ls -l "$OUT"; exit 0
 elif [ "$LABEL" = supervise ]; then
   python3 scripts/gpu_supervise.py "$OUT" "$W/gpubundle/ernie03b" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)

@@ -25,6 +25,7 @@ from backend.config import ROOT, EngineName, load_config
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import free_port, new_api_key
 from tests.http_server import ThreadedServer
+from tests.installed import need_engine
 from tests.launching import launch
 from tests.openai_stream import reply_events
 from tests.waiting import WAIT_S, wait_alive
@@ -168,6 +169,7 @@ class RunningApp:
 
 def launch_app(env: dict[str, str], log: Path, port: int | None = None) -> RunningApp:
     """Start `chainlit run app.py` from the project folder with `env` added to a clean copy of ours."""
+    need_engine(env.get("ERNIE_ENGINE__NAME", ""))
     port = port or free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith(("ERNIE_", "CHAINLIT_AUTH"))}
     full.update({"HF_HUB_OFFLINE": "1", **env})

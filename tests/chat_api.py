@@ -8,7 +8,7 @@ import httpx
 from backend.benchmarks.chat_socket import WAIT_S, ChatSocket
 from backend.benchmarks.chat_socket import reply_finished as rendered_finished
 
-__all__ = ["WAIT_S", "ChatSocket", "login", "rendered_finished"]
+__all__ = ["WAIT_S", "ChatSocket", "login", "rendered_finished", "upload"]
 
 
 async def login(url: str, name: str, password: str) -> httpx.AsyncClient:
@@ -17,3 +17,11 @@ async def login(url: str, name: str, password: str) -> httpx.AsyncClient:
     response = await http.post("/login", data={"username": name, "password": password})
     response.raise_for_status()
     return http
+
+
+async def upload(http: httpx.AsyncClient, chat: ChatSocket, name: str, data: bytes, mime: str) -> dict[str, str]:
+    """Upload a file to the chat's session as the page's attach button does; the reference a message sends with it."""
+    files = {"file": (name, data, mime)}
+    response = await http.post("/project/file", params={"session_id": chat.session_id}, files=files)
+    response.raise_for_status()
+    return {"id": str(response.json()["id"])}

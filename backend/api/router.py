@@ -15,12 +15,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ValidationError
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Mount
 from starlette.types import Receive, Scope, Send
 
 from backend.accounts.login import Accounts
 from backend.api.access import ApiAccess, Caller, api_enabled
+from backend.api.documents import document_routes
 from backend.api.keys import KeyStore
 from backend.api.protocol import (
     CompletionRequest,
@@ -37,7 +39,9 @@ from backend.api.store import ApiDatabase
 from backend.chat.admission import Ticket
 from backend.chat.client import ChatStream
 from backend.chat.service import ChatService
-from backend.chat.turn import Done, Event, Refused
+from backend.chat.sources import user_owner
+from backend.chat.turn import Done, Event, Refused, Started
+from backend.documents.library import Library
 from backend.errors import (
     ApiError,
     BackendError,
@@ -63,7 +67,7 @@ Observer = Callable[[str, str, int, int], None]
 STATUS = {
     "api.off": 403, "api.remote": 403, "api.no_key": 401, "api.bad_key": 401, "api.login_needed": 401,
     "api.unknown_model": 404, "api.no_such_key": 404, "api.not_admin": 403, "api.foreign_origin": 403,
-    "quota.unavailable": 503,
+    "quota.unavailable": 503, "documents.not_found": 404, "documents.off": 404, "documents.no_library": 403,
 }  # fmt: skip
 STATUS_BY_KIND: list[tuple[type[ServiceError], int]] = [
     (QuotaError, 429),
@@ -179,6 +183,7 @@ class Gateway:
         self.serving = ApiServing(service)
         self.observe = observe
         self.db: ApiDatabase | None = None
+        self.library: Library | None = None  # the users' documents, when the app has them (backend.api.documents)
 
     @classmethod
     async def open(cls, service: ChatService, accounts: Accounts | None, observe: Observer = _no_observer) -> Gateway:
@@ -204,6 +209,8 @@ class Gateway:
         return gateway
 
     async def close(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.close()
         if self.db is not None:
             await self.db.close()
 
@@ -222,7 +229,7 @@ class Gateway:
             yield lease
         finally:
             if lease is not None and self.quotas is not None:
-                await self.quotas.release_soon(lease)
+                await self.quotas.release_soon(lease, counted=lease.asked)
 
     def chat_finished(self, lease: Lease | None, outcome: str, prompt: int | None, reply: int | None) -> None:
         """Note a chat turn's tokens (on its lease, released when the turn's block ends) and its outcome."""
@@ -243,7 +250,11 @@ class Gateway:
         against it as it ends (count_turn); over a quota, why and until when."""
         try:
             async with self.turn(user) as lease:
+                if lease is not None:
+                    lease.asked = False  # a message refused before its reply was asked for is not counted
                 async for event in events:
+                    if isinstance(event, Started) and lease is not None:
+                        lease.asked = True
                     yield self.count_turn(lease, event)
         except QuotaError as exc:
             self.chat_finished(None, "over_quota", 0, 0)
@@ -256,6 +267,7 @@ class Gateway:
                 raise self.problem
             caller = await self.access.caller(request)
             body = self._body(await request.body())
+            self.serving.check(body)  # what needs no engine is refused before a quota place is taken
         except ServiceError as exc:
             self.observe("api", "refused", 0, 0)
             return refusal(exc, request)
@@ -264,11 +276,12 @@ class Gateway:
         try:
             if self.quotas is not None:
                 lease = await self.quotas.admit(caller.user, "api")
-            prepared = await self.serving.prepare(body)
-            ticket = await self.service.admit(caller.user)  # the line in front of the engine, shared with the chat
+            prepared = await self.serving.prepare(body, caller.user if self.access.login else None)
+            # the line in front of the engine, shared with the chat: a login user's chats and tools wait as one
+            ticket = await self.service.admit(user_owner(caller.user) if self.access.login else f"api:{caller.user}")
         except ServiceError as exc:
-            if lease is not None:
-                await self.quotas.release_soon(lease)  # type: ignore[union-attr]
+            if lease is not None:  # refused before the engine was asked for a reply: not counted
+                await self.quotas.release_soon(lease, counted=False)  # type: ignore[union-attr]
             self.observe("api", "over_quota" if isinstance(exc, QuotaError) else "refused", 0, 0)
             return refusal(exc, request)
         except BaseException:
@@ -348,6 +361,8 @@ class Gateway:
         prompt, reply = tokens_used(stream, prepared)
         finish = stream.stats.finish_reason or "stop"
         whole = completion_json(completion_id(), prepared.model, "".join(parts), finish, prompt, reply)
+        if prepared.request.sources:  # our own field (docs/documents.md): the passages the model was given
+            whole["sources"] = [source.saved() for source in prepared.request.sources]
         yield json.dumps(whole, ensure_ascii=False).encode()
 
     async def _events(self, prepared: Prepared, held: Held, include_usage: bool, locale: str) -> AsyncIterator[bytes]:
@@ -358,7 +373,10 @@ class Gateway:
             yield sse(chunk_json(cid, model, {"role": "assistant", "content": ""}))
             async for piece in detached(stream):
                 yield sse(chunk_json(cid, model, {"content": piece}))
-            yield sse(chunk_json(cid, model, {}, stream.stats.finish_reason or "stop"))
+            last = chunk_json(cid, model, {}, stream.stats.finish_reason or "stop")
+            if prepared.request.sources:  # our own field (docs/documents.md), on the last chunk
+                last["sources"] = [source.saved() for source in prepared.request.sources]
+            yield sse(last)
             if include_usage:
                 yield sse(usage_chunk_json(cid, model, *tokens_used(stream, prepared)))
             outcome = "ok"
@@ -456,4 +474,8 @@ class Gateway:
         router.add_api_route(PAGE_API + "/usage", usage_route, methods=["GET"])
         router.add_api_route(PAGE_API + "/keys/{key_id}", revoke_route, methods=["DELETE"])
         router.add_api_route(PAGE, page, methods=["GET"], include_in_schema=False)
-        return list(router.routes)
+        return [
+            *router.routes,
+            *document_routes(self.access, lambda: self.library, refusal),
+            Mount(PAGE + "/static", StaticFiles(directory=STATIC)),
+        ]

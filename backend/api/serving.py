@@ -11,11 +11,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from backend.api.documents import library_owner
 from backend.api.protocol import CompletionRequest
 from backend.chat.client import ChatStream, Message
 from backend.chat.request import ChatRequest, UserSettings, clean_input
 from backend.chat.service import ChatService
 from backend.errors import ApiError, BackendUnavailableError
+from backend.prompts.store import UnknownTemplate
 
 AUTO = "auto"
 
@@ -72,16 +74,31 @@ class ApiServing:
             raise last.problem
         raise BackendUnavailableError.of("engine.not_ready", seconds=last.elapsed_s)
 
-    async def prepare(self, body: CompletionRequest) -> Prepared:
-        """The engine request for `body` (ServiceError: the chat's refusal of the same message)."""
+    def check(self, body: CompletionRequest) -> tuple[str | None, list[Message], str, str | None]:
+        """What can be refused without the engine, before a quota place is taken (ServiceError): the model and template
+        names, the messages' shape, the newest message (empty, or over chat.max_input_chars). Returns (the template or
+        None, the earlier turns, the cleaned newest message, the caller's system text or None)."""
         command = self.template_of(body)
+        names = self.service.templates.names()
+        if command is not None and command not in names:
+            raise UnknownTemplate(command, names)
         history, text, system = split_messages(body)
+        return command, history, clean_input(text, self.service.cfg.chat.max_input_chars), system
+
+    async def prepare(self, body: CompletionRequest, user: str | None = None) -> Prepared:
+        """The engine request for `body` (ServiceError: the chat's refusal of the same message). A message is sent as
+        it is: one that begins with "/" is no command here (the template comes from the model name or "template").
+        With `documents`, the passages of the caller's library (`user`, a login user) are sent as the chat sends
+        them."""
+        command, history, text, system = self.check(body)
         cfg = self.service.cfg
-        text = clean_input(text, cfg.chat.max_input_chars)
         settings = UserSettings.defaults(cfg, self.service.serving_demo)
         settings.update(body.sampling(), cfg, self.service.serving_demo)
+        owner = library_owner(user, self.service.finder is not None) if body.documents else None
         await self.wait_ready()
-        request = await self.service.build_request(history, text, settings, command, system=system)
+        request = await self.service.build_request(
+            history, text, settings, command, system=system, commands=False, owner=owner
+        )
         request.sampling.update(body.engine_options())
         return Prepared(request, body.model)
 

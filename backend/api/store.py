@@ -15,9 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from backend.config import AppConfig
 from backend.errors import StorageError
-from backend.storage.database import open_engine, redact, storage_error
+from backend.storage.database import migrate_database, open_engine, redact, storage_error
 from backend.storage.persistence import _create_sqlite_file, database_url
-from backend.storage.schema import migrate
 
 USER_LOCK_SPACE = 4_510_204  # the first key of the per-user advisory locks (schema.ADVISORY_LOCK_KEY + 1)
 
@@ -36,6 +35,7 @@ class ApiDatabase:
         # Keys and quotas read, then write: on SQLite each transaction takes the write lock first (and waits for it).
         self.engine: AsyncEngine = open_engine(url, immediate=True)
         self.dialect = self.engine.dialect.name
+        self.closed = False
 
     @classmethod
     def from_config(cls, cfg: AppConfig) -> ApiDatabase:
@@ -45,11 +45,7 @@ class ApiDatabase:
 
     async def prepare(self) -> int:
         """Bring the schema up to date (the API's tables are schema version 2); raise StorageError."""
-        try:
-            async with self.engine.begin() as conn:
-                return await migrate(conn, self.where)
-        except (SQLAlchemyError, OSError) as exc:
-            raise storage_error(exc, self.where, "opening") from exc
+        return await migrate_database(self.engine, self.where)
 
     @asynccontextmanager
     async def transaction(self, user: str | None = None) -> AsyncIterator[AsyncConnection]:
@@ -66,6 +62,7 @@ class ApiDatabase:
             raise storage_error(exc, self.where, "saving") from exc
 
     async def close(self) -> None:
+        self.closed = True  # what still runs in the background (a quota refresh) leaves it closed
         await self.engine.dispose()
 
 

@@ -94,16 +94,17 @@ class ChatSocket:
             "createdAt": None,
         }
 
-    async def send(self, text: str) -> str:
-        """Send a user message without waiting for anything; returns the message's id."""
+    async def send(self, text: str, files: list[dict[str, str]] | None = None) -> str:
+        """Send a user message without waiting for anything (with `files`: the references of files uploaded to the
+        session, as the page attaches them); returns the message's id."""
         message = self._user_message(text)
-        await self.sio.emit("client_message", {"message": message, "fileReferences": None})
+        await self.sio.emit("client_message", {"message": message, "fileReferences": files})
         return str(message["id"])
 
-    async def ask(self, text: str) -> str:
+    async def ask(self, text: str, files: list[dict[str, str]] | None = None) -> str:
         """Send a user message and return the assistant's reply (the app's own notices excluded)."""
         start = len(self.events)
-        self.last_sent = await self.send(text)
+        self.last_sent = await self.send(text, files)
         await self.wait_for("task_end", await self.wait_for("task_start", start))
         if self.thread_id is None:  # the first message creates the thread (announced on its own schedule)
             await self.wait_for("first_interaction", start)

@@ -22,6 +22,7 @@ from backend.engines.base import Api, Endpoint
 from backend.engines.dialect import TokenCounter
 from backend.engines.registry import dialect
 from backend.errors import BackendError, PromptTooLongError, ServiceError
+from backend.models.prompt_ids import PromptIds
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,8 @@ class ChatStream:
         choice = choices[0]
         if choice.get("finish_reason"):
             self.stats.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta") or {}
-        return delta.get("content") or ""
+        delta = choice.get("delta")  # a chat completion's; a completion (a prompt of token ids) has "text"
+        return (delta.get("content") if delta else choice.get("text")) or ""
 
     async def _texts(self) -> AsyncGenerator[str, None]:
         """The text of each event until [DONE] or the end of the body."""
@@ -204,18 +205,21 @@ class ChatStream:
         """Start the request and read up to the first text; retried as a whole before any token."""
         self.stats.attempts += 1
         endpoint = self._client.endpoint
-        body = {
+        body: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": self._messages,
             "stream": True,
             "stream_options": {"include_usage": True},
             **{k: v for k, v in self._sampling.items() if k != "extra_body"},
             **self._sampling.get("extra_body", {}),  # as the SDK does: extra fields go into the body itself
         }
+        path = "/v1/chat/completions"
+        prompt_ids = self._client.prompt_ids
+        if prompt_ids is not None and "max_tokens" in body:  # the prompt as the model's token ids (models.prompt_ids)
+            body["prompt"], path = prompt_ids.ids(self._messages), "/v1/completions"
+        else:
+            body["messages"] = self._messages
         headers = endpoint.headers
-        request = self._client.http.build_request(
-            "POST", endpoint.base_url + "/v1/chat/completions", json=body, headers=headers
-        )
+        request = self._client.http.build_request("POST", endpoint.base_url + path, json=body, headers=headers)
         response = await self._client.http.send(request, stream=True)
         if response.status_code != 200:
             raise await _status_error(response)
@@ -297,6 +301,8 @@ class ChatClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=32),
             trust_env=False,  # the engine is on loopback: never route it through a proxy
         )
+        # Set where the prompt goes as token ids, made here (ChatService.warm_up checked them against the engine's)
+        self.prompt_ids: PromptIds | None = None
         # The token counter of each dialect the endpoint spoke (its api changes on a fallback to another engine)
         self._counters: dict[Api, TokenCounter] = {}
         # max_retries=0: retries live in one layer only (ChatStream), and only before the first token.
@@ -343,6 +349,15 @@ class ChatClient:
             self._counters[api] = dialect(api).counter(self.http, self.endpoint)
         response: httpx.Response = await self._counters[api].request(messages)
         return response
+
+    async def engine_ids(self, messages: list[Message]) -> list[int] | None:
+        """The token ids the engine's own chat template gives `messages` (its /tokenize); None where it cannot say."""
+        try:
+            resp = await self._count_request(messages)
+            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return [int(t) for t in tokens] if isinstance(tokens, list) else None
 
     def forget_templates(self) -> None:
         """Drop what the counters learned of the chat template (another model, another template, answers now)."""

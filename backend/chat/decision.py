@@ -33,6 +33,8 @@ class Decision:
     user: str
     sampling: dict[str, Any]
     demo: bool  # decided for the offline demo model
+    question: str = ""  # the message as routed (a /name command taken off): what the user's documents are searched for
+    passages: int = 0  # passages of the user's documents sent with it at most (0: none; the template's documents)
 
 
 def decide(
@@ -42,14 +44,16 @@ def decide(
     settings: UserSettings,
     demo: bool,
     command: str | None = None,
+    commands: bool = True,
 ) -> Decision:
-    """Decide how `text` is sent: a command (the / menu, or /name typed), the session's chosen template, or routing.
+    """Decide how `text` is sent: a command (the / menu, or /name typed: not with `commands` off, as for the API, where
+    a message that begins with "/" is just text), the session's chosen template, or routing.
 
     Sampling: the defaults of the model that serves (chat, or demo with its penalties), then the template's own
     values, then what the user moved in the settings. The system text is the template's, else the serving model's
     default. An unknown template name raises UnknownTemplate naming the others."""
-    name, rest = (command, text) if command else templates.split_command(text)
-    if name is None and (typed := slash_command(text)) is not None:
+    name, rest = (command, text) if command or not commands else templates.split_command(text)
+    if name is None and commands and (typed := slash_command(text)) is not None:
         raise UnknownTemplate(typed[0], templates.names())
     if name:
         prompt = dataclasses.replace(templates.route(rest, explicit=name), reason=COMMAND_REASON)
@@ -60,4 +64,8 @@ def decide(
     sampling.update({k: v for k, v in prompt.sampling.items() if k in SAMPLING_KEYS and v is not None})
     sampling.update({key: getattr(settings, key) for key in settings.changed})
     system = prompt.system or (cfg.demo.system_prompt if demo else None) or cfg.chat.system_prompt
-    return Decision(prompt.template, prompt.reason, system, prompt.user, sampling, demo)
+    passages = cfg.documents.passages if prompt.passages is None else prompt.passages
+    passages = passages if prompt.documents and cfg.documents.enabled else 0
+    return Decision(
+        prompt.template, prompt.reason, system, prompt.user, sampling, demo, rest if name else text, passages
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,11 +20,16 @@ from backend.chat.context import Message
 from backend.chat.i18n import t
 from backend.chat.live import LiveReply
 from backend.chat.render import (
+    DETAILS_KEY,
     EXPORT_TYPES,
+    SOURCES_KEY,
     details_element,
+    details_props,
     export,
     notice_text,
     reply_text,
+    saved_sources,
+    sources_props,
     template_select,
     wait_text,
 )
@@ -35,6 +40,7 @@ from backend.chat.turn import ChatSession, Done, EngineWait, Event, Notice, Queu
 log = logging.getLogger(__name__)
 
 DETAILS_ELEMENT = "ReplyDetails"  # public/elements/ReplyDetails.jsx
+SOURCES_ELEMENT = "ReplySources"  # public/elements/ReplySources.jsx
 REGENERATE, EXPORT = "regenerate", "export"  # the last reply's actions (app.py's action callbacks)
 SAVE_EVERY_S = 1.0  # a reply being written is saved this often (an app killed meanwhile keeps what was written)
 
@@ -82,7 +88,7 @@ class ReplyView:
         self.finished = False  # the reply was shown with its details (not refused, not waiting in vain)
         self.ended = False
         self.attached = True  # the page is there (a page whose websocket went away is not, until it comes back)
-        self.details: dict[str, Any] | None = None  # the props of the reply's details, once shown
+        self.under: dict[str, Any] | None = None  # the finished reply's metadata: what it shows under it (send_under)
         self.reply = cl.Message(content="", id=live.reply_id)
         self._user_text = ""
         self._streamed = False  # the page has the reply message (streamed), to be updated
@@ -174,10 +180,12 @@ class ReplyView:
         ending = reply_text(event, self.lang)
         if self.live.cut_off and event.ending == "stopped":
             ending = f"{event.text}\n\n{t('restarted', self.lang)}" if event.text else t("restarted", self.lang)
-        props, metadata = details_element(event, self.lang, self.describe(event.template))
+        _, metadata = details_element(event, self.lang, self.describe(event.template))
         if event.text:  # the turn as the model saw it: a resumed thread rebuilds the history from these
             kept = turn_metadata(event.user_text, event.text, event.tokens, event.counted_by)
             metadata |= kept | {ASKED_KEY: self.live.asked}
+        if event.sources:
+            metadata[SOURCES_KEY] = [source.saved() for source in event.sources]
         async with self._lock:
             self.reply.content, self.reply.metadata, self.reply.streaming = ending, metadata, False
             self.reply.created_at = self.reply.created_at or utc_now()
@@ -187,9 +195,8 @@ class ReplyView:
             await (emitter.update_step(step) if self._streamed else emitter.send_step(step))
             if self.own:
                 await self._save(step)
-            # last: the details under the reply tell the page (and the tests) that the reply is finished
-            self.details = props
-            await send_details(self.reply.id, props)
+            self.under = metadata
+            await send_under(self.reply.id, metadata, self.lang, self.describe)
         self.finished = True
 
     async def catch_up(self) -> None:
@@ -198,12 +205,12 @@ class ReplyView:
             self.attached = True
             self.live.attach()
         async with self._lock:
-            if self._streamed or self.details is not None:
+            if self._streamed or self.under is not None:
                 step = self.reply.to_dict()
                 step["streaming"] = not self.ended
                 await cl.context.emitter.send_step(step)  # added, or updated if the page has it
-            if self.details is not None:
-                await send_details(self.reply.id, self.details)
+            if self.under is not None:
+                await send_under(self.reply.id, self.under, self.lang, self.describe)
         if not self.ended:
             await cl.context.emitter.task_start()
 
@@ -218,6 +225,19 @@ async def send_details(reply_id: str, props: dict[str, Any]) -> None:
     """The details under a reply (not saved: a resumed thread shows them again from the reply's metadata)."""
     details = cl.CustomElement(name=DETAILS_ELEMENT, props=props, display="inline")
     await details.send(reply_id, persist=False)
+
+
+async def send_under(reply_id: str, metadata: Mapping[str, Any], lang: str, describe: Callable[[str], str]) -> None:
+    """What a finished reply shows under it, from its metadata: the passages of the user's documents it was given
+    (ReplySources), then its details (last: they tell the page, and the tests, that the reply is finished). Neither
+    is saved as an element: a resumed thread or a reloaded tab shows them again from the reply's metadata."""
+    sources = saved_sources(metadata)
+    if sources:
+        element = cl.CustomElement(name=SOURCES_ELEMENT, props=sources_props(sources, lang), display="inline")
+        await element.send(reply_id, persist=False)
+    details = metadata.get(DETAILS_KEY)
+    if isinstance(details, dict):
+        await send_details(reply_id, details_props(details, lang, describe(str(details.get("template")))))
 
 
 async def offer_actions(reply: cl.Message, lang: str) -> None:

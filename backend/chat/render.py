@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from backend.chat.context import Message
 from backend.chat.i18n import MESSAGES, describe, describe_parts, t
+from backend.chat.sources import Source, asked
 from backend.chat.turn import Done, EngineWait, Notice, Queued, Refused, Serving
 from backend.prompts.schema import Reason
 
+SOURCES_KEY = "ernie_sources"  # a reply message's metadata: the passages of the user's documents it was given
 DETAILS_KEY = "ernie_details"  # a reply message's metadata: its details (template, why, timings, token counts)
 STARTERS = ("write", "summary", "translation", "explain")  # backend.chat.i18n: starter_<name>, starter_<name>_message
 _CJK = re.compile(r"[\u3400-\u9fff]")
@@ -178,16 +181,22 @@ def settings_saved(changed: dict[str, Any], locale: str) -> str:
     return t("settings_saved", locale, changes=items)
 
 
+def exported(history: list[Message]) -> list[Message]:
+    """The history as an export shows it: as kept, but the passages of the user's documents sent with a question
+    left out of it (backend.chat.sources.asked)."""
+    return [{**m, "content": asked(m["content"])} if m["role"] == "user" else m for m in history]
+
+
 def export_markdown(history: list[Message], locale: str) -> str:
-    """The conversation as Markdown: each message of the history under its role, its text exactly as kept."""
+    """The conversation as Markdown: each message of the history under its role (exported)."""
     parts = [f"# {t('export_title', locale)}"]
-    parts += [f"## {t('role_' + m['role'], locale)}\n\n{m['content']}" for m in history]
+    parts += [f"## {t('role_' + m['role'], locale)}\n\n{m['content']}" for m in exported(history)]
     return "\n\n".join(parts) + "\n"
 
 
 def export_json(history: list[Message]) -> str:
-    """The conversation as JSON: {"messages": [{"role", "content"}, ...]}, the history exactly as kept."""
-    return json.dumps({"messages": history}, ensure_ascii=False, indent=2) + "\n"
+    """The conversation as JSON: {"messages": [{"role", "content"}, ...]}, the history as exported."""
+    return json.dumps({"messages": exported(history)}, ensure_ascii=False, indent=2) + "\n"
 
 
 EXPORT_TYPES = {"md": "text/markdown", "json": "application/json"}  # an export's format -> its file's type
@@ -196,3 +205,23 @@ EXPORT_TYPES = {"md": "text/markdown", "json": "application/json"}  # an export'
 def export(history: list[Message], fmt: str, locale: str) -> str:
     """The conversation in the export format `fmt` (one of EXPORT_TYPES)."""
     return export_markdown(history, locale) if fmt == "md" else export_json(history)
+
+
+def source_label(source: Source, locale: str) -> str:
+    """Where a passage is from, in the user's language: "[1] handbook.pdf · p. 3", "[2] notes.md · Safety"."""
+    where = t("source_page", locale, page=source.page) if source.page is not None else (source.heading or "")
+    return f"[{source.number}] {source.document}" + (f" · {where}" if where else "")
+
+
+def saved_sources(metadata: Mapping[str, Any]) -> list[Source]:
+    """The passages a reply was given, as kept in its metadata (SOURCES_KEY); [] where it has none."""
+    kept = metadata.get(SOURCES_KEY)
+    if not isinstance(kept, list):
+        return []
+    return [Source.read(s) for s in kept if isinstance(s, dict) and isinstance(s.get("text"), str)]
+
+
+def sources_props(sources: list[Source], locale: str) -> dict[str, Any]:
+    """The props of the ReplySources element: a title, and each passage's label and text (opened on a click)."""
+    items = [{"label": source_label(s, locale), "text": s.text} for s in sources]
+    return {"title": t("sources_title", locale), "items": items}

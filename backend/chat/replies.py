@@ -25,9 +25,10 @@ from chainlit.data import get_data_layer
 
 from backend.chat.i18n import t
 from backend.chat.live import LiveReplies, LiveReply
-from backend.chat.page import ReplyView, send_details
-from backend.chat.render import DETAILS_KEY, details_props
+from backend.chat.page import ReplyView, send_under
+from backend.chat.render import DETAILS_KEY, SOURCES_KEY
 from backend.chat.saved import LIVE_KEY, live_steps, step_metadata
+from backend.chat.sources import user_owner
 from backend.chat.turn import ChatSession, Event
 from backend.config import ChatDefaults
 
@@ -36,14 +37,22 @@ log = logging.getLogger(__name__)
 TAB_COOKIE = "ernie_tab"  # public/ernie.js: the browser tab's own id
 
 
-def tab_id() -> str | None:
-    """The id of this page's browser tab (public/ernie.js), if it sent one."""
+def tab_id(session: Any = None) -> str | None:
+    """The id of the browser tab (public/ernie.js) of this page (or of a Chainlit `session`), if it sent one."""
     try:
-        cookie = SimpleCookie(cl.context.session.environ.get("HTTP_COOKIE", ""))
+        cookie = SimpleCookie((session or cl.context.session).environ.get("HTTP_COOKIE", ""))
     except CookieError:
         return None
     morsel = cookie.get(TAB_COOKIE)
     return morsel.value if morsel is not None and 16 <= len(morsel.value) <= 64 else None
+
+
+def owner_of(session: Any, login: bool) -> str:
+    """Who a Chainlit session is: the user with login; without, the browser tab (or, lacking its id, the session)."""
+    if login and session.user is not None:
+        return user_owner(session.user.identifier)
+    tab = tab_id(session)
+    return f"tab:{tab}" if tab else f"session:{session.id}"
 
 
 @dataclass
@@ -68,11 +77,7 @@ class Replies:
 
     def owner(self) -> str:
         """Who this page is: the user with login; without, the browser tab (or, lacking its id, the page itself)."""
-        session = cl.context.session
-        if self.login and session.user is not None:
-            return f"user:{session.user.identifier}"
-        tab = tab_id()
-        return f"tab:{tab}" if tab else f"session:{session.id}"
+        return owner_of(cl.context.session, self.login)
 
     def key(self) -> str:
         """The thread this page's replies run under (a reloaded tab without login goes on under its first one)."""
@@ -114,9 +119,9 @@ class Replies:
         if getattr(cl.context.session, "restored", False) and view is not None:
             await view.catch_up()  # the same page after a cut: what was sent meanwhile was lost
             return
-        for reply_id, details in cl.user_session.get("saved_details") or []:
-            await send_details(reply_id, details_props(details, lang, self.describe(str(details.get("template")))))
-        cl.user_session.set("saved_details", None)
+        for reply_id, metadata in cl.user_session.get("saved_under") or []:
+            await send_under(reply_id, metadata, lang, self.describe)
+        cl.user_session.set("saved_under", None)
         if cl.user_session.get("follow"):
             cl.user_session.set("follow", False)
             self._follow(self.live.find(self.key(), self.owner()), lang)
@@ -143,8 +148,8 @@ class Replies:
                 await _mark_cut_off(step, lang)
         if live is not None and all(step.get("id") != live.reply_id for step in steps):
             cl.user_session.set("follow", True)  # being written, or not saved yet: shown from the reply itself
-        kept = [(step["id"], step_metadata(step).get(DETAILS_KEY)) for step in steps]
-        cl.user_session.set("saved_details", [(i, d) for i, d in kept if isinstance(d, dict)])
+        kept = [(step["id"], step_metadata(step)) for step in steps]  # each reply's sources and details
+        cl.user_session.set("saved_under", [(i, m) for i, m in kept if DETAILS_KEY in m or SOURCES_KEY in m])
         return steps
 
     def tab_chat(self) -> ChatSession | None:
@@ -167,9 +172,7 @@ class Replies:
             copy = cl.Message.from_dict(message.to_dict())
             chat_context.add(copy)
             await cl.context.emitter.send_step(copy.to_dict())
-            details = (copy.metadata or {}).get(DETAILS_KEY)
-            if isinstance(details, dict):
-                await send_details(copy.id, details_props(details, lang, self.describe(str(details.get("template")))))
+            await send_under(copy.id, copy.metadata or {}, lang, self.describe)
         cl.user_session.set("reply_key", tab.key)
         tab.messages, tab.seen = _messages_of_this_page(), time.monotonic()
         self._follow(live, lang)

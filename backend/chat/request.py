@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.chat.context import Frame, Message
+from backend.chat.sources import Source
 from backend.config import AppConfig
 from backend.errors import InvalidInputError
 from backend.prompts.schema import Reason
@@ -72,6 +73,7 @@ class ChatRequest:
     uncounted: list[Message] | None = None
     # the template's fixed parts with the system text sent (its overhead: what a count of the message alone adds)
     frame: Frame = field(default_factory=lambda: Frame(0))
+    sources: list[Source] = field(default_factory=list)  # passages of the user's documents sent with the message
 
 
 def _invisible(ch: str) -> bool:

@@ -23,6 +23,7 @@ from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tok
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
+from backend.chat.sources import Finder, Source, with_sources, within
 from backend.chat.turn import (
     ChatSession,
     Done,
@@ -39,8 +40,9 @@ from backend.chat.turn import (
 )
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
-from backend.engines.registry import configured_engine, engine
+from backend.engines.registry import configured_engine, dialect, engine
 from backend.errors import InvalidInputError, PromptTooLongError, ServerFullError, ServiceError
+from backend.models.prompt_ids import verified
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import Templates, TemplateStore
 from backend.serving.hardware import gpu_label
@@ -99,6 +101,7 @@ class ChatService:
         a = cfg.admission
         # The line in front of the engine; its places are the running engine's (LaunchSpec.capacity: line()).
         self.admission = Admission(1, a.queue_max, a.max_wait_s, a.reply_s) if a.enabled else None
+        self.finder: Finder | None = None  # the users' documents (backend.documents.library), when the app has them
 
     @classmethod
     def from_config(
@@ -126,6 +129,7 @@ class ChatService:
         view._accounting = (self.counter_id(), self.accounting())
         view._max_model_len = self._max_model_len
         view.admission = self.admission  # a try waits in the same line as the chat
+        view.finder = self.finder
         return view
 
     # ----- life cycle -------------------------------------------------------------------------
@@ -242,7 +246,7 @@ class ChatService:
         try:
             request = await self.build_request(
                 session.history, text, session.settings, command, session.kept_tokens(), templates=templates,
-                left_out=session.left_out,
+                left_out=session.left_out, owner=session.owner,
             )  # fmt: skip
         except ServiceError as exc:
             self.recorder.record_error(exc)
@@ -253,7 +257,7 @@ class ChatService:
         if request.dropped:
             yield Notice("trimmed", {"dropped": request.dropped})
         try:
-            ticket = self.join_line(session.owner)
+            ticket = self.join_line(session.line_owner)
         except ServerFullError as exc:
             self.recorder.record_error(exc)
             yield Refused(exc)
@@ -310,6 +314,7 @@ class ChatService:
                 request.prompt_tokens,
                 tokens,
                 session.counted_by,
+                tuple(request.sources),
             )
         finally:
             if ticket is not None:
@@ -409,6 +414,7 @@ class ChatService:
         chat's own path (the context window, the template's fixed parts and the message counted, a short streamed
         reply), and on a GPU a long prompt beside a few short ones, so that the shapes an engine compiles at first
         use are compiled before a user waits on them. What it measures is kept (the fixed parts, the window)."""
+        await self.use_prompt_ids()
         settings = UserSettings.defaults(self.cfg, self.serving_demo)
         request = await self.build_request([], WARMUP_TEXT, settings)
         await self._drain(request.messages, request.sampling)
@@ -421,6 +427,23 @@ class ChatService:
             self._drain(long, request.sampling),
             *(self._drain(request.messages, request.sampling) for _ in range(WARMUP_AT_ONCE)),
         )
+
+    async def use_prompt_ids(self) -> bool:
+        """Send prompts as the model's token ids, made here (backend.models.prompt_ids), where the engine takes them
+        (its dialect), chat.token_ids allows (auto: an engine on a GPU), the model folder is here, and they equal the
+        engine's own rendering of the sample conversations; else (or until then) as messages. Whether they are."""
+        self.client.prompt_ids = None
+        spec, mode = self.supervisor.spec, self.cfg.chat.token_ids
+        if mode == "never" or spec is None or spec.weights is None or not dialect(self.endpoint.api).takes_ids:
+            return False
+        if mode == "auto" and not engine(spec.engine).on_gpu:
+            return False
+        made = await verified(Path(spec.weights.model), self.client.engine_ids)
+        if made is None:
+            return False
+        self.client.prompt_ids = made
+        log.info("Prompts go to the engine as token ids (the chat template and tokenizer of %s).", made.folder)
+        return True
 
     async def _drain(self, messages: list[Message], sampling: dict[str, Any]) -> None:
         async with self.client.stream(messages, **{**sampling, "max_tokens": WARMUP_REPLY_TOKENS}) as stream:
@@ -442,7 +465,8 @@ class ChatService:
             st = sup.status
             waited = time.monotonic() - started
             if st.state in (State.FAILED, State.STOPPED):
-                yield EngineWait("failed", waited, st.problem, st.log_tail, sup.log_path)
+                tail = "" if self.cfg.auth.enabled else st.log_tail  # with login on, the log is the admins' to read
+                yield EngineWait("failed", waited, st.problem, tail, sup.log_path)
                 return
             if waited > self.cfg.timeouts.wait_for_ready_s:
                 yield EngineWait("not_ready", waited)
@@ -482,12 +506,18 @@ class ChatService:
         return self._accounting[1]
 
     def decide(
-        self, text: str, settings: UserSettings, command: str | None = None, templates: Templates | None = None
+        self,
+        text: str,
+        settings: UserSettings,
+        command: str | None = None,
+        templates: Templates | None = None,
+        commands: bool = True,
     ) -> Decision:
         """Which template, system text and sampling `text` is sent with, and why, on the model that serves now
-        (backend.chat.decision: the workshop's preview and try ask the same); `templates`: the turn's snapshot."""
+        (backend.chat.decision: the workshop's preview and try ask the same); `templates`: the turn's snapshot;
+        `commands` off: a message that begins with "/" is no command (the API)."""
         found = self.templates.snapshot() if templates is None else templates
-        return decide(found, self.cfg, text, settings, self.serving_demo, command)
+        return decide(found, self.cfg, text, settings, self.serving_demo, command, commands)
 
     async def build_request(
         self,
@@ -499,6 +529,8 @@ class ChatService:
         system: str | None = None,
         templates: Templates | None = None,
         left_out: int | None = None,
+        commands: bool = True,
+        owner: str | None = None,
     ) -> ChatRequest:
         """Decide how the message is sent (decide) and fit the conversation into the context window: one count of
         the new message, the history's from `kept` (those missing are counted once; backend.chat.context). With
@@ -510,13 +542,15 @@ class ChatService:
         the oldest messages an earlier message's fit left out): those stay out while the rest fits, a trim goes down
         to `chat.trim_to` of the room, and far within the window the new message goes uncounted (ChatRequest.
         uncounted; the chat counts it after the reply: _count_turn). None (the API, the workshop): counted first,
-        the longest part that fits."""
-        decision = self.decide(text, settings, command, templates)
+        the longest part that fits. `commands` off: a message that begins with "/" is no command (the API). `owner`:
+        whose documents the message is answered from (backend.chat.sources)."""
+        decision = self.decide(text, settings, command, templates, commands)
         sampling = dict(decision.sampling)
         system = decision.system if system is None else system
         window = await self.context_window()
         reserve = min(int(sampling["max_tokens"]), window // 2)
-        new = {"role": "user", "content": decision.user}
+        sources = await self.sources(owner, decision.question, decision.passages, window - reserve)
+        new = {"role": "user", "content": with_sources(decision.user, sources)}
         accounting = self.accounting()
         fitted: Fitted | None = None
         frame = Frame(0)
@@ -542,11 +576,25 @@ class ChatService:
             sampling=sampling,
             template=decision.template,
             reason=decision.reason,
-            user_text=decision.user,
+            user_text=new["content"],
             prompt_tokens=fitted.prompt_tokens,
             dropped=fitted.dropped,
             history_tokens=fitted.tokens or [],
             frame=frame,
             user_tokens=fitted.new_tokens if fitted.exact else None,
             uncounted=None if fitted.exact else [*head_of(system), new],
+            sources=sources,
         )
+
+    async def sources(self, owner: str | None, question: str, count: int, room: int) -> list[Source]:
+        """The passages of the owner's documents that answer the question, as many as fit their share of the prompt's
+        `room` (documents.share): the rest of the room is the history's, fitted as before. None where the owner has
+        no documents, the template sends none, or the library fails (the message goes on without them)."""
+        if self.finder is None or owner is None or count <= 0:
+            return []
+        try:
+            found = await self.finder.find(owner, question, count)
+        except ServiceError as exc:
+            log.warning("Documents not searched: %s", exc)
+            return []
+        return within(found, int(room * self.cfg.documents.share))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from backend.chat.client import StreamStats
 from backend.chat.context import Counts, Message
 from backend.chat.request import UserSettings
+from backend.chat.sources import Source
 from backend.errors import Phrase, ServiceError
 from backend.prompts.schema import Reason
 
@@ -42,7 +43,8 @@ class ChatSession:
     left_out: int = 0
     # Whom the line in front of the engine counts this chat as (backend.chat.admission: each owner's requests wait
     # behind each other, not in front of another's): the login name, else the browser session.
-    owner: str = ""
+    line_owner: str = ""
+    owner: str | None = None  # whose documents the chat's messages are answered from (None: no documents)
 
     def add_turn(
         self,
@@ -145,6 +147,7 @@ class Done:
     prompt_tokens: int = 0  # the prompt's size as the request counted it (when the engine reports no usage)
     tokens: tuple[int | None, int | None] = (None, None)  # what the turn's two messages add to later prompts
     counted_by: str = ""  # the model and engine those counts are of (ChatService.counter_id)
+    sources: tuple[Source, ...] = ()  # the passages of the user's documents the model was given
 
 
 @dataclass(frozen=True)

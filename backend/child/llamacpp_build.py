@@ -1,6 +1,6 @@
 """Build llama.cpp's own C++ server (llama-server, llama-quantize) from the sources on the package index.
 
-    python -m backend.child.llamacpp_build [--prefix DIR] [--variants all|native] [--jobs N]
+    python -m backend.child.llamacpp_build [--prefix DIR] [--variants native|ladder|all] [--jobs N]
 
 No binary is downloaded: the llama-cpp-python sdist on PyPI vendors the whole of llama.cpp
 (`tools/server/` included), and pip fetches that sdist like any other package. It is built with CMake
@@ -11,9 +11,11 @@ with `GGML_BACKEND_DL`: the CPU kernels are separate libraries, one per instruct
 (backend.serving.canary) tries the best variant the CPU claims first and falls back on a crash or a mismatch.
 
 `--variants native` (the default, what `make setup-llamacpp` builds) compiles only the variants this
-CPU claims among a short ladder, plus the portable x64 one (~10 minutes on 2 cores); `all` compiles
-llama.cpp's whole list, for an image meant for other CPUs. The result is cached per version and
-variant list under ~/.cache/ernie-chat/llama.cpp (like pip's wheel cache) and linked into the prefix.
+CPU claims among a short ladder, plus the portable x64 one (~10 minutes on 2 cores); `ladder` compiles the whole
+ladder, for an image meant for other CPUs (every variant the app chooses among: it tries those outside the ladder
+only after x64, which runs anywhere); `all` compiles llama.cpp's whole list (14 on x86: 12.7 minutes on 2 cores).
+Off x86, both build llama.cpp's own list. The result is cached per version and variant list under
+~/.cache/ernie-chat/llama.cpp (like pip's wheel cache) and linked into the prefix.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -92,44 +93,78 @@ def keep_variants(cmakelists: str, keep: set[str]) -> str:
     return cmakelists[:start] + block + cmakelists[end:]
 
 
+def unpack(archive: Path, dest: Path) -> None:
+    """Unpack a source archive into `dest`, refusing any member that would land outside it (links included)."""
+    root = dest.resolve()
+
+    def inside(path: str) -> bool:
+        return Path(os.path.realpath(path)).is_relative_to(root)
+
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for member in members:
+            target = os.path.join(root, member.name)
+            link = os.path.join(os.path.dirname(target) if member.issym() else root, member.linkname)
+            if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+                raise SystemExit(f"{archive.name}: {member.name} is neither a file, a folder nor a link")
+            if not inside(target) or ((member.issym() or member.islnk()) and not inside(link)):
+                raise SystemExit(f"{archive.name}: {member.name} would be unpacked outside {dest}")
+        # `filter` came in Python 3.11.4 (Debian 12 has 3.11.2): the checks above hold either way, and where it
+        # exists it also drops what a source archive needs not keep (owners, set-uid bits), and 3.12+ warns without.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, members, filter="data")
+        else:
+            tar.extractall(root, members)
+
+
 def fetch_sources(work: Path) -> Path:
     """Download llama-cpp-python's sdist from the package index and unpack it; return vendor/llama.cpp."""
+    # Only llama-cpp-python itself as source: its build dependencies (scikit-build-core, ninja...) come as wheels.
+    # `--no-binary :all:` made pip build each of them from source first (11-18 min on 2 cores), ninja included.
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(work),
-         f"llama-cpp-python=={VERSION}"],
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python", "-q", "-d",
+         str(work), f"llama-cpp-python=={VERSION}"],
         check=True,
     )  # fmt: skip
     archive = next(work.glob("llama_cpp_python-*.tar.gz"))
-    with tarfile.open(archive) as tar:
-        tar.extractall(work, filter="data")
+    unpack(archive, work)
+    archive.unlink()
     return work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 
 
 def build(variants: list[str] | None, out: Path, jobs: int) -> None:
-    """Configure and build into `out` (bin/ with the programs, bin/cpu/ with one library per variant)."""
-    with tempfile.TemporaryDirectory(prefix="llama-build-") as tmp:
-        work = Path(tmp)
-        src = fetch_sources(work)
+    """Configure and build into `out` (bin/ with the programs, bin/cpu/ with one library per variant). The sources and
+    the build tree stay beside it (`out`.work) until the build is done: one stopped half way (Ctrl-C, a time limit, a
+    container build cancelled) goes on from where it stopped the next time, instead of compiling everything again."""
+    work = out.with_name(out.name + ".work")
+    src = work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    if not (work / ".unpacked").is_file():
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        fetch_sources(work)
         if variants is not None:
             lists = src / "ggml" / "src" / "CMakeLists.txt"
             lists.write_text(keep_variants(lists.read_text(), set(variants)))
-        build_dir = work / "build"
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS], check=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
-        staged = out.with_name(out.name + ".partial")
-        shutil.rmtree(staged, ignore_errors=True)
-        (staged / "bin" / "cpu").mkdir(parents=True)
-        built = build_dir / "bin"
-        for path in built.iterdir():
-            if path.name.startswith("libggml-cpu-") and path.suffix == ".so":
-                # Kept out of bin/ so that llama.cpp's own search (the program's folder) finds none of them
-                # and loads exactly the one GGML_BACKEND_PATH names.
-                shutil.copy2(path, staged / "bin" / "cpu" / path.name)
-            elif path.name in TARGETS or ".so" in path.name:
-                shutil.copy2(path, staged / "bin" / path.name, follow_symlinks=False)
-        (staged / "VERSION").write_text(f"llama-cpp-python {VERSION} vendor/llama.cpp\n")
-        shutil.rmtree(out, ignore_errors=True)
-        staged.rename(out)
+        (work / ".unpacked").touch()
+    ninja = shutil.which("ninja") is not None  # Debian's ninja-build, where installed
+    build_dir = work / ("build-ninja" if ninja else "build-make")  # a build tree keeps the generator it began with
+    generator = ["-G", "Ninja"] if ninja else []
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_OPTIONS], check=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
+    staged = out.with_name(out.name + ".partial")
+    shutil.rmtree(staged, ignore_errors=True)
+    (staged / "bin" / "cpu").mkdir(parents=True)
+    for path in (build_dir / "bin").iterdir():
+        if path.name.startswith("libggml-cpu-") and path.suffix == ".so":
+            # Kept out of bin/ so that llama.cpp's own search (the program's folder) finds none of them
+            # and loads exactly the one GGML_BACKEND_PATH names.
+            shutil.copy2(path, staged / "bin" / "cpu" / path.name)
+        elif path.name in TARGETS or ".so" in path.name:
+            shutil.copy2(path, staged / "bin" / path.name, follow_symlinks=False)
+    (staged / "VERSION").write_text(f"llama-cpp-python {VERSION} vendor/llama.cpp\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staged.rename(out)
+    shutil.rmtree(work)
 
 
 def cache_dir(variants: list[str] | None) -> Path:
@@ -142,14 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     """Build (or reuse the cached build of) llama-server and link it to PREFIX."""
     parser = argparse.ArgumentParser(prog="python -m backend.child.llamacpp_build", description=main.__doc__)
     parser.add_argument("--prefix", type=Path, default=Path(".venv-engine") / "llama.cpp")
-    parser.add_argument("--variants", choices=("native", "all"), default="native")
+    parser.add_argument("--variants", choices=("native", "ladder", "all"), default="native")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--rebuild", action="store_true", help="ignore the cached build")
     args = parser.parse_args(argv)
-    variants = claimed_variants(cpu_flags()) if args.variants == "native" else None
+    chosen = {"native": claimed_variants(cpu_flags()), "ladder": list(LADDER), "all": None}
+    variants = chosen[args.variants]
     if variants is not None and os.uname().machine not in ("x86_64", "AMD64"):
         variants = None  # llama.cpp's list for other architectures (ARM) is used whole
     target = cache_dir(variants)
+    if args.rebuild:
+        shutil.rmtree(target.with_name(target.name + ".work"), ignore_errors=True)
     if args.rebuild or not (target / "bin" / "llama-server").is_file():
         started = time.monotonic()
         print(f"Building llama.cpp's server (variants: {', '.join(variants or ['all'])}) into {target}", flush=True)

@@ -112,6 +112,9 @@ class Dialect:
     """One server dialect; subclasses set `api`, their token counter and their log-probability source."""
 
     api: ClassVar[Api]
+    # Whether its /v1/completions takes a prompt of token ids and its /tokenize renders messages (the chat then may
+    # send a prompt as the model's token ids, made in the app: backend.models.prompt_ids)
+    takes_ids: ClassVar[bool] = False
     counter_type: ClassVar[type[TokenCounter]]
     logprobs_type: ClassVar[type[LogprobSource]]
 

@@ -25,6 +25,7 @@ from backend.engines.dialect import (
 )
 from backend.engines.options import FlagParser, Hint, has_distribution, has_package
 from backend.errors import EngineNotInstalledError
+from backend.models.resolve import ResolvedModel
 
 # EngineFlags field -> vLLM flag; booleans become bare switches.
 VLLM_FLAGS: dict[str, str] = {
@@ -58,6 +59,14 @@ SIXTEEN_BIT = ("bfloat16", "float16")
 # three alternated rounds) one chat decoded 30.0 instead of 23.7 tok/s, eight 109 instead of 74 in total
 # (results/cpu-engines/vllm-cpu-cores).
 FEW_CORES = 2
+
+
+FP8 = "fp8"  # the candidate (and number format) of FP8 weights or an FP8 KV cache on a GPU
+
+
+def uses_fp8(flags: EngineFlags) -> bool:
+    """Whether the flags quantize the weights or the KV cache to FP8."""
+    return flags.quantization == FP8 or bool(flags.kv_cache_dtype and flags.kv_cache_dtype.startswith(FP8))
 
 
 def vllm_args(flags: EngineFlags, skip: frozenset[str] = frozenset()) -> list[str]:
@@ -102,8 +111,21 @@ class Vllm(Engine):
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
         return {}
 
+    def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
+        """FP8 (the fp8 profile) first, then the same in 16 bits should its answers fail the check; one otherwise."""
+        sixteen = Candidate(self.name, flags.dtype or "auto")
+        pinned = cfg.engine.flags.quantization is not None or cfg.engine.flags.kv_cache_dtype is not None
+        if not uses_fp8(flags):
+            return [sixteen]
+        return [Candidate(self.name, FP8)] if pinned else [Candidate(self.name, FP8), sixteen]
+
+    def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
+        return FP8 if variant == FP8 else super().number_format(cfg, variant, resolved)
+
     def launch(self, cfg: AppConfig, target: Target, flags: EngineFlags, variant: str | None = None) -> LaunchSpec:
-        if variant is not None and variant not in ("auto", flags.dtype):
+        if self.on_gpu and variant not in (None, FP8) and uses_fp8(flags):  # the 16-bit fallback of an FP8 profile
+            flags = flags.merged(EngineFlags(quantization=None, kv_cache_dtype="auto"))
+        if variant is not None and variant not in ("auto", FP8, flags.dtype):
             flags = flags.merged(EngineFlags(dtype=variant))
         args = [
             "--served-model-name",
@@ -234,5 +256,6 @@ class VllmDialect(Dialect):
     """vLLM and servers like it (trtllm-serve, an external server): the generic dialect, recognised by default."""
 
     api = Api.VLLM
+    takes_ids = True
     counter_type = VllmCounter
     logprobs_type = VllmLogprobs

@@ -116,9 +116,10 @@ def line_text(line: dict[str, Any] | None) -> str:
     )
 
 
-async def check_app(http: httpx.AsyncClient, url: str) -> Check:
+async def check_app(http: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None) -> Check:
+    payload: Any = None
     try:
-        resp = await http.get(url + "/healthz")
+        resp = await http.get(url + "/healthz", headers=headers)
     except httpx.HTTPError as exc:
         return Check(
             "app",
@@ -130,6 +131,14 @@ async def check_app(http: httpx.AsyncClient, url: str) -> Check:
         payload = resp.json()
         engine = payload["engine"]
     except (ValueError, KeyError, TypeError):
+        if resp.status_code in (200, 503) and isinstance(payload, dict) and "status" in payload:
+            return Check(  # the detail is for the app's machine (web.monitoring)
+                "app",
+                OK if resp.status_code == 200 else FAIL,
+                f"{url} is up, its engine {'ready' if resp.status_code == 200 else 'not ready'}; the detail is only "
+                "for the app's machine.",
+                fix="Run the doctor there, or set web.monitoring_token (the doctor sends it).",
+            )
         return Check("app", FAIL, f"{url}/healthz answered {resp.status_code} without the app's health data.")
     restarts = f"{engine.get('restarts', 0)} restart(s)"
     check = payload.get("check") or {}
@@ -278,12 +287,15 @@ def check_baseline(history: list[dict[str, Any]]) -> Check:
     )
 
 
-async def diagnose(target: Target, whole_log: bool = False, timeout_s: float = 5.0) -> list[Check]:
-    """Run every check and return them in order."""
+async def diagnose(
+    target: Target, whole_log: bool = False, timeout_s: float = 5.0, app_token: str | None = None
+) -> list[Check]:
+    """Run every check and return them in order; `app_token`: the app's web.monitoring_token (its health detail)."""
     checks: list[Check] = []
     async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
         if target.app_url:
-            checks.append(await check_app(http, target.app_url))
+            app_headers = {"Authorization": f"Bearer {app_token}"} if app_token else {}
+            checks.append(await check_app(http, target.app_url, app_headers))
         engine = await check_engine(http, target)
         checks.append(engine)
         if engine.status == OK:
@@ -327,7 +339,8 @@ def doctor_command(
 ) -> int:
     """`doctor`: run every check, print the diagnosis, return the exit code."""
     target = locate(cfg, app_url=app_url, engine_url=engine_url, log=log, no_app=no_app)
-    checks = asyncio.run(diagnose(target, whole_log, timeout_s))
+    token = cfg.web.monitoring_token.get_secret_value() if cfg.web.monitoring_token else None
+    checks = asyncio.run(diagnose(target, whole_log, timeout_s, token))
     checks.append(asyncio.run(check_usage(cfg)))
     checks.append(check_baseline(read_history(cfg)))
     print(render(checks))

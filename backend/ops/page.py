@@ -1,18 +1,21 @@
 """The chat page as this app serves it: Chainlit's page without links to other hosts (a self-hosted chat loads
 nothing from elsewhere: offline it would fail, online it tells a third party who chats), and the first page's
 status line (which model, engine and device answer, and the engine's state), read by public/ernie.js in the
-reader's language."""
+reader's language (with login on, by logged-in users only, as the chat itself)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from backend.chat.render import serving_status
 from backend.chat.service import ChatService
+from backend.workshop.access import login_user
 
 STATUS_PATH = "/ernie/status"
 # What Chainlit 2.12's index.html asks of other hosts: KaTeX's stylesheet on cdn.jsdelivr.net (math is off:
@@ -20,9 +23,23 @@ STATUS_PATH = "/ernie/status"
 _OTHER_HOST_LINK = re.compile(r"<link\b[^>]*\bhref=\"(?:https?:)?//[^\"]*\"[^>]*>\s*", re.IGNORECASE)
 
 
+_INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)  # no src: its text is the script
+
+
 def self_contained(html: str) -> str:
     """The page without the links that load something from another host."""
     return _OTHER_HOST_LINK.sub("", html)
+
+
+def inline_script_hashes(html: str | None = None) -> list[str]:
+    """The SHA-256 (base64) of each inline script of Chainlit's page (`html`, default the page as served now): what
+    the page's content security policy lets run (backend.ops.guard)."""
+    if html is None:
+        import chainlit.server as chainlit_server
+
+        html = chainlit_server.get_html_template(chainlit_server.config.run.root_path)
+    scripts = _INLINE_SCRIPT.findall(html)
+    return sorted({base64.b64encode(hashlib.sha256(script.encode()).digest()).decode() for script in scripts})
 
 
 def install_page(service: ChatService, app: FastAPI | None = None) -> None:
@@ -31,7 +48,9 @@ def install_page(service: ChatService, app: FastAPI | None = None) -> None:
 
     app = app or chainlit_server.app
 
-    async def status(lang: str = Query("en-US", max_length=35)) -> JSONResponse:
+    async def status(request: Request, lang: str = Query("en-US", max_length=35)) -> JSONResponse:
+        if service.cfg.auth.enabled and login_user(request) is None:  # with login on, for logged-in users only
+            return JSONResponse({"detail": "Not authenticated"}, status_code=401)
         return JSONResponse(serving_status(service.serving(), lang), headers={"Cache-Control": "no-store"})
 
     routes = app.router.routes

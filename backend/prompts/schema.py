@@ -43,6 +43,8 @@ _RULES = {
     "max_tokens": "a whole number from 1 to 32768",
     "stop": "a list of texts",
     "route_on_demo": "true or false",
+    "documents": "true or false",
+    "passages": "a whole number from 0 to 20",
 }
 _ITEM_RULES = {"keywords": "text", "patterns": "text", "stop": "text"}
 _YAML_HINTS = {
@@ -71,6 +73,8 @@ class TemplateFile(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=32768)
     stop: list[str] | None = None
     route_on_demo: bool = True
+    documents: bool = True  # the passages of the user's documents that answer the message are sent with it
+    passages: int | None = Field(None, ge=0, le=20)  # how many (None: documents.passages of the configuration)
 
 
 def form_fields() -> list[dict[str, Any]]:
@@ -138,6 +142,8 @@ class RenderedPrompt:
     user: str
     sampling: dict[str, Any]
     reason: Reason  # why this template (a keyword, a pattern, ...), for the reply footer
+    documents: bool = True  # whether passages of the user's documents are sent with the message
+    passages: int | None = None  # how many at most (None: the configuration's documents.passages)
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,8 @@ class Template:
     sampling: dict[str, Any] = field(default_factory=dict)
     name_line: int | None = None
     route_on_demo: bool = True  # whether routing picks it while the offline demo model answers (/name always can)
+    documents: bool = True  # whether passages of the user's documents are sent with its messages
+    passages: int | None = None  # how many at most (None: the configuration's documents.passages)
 
     def match(self, request: str) -> Reason | None:
         """Return why this template fits the request text (a keyword or pattern), or None."""
@@ -187,7 +195,8 @@ class Template:
         """Fill the placeholders; only the template text is a format string, never the message."""
         values = {**self.variables, "input": message}
         system = self.system.format_map(values) if self.system is not None else None
-        return RenderedPrompt(self.name, system, self.user.format_map(values), dict(self.sampling), reason)
+        user = self.user.format_map(values)
+        return RenderedPrompt(self.name, system, user, dict(self.sampling), reason, self.documents, self.passages)
 
 
 def _keyword_in(word: str, text: str) -> bool:
@@ -435,4 +444,6 @@ def _build(path: Path, shown: str, model: TemplateFile, lines: _Lines) -> Templa
         sampling={key: getattr(model, key) for key in SAMPLING_KEYS if getattr(model, key) is not None},
         name_line=lines.of(("name",)) if model.name is not None else None,
         route_on_demo=model.route_on_demo,
+        documents=model.documents,
+        passages=model.passages,
     )

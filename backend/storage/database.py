@@ -117,6 +117,16 @@ def open_engine(url: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S, immedia
     return engine
 
 
+async def migrate_database(engine: AsyncEngine, where: str) -> int:
+    """Bring the schema of the database at `where` up to date in one transaction; StorageError when it cannot be
+    opened or migrated. Returns the schema version."""
+    try:
+        async with engine.begin() as conn:
+            return await migrate(conn, where)
+    except (SQLAlchemyError, OSError) as exc:
+        raise storage_error(exc, where, "opening") from exc
+
+
 class HistoryStore(SQLAlchemyDataLayer):
     """Chainlit's SQL data layer with our schema, readable errors, and a 404 for unknown threads."""
 
@@ -233,6 +243,26 @@ class HistoryStore(SQLAlchemyDataLayer):
         if isinstance(rows, list) and rows and rows[0].get("userIdentifier"):
             return str(rows[0]["userIdentifier"])
         return ""
+
+    async def step_owner(self, step_id: str) -> tuple[str, str]:
+        """(the owner, the thread) of a message, or ("", "") for an unknown one."""
+        if not _is_uuid(step_id):
+            return "", ""
+        rows = await self.execute_sql(
+            'SELECT t."userIdentifier" AS owner, s."threadId" AS thread FROM steps s JOIN threads t ON t."id" = '
+            's."threadId" WHERE s."id" = :id',
+            {"id": step_id},
+        )
+        if isinstance(rows, list) and rows and rows[0].get("owner"):
+            return str(rows[0]["owner"]), str(rows[0]["thread"])
+        return "", ""
+
+    async def feedback_step(self, feedback_id: str) -> str | None:
+        """The message a feedback is about, or None for an unknown feedback."""
+        if not _is_uuid(feedback_id):
+            return None
+        rows = await self.execute_sql('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
+        return str(rows[0]["forId"]) if isinstance(rows, list) and rows else None
 
     async def get_thread(self, thread_id: str) -> ThreadDict | None:
         """The thread with its steps, or None (an id that is no UUID is unknown, not a database error)."""

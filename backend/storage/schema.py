@@ -22,9 +22,9 @@ ADVISORY_LOCK_KEY = 4_510_203  # any constant shared by all instances of this ap
 # Portable column types -> each dialect's spelling. SQLite keeps JSON and lists as text.
 TYPES: dict[str, dict[str, str]] = {
     "sqlite": {"id": "TEXT", "text": "TEXT", "json": "TEXT", "list": "TEXT", "bool": "INTEGER", "int": "INTEGER",
-               "real": "REAL", "bigint": "INTEGER"},
+               "real": "REAL", "bigint": "INTEGER", "blob": "BLOB"},
     "postgresql": {"id": "UUID", "text": "TEXT", "json": "JSONB", "list": "TEXT[]", "bool": "BOOLEAN", "int": "INT",
-                   "real": "DOUBLE PRECISION", "bigint": "BIGINT"},
+                   "real": "DOUBLE PRECISION", "bigint": "BIGINT", "blob": "BYTEA"},
 }  # fmt: skip
 
 # Every key Chainlit 2.12 writes (chainlit/data/sql_alchemy.py, StepDict, ElementDict, Feedback) has a
@@ -162,6 +162,64 @@ WORKSHOP_TABLES: dict[str, list[str]] = {
 }
 
 
+# Logins (backend.api.logins): each attempt of the last window, by "name:NAME" and by "address:ADDRESS" (an attempt is
+# written before its password is checked and taken back when it succeeds), and the login tokens a logout ended (by
+# their SHA-256; kept until the token would have expired anyway): schema version 4.
+LOGIN_TABLES: dict[str, list[str]] = {
+    "login_attempts": [
+        '"id" {text} NOT NULL',
+        '"key" {text} NOT NULL',
+        '"at" {real} NOT NULL',
+    ],
+    "ended_sessions": [
+        '"token_hash" {text} PRIMARY KEY',
+        '"ended" {real} NOT NULL',
+    ],
+}
+LOGIN_INDEXES = ['CREATE INDEX IF NOT EXISTS login_attempts_key ON login_attempts ("key", "at")']
+
+
+# Documents as context (backend.documents): each user's files, their passages and the passages' terms (the index the
+# retrieval's BM25 reads, the same on SQLite and PostgreSQL): schema version 5. `owner` is a login user ("user:NAME")
+# or, without login, a browser tab ("tab:ID"), whose documents expire (`expires_at`, a Unix time) when it is gone.
+DOCUMENT_TABLES: dict[str, list[str]] = {
+    "documents": [
+        '"id" {text} PRIMARY KEY',
+        '"owner" {text} NOT NULL',
+        '"name" {text} NOT NULL',
+        '"kind" {text} NOT NULL',
+        '"size" {bigint} NOT NULL',
+        '"passages" {int} NOT NULL',
+        '"created_at" {text} NOT NULL',
+        '"expires_at" {real}',
+        '"content" {blob} NOT NULL',
+    ],
+    "document_passages": [
+        '"document_id" {text} NOT NULL REFERENCES documents("id") ON DELETE CASCADE',
+        '"number" {int} NOT NULL',
+        '"owner" {text} NOT NULL',
+        '"page" {int}',
+        '"heading" {text}',
+        '"text" {text} NOT NULL',
+        '"length" {int} NOT NULL',
+        'PRIMARY KEY ("document_id", "number")',
+    ],
+    "document_terms": [
+        '"document_id" {text} NOT NULL REFERENCES documents("id") ON DELETE CASCADE',
+        '"number" {int} NOT NULL',
+        '"owner" {text} NOT NULL',
+        '"term" {text} NOT NULL',
+        '"tf" {int} NOT NULL',
+    ],
+}
+DOCUMENT_INDEXES = [
+    'CREATE INDEX IF NOT EXISTS documents_owner ON documents ("owner", "created_at")',
+    'CREATE INDEX IF NOT EXISTS document_passages_owner ON document_passages ("owner")',
+    'CREATE INDEX IF NOT EXISTS document_terms_lookup ON document_terms ("owner", "term")',
+    'CREATE INDEX IF NOT EXISTS document_terms_document ON document_terms ("document_id")',
+]
+
+
 class SchemaError(StorageError, RuntimeError):
     """The database's schema cannot be brought to the version this app needs."""
 
@@ -189,7 +247,9 @@ MIGRATIONS = [
     Migration(1, "Chainlit 2.12 tables", {d: create_tables(d) for d in TYPES}),
     Migration(2, "API keys, quotas and usage", {d: create_tables(d, API_TABLES, API_INDEXES) for d in TYPES}),
     Migration(3, "the template workshop's version history", {d: create_tables(d, WORKSHOP_TABLES, []) for d in TYPES}),
-    # Later changes go here as Migration(4, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
+    Migration(4, "logins: attempts, ended sessions", {d: create_tables(d, LOGIN_TABLES, LOGIN_INDEXES) for d in TYPES}),
+    Migration(5, "documents as context", {d: create_tables(d, DOCUMENT_TABLES, DOCUMENT_INDEXES) for d in TYPES}),
+    # Later changes go here as Migration(5, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
 ]
 LATEST = MIGRATIONS[-1].version
 

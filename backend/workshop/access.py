@@ -1,10 +1,10 @@
 """Who may use the workshop: with login on, users whose role is editor or admin; without login, the machine the app
 runs on (unless workshop.allow_remote). Everyone else is refused by the API itself (403), not only by the page.
 
-Requests made by another site's page are refused too (their Origin is not the app's): Chainlit allows every origin
-with credentials (CORS), and without login a page from anywhere, open in the browser of the app's machine, would
-otherwise reach the API as "local". For the same reason, without login the address asked for (Host) must be a
-loopback one too, so a name that an attacker points at 127.0.0.1 (DNS rebinding) does not pass."""
+"This machine" (local_request, the API's rule too) is a loopback client asking for a loopback address (Host), so a
+name that an attacker points at 127.0.0.1 (DNS rebinding) does not pass. Requests made by another site's page (a
+foreign Origin) never get this far: backend.ops.guard refuses them for every route. A TCP forwarder on this machine
+(ssh -L, socat) makes its clients local: docs/security.md."""
 
 from __future__ import annotations
 
@@ -31,20 +31,25 @@ class Editor:
     role: str | None = None
 
 
+def token_user(token: str) -> str | None:
+    """The user name a Chainlit login token is for, if it is a valid one."""
+    from chainlit.auth import decode_jwt  # chainlit reads its config when imported
+
+    try:
+        return str(decode_jwt(token).identifier)
+    except Exception:  # expired, tampered with, or signed with another secret: not logged in
+        return None
+
+
 def login_user(request: Request) -> str | None:
     """The user name in the request's Chainlit login token (its cookie, or a Bearer header), if it holds a valid one."""
-    from chainlit.auth import decode_jwt, get_token_from_cookies  # chainlit reads its config when imported
+    from chainlit.auth import get_token_from_cookies
 
     token = get_token_from_cookies(request.cookies)
     header = request.headers.get("authorization", "")
     if not token and header.lower().startswith("bearer "):
         token = header[7:].strip()
-    if not token:
-        return None
-    try:
-        return str(decode_jwt(token).identifier)
-    except Exception:  # expired, tampered with, or signed with another secret: not logged in
-        return None
+    return token_user(token) if token else None
 
 
 def is_local(host: str | None) -> bool:
@@ -63,12 +68,11 @@ def host_name(host_header: str | None) -> str:
     return urlsplit("//" + (host_header or "")).hostname or ""
 
 
-def foreign_origin(request: Request) -> str | None:
-    """The Origin of a request made by another site's page, or None (no Origin, or the app's own)."""
-    origin = request.headers.get("origin")
-    if origin is None:
-        return None
-    return None if urlsplit(origin).netloc == request.headers.get("host", "") else origin
+def local_request(request: Request) -> bool:
+    """From this machine, asking for a loopback address (a DNS-rebound name does not pass)."""
+    host = request.client.host if request.client else None
+    asked = host_name(request.headers.get("host"))
+    return is_local(host) and (asked == "localhost" or is_local(asked))
 
 
 class Access:
@@ -83,8 +87,6 @@ class Access:
     def check(self, request: Request) -> Editor:
         """The editor making this request, or WorkshopError (the API answers it with 403)."""
         host = request.client.host if request.client else None
-        if (origin := foreign_origin(request)) is not None:
-            raise WorkshopError.of("workshop.foreign_origin", origin=origin)
         if self.login:
             assert self.accounts is not None
             name = self.identify(request)
@@ -94,7 +96,6 @@ class Access:
             if role not in EDITOR_ROLES:
                 raise WorkshopError.of("workshop.not_editor", name=name, role=role or "-")
             return Editor(name, role)
-        asked = host_name(request.headers.get("host"))
-        if not self.allow_remote and not (is_local(host) and (asked == "localhost" or is_local(asked))):
+        if not self.allow_remote and not local_request(request):
             raise WorkshopError.of("workshop.remote", host=host or "?")
         return Editor("local" if is_local(host) else f"from {host}")

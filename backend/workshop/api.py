@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ from starlette.routing import BaseRoute, Mount
 from backend.chat.i18n import t
 from backend.chat.render import localized, reason_text, serving_status
 from backend.chat.service import ChatService
-from backend.errors import WorkshopError
+from backend.errors import QuotaError, WorkshopError
 from backend.prompts.schema import display_path, form_fields
 from backend.workshop.access import Access, Editor
 from backend.workshop.drafts import (
@@ -48,7 +49,6 @@ STATUS = {
     "workshop.login_needed": 403,
     "workshop.not_editor": 403,
     "workshop.remote": 403,
-    "workshop.foreign_origin": 403,
     "workshop.not_found": 404,
     "workshop.no_version": 404,
     "workshop.exists": 409,
@@ -143,15 +143,32 @@ def _version_json(version: Version) -> dict[str, Any]:
             "note": version.note, "action": version.action}  # fmt: skip
 
 
+# A quota place for one reply of a user (None without login), as the chat takes one (backend.api.router.Gateway.turn):
+# it raises QuotaError when the user is over a quota, and counts the reply's tokens recorded on what it yields.
+Admit = Callable[[str | None], AbstractAsyncContextManager[Any]]
+
+
+@asynccontextmanager
+async def _unlimited(user: str | None) -> AsyncIterator[None]:
+    yield None
+
+
 class Workshop:
     """The routes, with what they work on: the chat service (its templates, engine and client) and the files."""
 
-    def __init__(self, service: ChatService, access: Access | None = None, history: History | None = None) -> None:
+    def __init__(
+        self,
+        service: ChatService,
+        access: Access | None = None,
+        history: History | None = None,
+        admit: Admit | None = None,
+    ) -> None:
         self.service = service
         self.access = access or Access(service.cfg)
         self.folder = service.templates.folder
         self.history = history or open_history(service.cfg)
         self.files = TemplateFiles(self.folder, self.history)
+        self.admit = admit or _unlimited  # a try is a reply of the editor's: it counts against their quotas
 
     # ----- reading ----------------------------------------------------------------------------------------------
     async def _saved_number(self, stem: str, tag: str) -> int | None:
@@ -225,8 +242,19 @@ class Workshop:
         current = self.files.read(stem)
         return {"diff": unified_diff(current or "", draft.text(current), "current", "draft")}
 
-    async def tryout(self, draft: TryDraft, locale: str) -> AsyncIterator[bytes]:
-        """NDJSON lines of one reply with the draft (or the saved file) chosen."""
+    async def tryout(self, draft: TryDraft, locale: str, user: str | None = None) -> AsyncIterator[bytes]:
+        """NDJSON lines of one reply with the draft (or the saved file) chosen, within `user`'s quotas."""
+        try:
+            async with self.admit(user) as lease:
+                async for line in self._tryout(draft, locale, lease):
+                    yield line
+        except QuotaError as exc:
+            message, hint = exc.localized(locale)
+            yield (json.dumps({"error": {"code": exc.code, "message": message, "hint": hint}}) + "\n").encode()
+
+    async def _tryout(self, draft: TryDraft, locale: str, lease: Any) -> AsyncIterator[bytes]:
+        if lease is not None:  # counted once the engine is asked for the reply (a refusal before counts nothing)
+            lease.asked = False
         saved = self.files.read(draft.stem)
         text = draft.text(saved) if draft.side == "draft" else saved
         with draft_folder(self.folder, draft.stem, text) as check:
@@ -241,8 +269,13 @@ class Workshop:
                 return
             events = try_reply(self.service, check.store, check.template.name, draft.message, locale)
             first = await anext(events)  # the request is built while the draft's folder exists
+        if lease is not None:
+            lease.asked = "request" in first
         yield (json.dumps(first, ensure_ascii=False) + "\n").encode()
+        prompt = first.get("request", {}).get("prompt_tokens")
         async for event in events:
+            if "done" in event and lease is not None:
+                lease.record(prompt, event["done"].get("completion_tokens"))
             yield (json.dumps(event, ensure_ascii=False) + "\n").encode()
 
     async def diff(self, stem: str, old: str, new: str) -> dict[str, Any]:
@@ -303,7 +336,8 @@ class Workshop:
         @guarded
         async def try_draft(request: Request, body: TryDraft, who: Editor) -> Any:
             self.files.path(body.stem)
-            return StreamingResponse(self.tryout(body, _locale(request)), media_type="application/x-ndjson")
+            user = who.name if self.access.login else None  # without login there are no users and no quotas
+            return StreamingResponse(self.tryout(body, _locale(request), user), media_type="application/x-ndjson")
 
         @router.post("/templates")
         @guarded
@@ -371,6 +405,7 @@ class Workshop:
         return [*router.routes, *router_page.routes, Mount(PAGE + "/static", StaticFiles(directory=STATIC))]
 
 
-def workshop_routes(service: ChatService) -> list[BaseRoute]:
-    """The workshop's page and API routes, for backend.ops.web to put in front of Chainlit's catch-all."""
-    return Workshop(service).routes()
+def workshop_routes(service: ChatService, admit: Admit | None = None) -> list[BaseRoute]:
+    """The workshop's page and API routes, for backend.ops.web to put in front of Chainlit's catch-all; `admit`: the
+    quota place a try takes (none: unlimited)."""
+    return Workshop(service, admit=admit).routes()

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from backend.chat.request import ChatRequest, UserSettings
+from backend.chat.request import ChatRequest, UserSettings, clean_input
 from backend.chat.service import ChatService
 from backend.errors import ServiceError
 from backend.prompts.routing import request_parts
@@ -197,7 +197,8 @@ async def preview(service: ChatService, check: DraftCheck, message: str) -> dict
     found = routing(service, check.store, check.template, message)
     result: dict[str, Any] = {"routing": found, "demo": found["demo"]}
     try:
-        request = await chat_view(service, check.store).build_request([], message, chat_settings(service))
+        text = clean_input(message, service.cfg.chat.max_input_chars)  # the chat's own limit on a message
+        request = await chat_view(service, check.store).build_request([], text, chat_settings(service))
     except ServiceError as exc:
         result["request_error"] = {"message": exc.message, "hint": exc.hint, "code": exc.code}
         return result

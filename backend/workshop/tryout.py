@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from backend.chat.client import Message
-from backend.chat.request import UserSettings
+from backend.chat.request import UserSettings, clean_input
 from backend.chat.service import ChatService
 from backend.errors import ServiceError, WorkshopError
 from backend.prompts.store import TemplateStore
@@ -35,7 +35,8 @@ async def try_reply(
     settings: UserSettings = chat_settings(service)
     settings.template = template
     try:
-        request = await chat_view(service, store).build_request([], message, settings)
+        text = clean_input(message, service.cfg.chat.max_input_chars)  # the chat's own limit on a message
+        request = await chat_view(service, store).build_request([], text, settings)
     except ServiceError as exc:
         yield _error(exc, locale)
         return

@@ -72,11 +72,11 @@ async def wait_finished(page: Any, n: int) -> str:
     """The text of the n-th assistant message once its details show it finished (the details left out)."""
     reply = page.locator(REPLY).nth(n)
     await page.wait_for_selector(f"{REPLY} >> nth={n} >> {DETAILS}", timeout=WAIT_MS)
-    return str(await reply.evaluate(_WITHOUT_DETAILS, DETAILS)).strip()
+    return str(await reply.evaluate(WITHOUT_ELEMENTS, DETAILS)).strip()
 
 
-# An element's text without its details element (a copy is changed, never the page).
-_WITHOUT_DETAILS = """(el, details) => {
+# An element's text without the elements a selector finds in it, its details (a copy is changed, never the page).
+WITHOUT_ELEMENTS = """(el, details) => {
   const copy = el.cloneNode(true);
   copy.querySelectorAll(details).forEach(d => d.remove());
   document.body.appendChild(copy);

@@ -1,11 +1,17 @@
-"""The container files say what the rest of the project says: files they copy exist, the GPU image is the vLLM
-release the engine requirements pin, both images check /healthz on the app's port; the fleet's compose file has
-every part, health checks, one published port and the volumes shared where they must be. (Neither image can be
-built on these machines: no Docker, no GPU; this is what can be checked without building.)"""
+"""The container files say what the rest of the project says: files they copy exist, the CPU image's build stage has
+every file its make targets need, every image they name is a pinned release, the GPU image is the vLLM release the
+engine requirements pin, both images check /healthz on the app's port; the fleet's compose file has every part,
+health checks, one published port and the volumes shared where they must be. These are the fast checks; the CPU
+image itself is built and run by `make image-test` (scripts/containers.py, results/containers/), which takes minutes.
+The GPU image and the compose files are not run here: no GPU, no registry for their images."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,72 @@ def test_files_land_where_they_are_in_the_project(name: str) -> None:
             assert Path(source.rstrip("/")) == target.with_name(target.name.rstrip("/")), (
                 f"{name}: COPY {source} {dest} puts it at {target}, not where the project has it"
             )
+
+
+def build_stages(name: str) -> list[tuple[str, str]]:
+    """The instructions of a Dockerfile's stages before its last one (the image itself)."""
+    found = instructions(name)
+    last = max(i for i, (op, _) in enumerate(found) if op == "FROM")
+    return found[:last]
+
+
+def test_the_cpu_images_build_stages_have_every_file_their_make_targets_need(tmp_path: Path) -> None:
+    """The build stages copy a few files, so that a change elsewhere does not rebuild the environments: a Makefile
+    target that gains a prerequisite, or a build script that imports more of the project, must fail here, not after
+    minutes of `docker build`."""
+    build = build_stages("Dockerfile")
+    assert build, "the Dockerfile has build stages"
+    workdir = tmp_path / "app"
+    workdir.mkdir()
+    targets: list[str] = []
+    for op, args in build:
+        if op == "COPY" and not args.startswith("--"):
+            *sources, dest = args.split()
+            for source in sources:
+                landed = workdir / dest / (Path(source).name if not source.endswith("/") else "")
+                landed.parent.mkdir(parents=True, exist_ok=True)
+                copy = shutil.copytree if (ROOT / source).is_dir() else shutil.copy2
+                copy(ROOT / source, landed)
+        elif op == "RUN" and "apt-get" not in args:  # `apt-get install make` installs make
+            targets += re.findall(r"\bmake (\S+)", args)
+    assert targets, "the build stages run the Makefile's targets"
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # no nvidia-smi: the CPU engine, as in the image
+    plan = subprocess.run(["make", "-n", *targets, "PYTHON=python3"], cwd=workdir, capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    assert plan.returncode == 0, f"the build stages lack what `make {' '.join(targets)}` needs: {plan.stderr}"
+    # the llama.cpp build runs from these files alone, in the engine's environment
+    script = subprocess.run([sys.executable, "-E", "-s", "-m", "backend.child.llamacpp_build", "--help"], cwd=workdir,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert script.returncode == 0, script.stderr
+
+
+def named_images() -> dict[str, str]:
+    """Every image a Dockerfile starts from or a compose file runs, by where it is named (the stages a Dockerfile
+    makes itself, and the images compose builds from this project, left out)."""
+    images: dict[str, str] = {}
+    for name in DOCKERFILES:
+        stages: set[str] = set()
+        for op, args in instructions(name):
+            if op == "FROM":
+                base, *alias = args.split()
+                if base not in stages:
+                    images[f"{name}: FROM {base}"] = base
+                stages.update(alias[-1:])
+    for name in ("compose.gpu.yaml", "compose.fleet.yaml"):
+        compose = yaml.safe_load((ROOT / name).read_text(encoding="utf-8"))
+        for service, spec in compose["services"].items():
+            if "image" in spec and "build" not in spec:
+                images[f"{name}: {service}"] = spec["image"]
+    return images
+
+
+def test_every_image_named_is_a_pinned_release() -> None:
+    """A tag that moves (latest, bookworm-slim, 15) builds or runs something else next month than what was checked."""
+    images = named_images()
+    assert {"debian", "vllm/vllm-openai", "caddy", "postgres"} <= {image.split(":")[0] for image in images.values()}
+    for where, image in images.items():
+        tag = image.partition(":")[2] if "@sha256:" not in image else "digest"
+        assert tag == "digest" or re.fullmatch(r"v?\d+\.\d+(\.\d+)?(-[a-z]+)?", tag), f"{where}: {image} is not pinned"
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
@@ -132,7 +204,10 @@ def test_the_app_processes_share_what_they_must_and_nothing_else() -> None:
     prompts, data = envs[0]["ERNIE_PATHS__PROMPTS_DIR"], envs[0]["ERNIE_PATHS__DATA_DIR"]
     assert mounts[0][prompts] == mounts[1][prompts] == "./prompts", "one prompts folder"
     assert mounts[0][envs[0]["ERNIE_AUTH__USERS_FILE"]] == mounts[1][envs[0]["ERNIE_AUTH__USERS_FILE"]]
-    assert mounts[0][data] != mounts[1][data], "each process its own data folder (logs, caches)"
+    volumes = [next(src for dst, src in m.items() if Path(data).is_relative_to(dst)) for m in mounts]
+    assert volumes[0] != volumes[1], "each process its own data folder (logs, caches)"
+    image_volume = dict(instructions("Dockerfile"))["VOLUME"]
+    assert Path(data).is_relative_to(image_volume), "in the image's volume, which its user (not root) may write"
     command = services["router"]["command"]
     workers = command[command.index("--worker-urls") + 1 : command.index("--policy")]
     assert workers == ["http://engine-1:8000", "http://engine-2:8000"]

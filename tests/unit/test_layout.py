@@ -1,7 +1,8 @@
 """The house rules of backend/, checked on its source: arrows run one way, no cycles, nothing hidden in functions.
 
 Layers, lowest first (a module imports its own package and lower layers only): catalogue (the words) →
-errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop, api →
+errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop, api,
+documents →
 ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
 imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
 """
@@ -31,6 +32,7 @@ RANKS = {
     "storage": 6,
     "workshop": 7,
     "api": 7,
+    "documents": 7,
     "ops": 8,
     "benchmarks": 8,
     "tuning": 9,
@@ -38,7 +40,8 @@ RANKS = {
     "__main__": 11,
 }
 # Top-layer packages that may use each other's parts: the benchmarks read engine metrics with ops' parser.
-SIDEWAYS = {("benchmarks", "ops"), ("api", "workshop")}  # the API asks who is local the workshop's way
+# The API asks who is local the workshop's way, and answers from a user's documents (backend.documents).
+SIDEWAYS = {("benchmarks", "ops"), ("api", "workshop"), ("api", "documents")}
 ENGINE_NAMES = set(EngineName.__args__) - {"auto"}  # type: ignore[attr-defined]
 REGISTRY = BACKEND / "engines" / "registry.py"
 

@@ -57,6 +57,8 @@ TOLERANCES: dict[str, Tolerance] = {
     "f32": Tolerance(tie_nats=0.05, median_nats=0.005, max_nats=0.04),  # llama.cpp: f16 KV cache
     "bfloat16": Tolerance(tie_nats=0.3, median_nats=0.12, max_nats=0.9),
     "q8_0": Tolerance(tie_nats=0.5, median_nats=0.25, max_nats=1.5),
+    # vLLM's FP8 on a GPU (weights quantized on load, or the KV cache, or both): see FP8_MEASURED below.
+    "fp8": Tolerance(tie_nats=0.5, median_nats=0.25, max_nats=1.5),
     "q4_1": Tolerance(tie_nats=0.5, median_nats=0.2, max_nats=1.8),
     # The max only guards against wild values here: 4-bit weights move single log-probs by nats; median,
     # overlap and the top-k rule do the work.

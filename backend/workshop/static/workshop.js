@@ -219,6 +219,7 @@ function sayError(data) {
 // ----- the form --------------------------------------------------------------------------------------------------
 function buildForm() {
   const form = $("form-view");
+  form.addEventListener("submit", (event) => event.preventDefault()); // Enter in a field submits nothing
   for (const [name, kind] of FIELDS) {
     const row = document.createElement("div");
     row.className = "field";

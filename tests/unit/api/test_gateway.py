@@ -3,6 +3,7 @@ does not stop the chat."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
@@ -10,22 +11,23 @@ import pytest
 from backend.api.quotas import Lease
 from backend.api.router import Gateway
 from backend.chat.client import StreamStats
-from backend.chat.turn import Done, Text
-from backend.errors import QuotaError, StorageError
+from backend.chat.turn import Done, Event, Refused, Started, Text
+from backend.errors import InvalidInputError, QuotaError, StorageError
 from backend.prompts.schema import Reason
 
 
 class FakeQuotas:
     def __init__(self, refusal: Exception | None = None) -> None:
-        self.refusal, self.released = refusal, []  # type: ignore[var-annotated]
+        self.refusal, self.released, self.counted = refusal, [], []  # type: ignore[var-annotated]
 
     async def admit(self, user: str, route: str) -> Lease:
         if self.refusal is not None:
             raise self.refusal
         return Lease("1", user, route)  # type: ignore[arg-type]
 
-    async def release_soon(self, lease: Lease) -> None:
+    async def release_soon(self, lease: Lease, counted: bool = True) -> None:
         self.released.append(lease)
+        self.counted.append(counted)
 
 
 def gateway(quotas: FakeQuotas | None) -> Gateway:
@@ -62,3 +64,19 @@ def test_a_finished_turn_counts_the_engines_tokens_or_the_requests_estimate() ->
     gate.count_turn(None, stopped)  # no usage reported: the request's own count
     gate.count_turn(lease, Text("a piece"))  # not a finished turn: nothing counted
     assert seen == [("chat", "finished", 12, 30), ("chat", "stopped", 7, 0)]
+
+
+async def test_a_chat_message_refused_before_its_reply_was_asked_for_is_not_counted() -> None:
+    """Refused before the engine was asked (empty, too long, an unknown template, no room): its place and its count in
+    the minute are taken back (Quotas.withdraw); a reply that was asked for counts, whatever its end."""
+    refused = [Refused(InvalidInputError.of("input.empty"))]
+    asked = [Started("q"), Done("x", "default", Reason("default"), "q", stats=StreamStats(), prompt_tokens=3)]
+    for events, counted in ((refused, False), (asked, True)):
+        quotas = FakeQuotas()
+
+        async def turn(events: list[Event] = events) -> AsyncIterator[Event]:
+            for event in events:
+                yield event
+
+        assert [e async for e in gateway(quotas).chat_turn("alice", turn())] == events
+        assert quotas.counted == [counted]

@@ -4,32 +4,14 @@ Retry-After figures; per-user overrides; two users never share; two app processe
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 import pytest
 
-from backend.api.quotas import Quotas, seconds_to_midnight, utc_day
+from backend.api.quotas import BUSY_RETRY_S, Quotas, seconds_to_midnight, utc_day
 from backend.api.store import ApiDatabase
 from backend.config import ApiSettings, QuotaLimits
 from backend.errors import QuotaError
-
-NOON = datetime(2026, 1, 1, 12, tzinfo=UTC).timestamp()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOON
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-async def db(db_url: str):  # type: ignore[no-untyped-def]
-    database = ApiDatabase(db_url)
-    await database.prepare()
-    yield database
-    await database.close()
+from tests.unit.api.conftest import NOON, Clock
 
 
 def settings(**limits: int) -> ApiSettings:
@@ -127,3 +109,34 @@ async def test_two_processes_cannot_double_a_share(db_url: str) -> None:
     assert (len(admitted), len(refused)) == (3, 7), results
     for db in dbs:
         await db.close()
+
+
+async def test_a_withdrawn_request_frees_its_place_and_its_minute_and_adds_no_usage(db: ApiDatabase) -> None:
+    """A request refused before the engine was asked for a reply (Gateway: an unknown template, a message too long)."""
+    quotas = Quotas(db, settings(concurrent=1, requests_per_minute=1), Clock())
+    await quotas.withdraw(await quotas.admit("alice", "api"))
+    lease = await quotas.admit("alice", "api")  # the minute's one request and the one place are free again
+    await quotas.release(lease)
+    assert [(row.requests, row.route) for row in await quotas.usage("alice")] == [(1, "api")]
+    await quotas.close()
+
+
+async def test_retry_after_waits_for_a_dead_process_s_place_and_not_for_a_live_one(db: ApiDatabase) -> None:
+    """A live process refreshes its places (every third of lease_s): while one holds a place, a few seconds may free
+    it; a place no one refreshed is a dead process's, and frees itself lease_s after its last refresh."""
+    clock = Clock()
+    limits = settings(concurrent=1).model_copy(update={"lease_s": 60})
+    dead, live = Quotas(db, limits, clock), Quotas(db, limits, clock)
+    await dead.admit("alice", "api")
+    await dead.close()  # a process killed: it refreshes nothing from now on
+    held = await live.admit("bob", "api")
+    clock.now += 45
+    await live.refresh()
+    for user, wait in (("alice", 15), ("bob", BUSY_RETRY_S)):
+        with pytest.raises(QuotaError) as busy:
+            await live.admit(user, "api")
+        assert busy.value.retry_after_s == wait, user
+    clock.now += 16
+    await live.release(await live.admit("alice", "api"))  # the dead place went stale
+    await live.release(held)
+    await live.close()

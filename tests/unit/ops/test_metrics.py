@@ -108,7 +108,7 @@ def test_endpoints(make_config: MakeConfig) -> None:
     m.chat_started("s1")
     app = FastAPI()
     web.install_routes(service, app, metrics=m)
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://127.0.0.1:8501", client=("127.0.0.1", 50000)) as http:  # this machine
         resp = http.get("/metrics")
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/plain")
@@ -124,3 +124,29 @@ def test_endpoints(make_config: MakeConfig) -> None:
         assert alive.status_code == 200 and alive.json() == {"status": "alive"}
     paths = [getattr(r, "path", None) for r in app.router.routes]
     assert paths[:4] == ["/healthz", "/livez", "/metrics", "/metrics/engine"]
+
+
+@pytest.mark.parametrize("setting", ["local", "token"])
+def test_metrics_and_health_detail_are_for_this_machine(make_config: MakeConfig, setting: str) -> None:
+    """web.monitoring: another machine gets /livez and /healthz's status, not the metrics nor the health detail,
+    unless it sends web.monitoring_token."""
+    service = ChatService.from_config(make_config(web__monitoring_token="s3cret-token"))
+    app = FastAPI()
+    web.install_routes(service, app, metrics=AppMetrics())
+    with TestClient(app, base_url="http://chat.example.com", client=("203.0.113.9", 50000)) as http:
+        token = {"Authorization": "Bearer s3cret-token"} if setting == "token" else {}
+        metrics, engine = http.get("/metrics", headers=token), http.get("/metrics/engine", headers=token)
+        health, alive = http.get("/healthz", headers=token), http.get("/livez")
+    assert alive.status_code == 200 and health.status_code == 503, "the status answers everyone"
+    if setting == "token":
+        assert (
+            metrics.status_code == 200 and engine.status_code == 503 and health.json()["engine"]["state"] == "stopped"
+        )
+        return
+    assert health.json() == {"status": "degraded"}, "no engine address, pid or error for another machine"
+    for refused in (metrics, engine):
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "web.monitoring"
+        assert "203.0.113.9" in refused.json()["error"]["message"]
+    with TestClient(app, base_url="http://chat.example.com", client=("203.0.113.9", 50000)) as http:
+        wrong = http.get("/metrics", headers={"Authorization": "Bearer wrong"})
+    assert wrong.status_code == 403

@@ -467,7 +467,9 @@ def test_the_workshop_form_is_the_schema() -> None:
         "variables": "mapping",
         "stop": "list",
         "route_on_demo": "choice",
+        "documents": "choice",
     }
+    assert fields["passages"] == {"name": "passages", "kind": "number", "range": {"ge": 0, "le": 20}}
     assert fields["temperature"]["range"] == {"ge": 0, "le": 2}
     assert fields["top_p"]["range"] == {"gt": 0, "le": 1}
     assert fields["max_tokens"]["range"] == {"ge": 1, "le": 32768}

@@ -41,17 +41,6 @@ def test_without_login_only_the_local_machine(make_config: MakeConfig) -> None:
     assert "workshop.allow_remote" in refused.value.localized("zh-CN")[1]
 
 
-def test_another_sites_page_is_refused_even_from_the_local_machine(make_config: MakeConfig) -> None:
-    for cfg in (make_config(), make_config(workshop__allow_remote="true")):
-        access = Access(cfg)
-        assert access.check(request("127.0.0.1", origin="http://127.0.0.1:8501")) == Editor("local")  # its own page
-        with pytest.raises(WorkshopError) as refused:
-            access.check(request("127.0.0.1", origin="http://evil.example"))
-        assert refused.value.code == "workshop.foreign_origin"
-        with pytest.raises(WorkshopError):
-            access.check(request("127.0.0.1", origin="http://127.0.0.1:9999"))  # another program on this machine
-
-
 def test_without_login_the_address_asked_for_must_be_local_too(make_config: MakeConfig) -> None:
     access = Access(make_config())
     for asked in ("localhost:8501", "[::1]:8501", "127.0.0.1"):
