@@ -38,7 +38,7 @@ def test_the_machine_a_process_group_and_this_process_count_the_cpu_time_they_us
     before_own = own_cpu_s()
     while time.process_time() - start < 0.2:
         pass
-    assert own_cpu_s() - before_own >= 0.19
+    assert own_cpu_s() - before_own >= 0.18  # read in clock ticks of 0.01 s
 
 
 def test_other_work_is_told_from_the_engines_own() -> None:
