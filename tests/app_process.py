@@ -172,7 +172,9 @@ def launch_app(env: dict[str, str], log: Path, port: int | None = None) -> Runni
     need_engine(env.get("ERNIE_ENGINE__NAME", ""))
     port = port or free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith(("ERNIE_", "CHAINLIT_AUTH"))}
-    full.update({"HF_HUB_OFFLINE": "1", **env})
+    # No first-start tune unless a test asks (ERNIE_TUNE__ENABLED true): it measures for minutes, and the tests name
+    # their engine or take the default order (tests/integration/test_tune.py tests the tune itself)
+    full.update({"HF_HUB_OFFLINE": "1", "ERNIE_TUNE__ENABLED": "false", **env})
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--port", str(port)],

@@ -86,20 +86,24 @@ async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str]
                 detail = (await resp.aread()).decode("utf-8", "replace")
                 streamed.error = f"HTTP {resp.status_code}: {detail}"[:ERROR_CHARS]
                 return streamed
-            # Closed here, in this task, when the stream ends early ([DONE], an error): left to the garbage collector,
-            # the line iterator is finalised in another task ("async generator ignored GeneratorExit").
+            # Read to the body's end, past [DONE] or an error event (the server ends the body right after them): a
+            # body left half read leaves httpcore's own iterator to the garbage collector, which finalises it in
+            # another task ("async generator ignored GeneratorExit", "cancel scope in a different task").
+            ended = False
             async with aclosing(event_lines(resp)) as lines:
                 async for line in lines:
-                    if not line.startswith("data:"):
-                        continue  # blank separators and SSE comments
+                    if ended or not line.startswith("data:"):
+                        continue  # blank separators, SSE comments, anything after the end
                     payload = line[5:].strip()
                     if payload == "[DONE]":
-                        break
+                        ended = True
+                        continue
                     now = time.perf_counter()
                     data = json.loads(payload)
                     if "error" in data:
                         streamed.error = f"stream error: {data['error']}"[:ERROR_CHARS]
-                        return streamed
+                        ended = True
+                        continue
                     if choices := data.get("choices"):
                         delta = choices[0].get("delta") or {}
                         content = delta.get("content")
@@ -125,7 +129,7 @@ async def stream_chat(http: httpx.AsyncClient, url: str, headers: dict[str, str]
     except (httpx.HTTPError, ValueError) as exc:
         streamed.error = _error(exc)
         return streamed
-    if not streamed.chunk_times:
+    if not streamed.chunk_times and streamed.error is None:
         streamed.error = "the stream ended without any chunk"
     return streamed
 

@@ -26,6 +26,8 @@ OFFLINE = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # the hub out of reach: the dem
 def app_with_one_place(data: Path, **overrides: str) -> RunningApp:
     return start_app(
         data, engine__name="llama.cpp", llamacpp__parallel="1", admission__queue_max="1", api__enabled="true",
+        # the per-user quota (2 replies at once) would refuse the eight first (429): the line is what is tested here
+        api__quotas__concurrent="20", api__quotas__requests_per_minute="100",
         HF_HOME=str(data / "hf"), **OFFLINE, **overrides,
     )  # fmt: skip
 
