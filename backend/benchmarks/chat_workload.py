@@ -226,7 +226,9 @@ async def run_chat_level(
     turns: list[TurnResult] = []
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=10.0),
-        limits=httpx.Limits(max_connections=users + 4, max_keepalive_connections=users + 4),
+        # A connection per request: llama-server closes some connections after a streamed reply without saying so,
+        # and a reused one then fails the next request ("Server disconnected without sending a response").
+        limits=httpx.Limits(max_connections=users + 4, max_keepalive_connections=0),
         trust_env=False,
     ) as http:
 

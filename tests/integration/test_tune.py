@@ -118,7 +118,7 @@ async def test_three_tunes_choose_alike_though_other_work_bursts_into_one(
             for hog in hogs:
                 hog.kill()
                 hog.wait()
-        assert result is not None and result.chosen is not None, result
+        assert result is not None and result.chosen is not None, (attempt, result)
         assert [m.fmt for m in result.measured] == ["q4_1", "q8_0"], "the shipped format, then the requantized one"
         assert all(m.ok and len(m.rounds) == 3 for m in result.measured), [m.outcome for m in result.measured]
         if attempt == 1:
