@@ -51,14 +51,16 @@ def measured(label: str, one: tuple[float, float], many: tuple[float, float], ji
 def test_the_rule_takes_the_soonest_typical_reply_alone_and_at_the_expected_users() -> None:
     # (1 user: decode tok/s, first text ms), (4 users: the same); a typical reply is 200 tokens
     a = measured("llama.cpp q8_0", (60, 200), (30, 300))  # sqrt(3.53 x 6.97) = 4.96 s
-    b = measured("llama.cpp q4_k_m", (80, 180), (35, 280))  # sqrt(2.68 x 5.99) = 4.01 s
+    b = measured("llama.cpp q4_k_m", (80, 180), (40, 280))  # sqrt(2.68 x 5.28) = 3.76 s
     c = measured("vllm-cpu bfloat16", (15, 250), (12, 400))  # 15.1 s
     assert tuner.choose([a, b, c]) is b
     assert tuner.reply_s(level(35, 280)) == pytest.approx(0.28 + 200 / 35)
     # The demo on today's AMD EPYC: llama.cpp 2.1x quicker alone, vllm-cpu 1.6x quicker at 4 users at once.
     llama = measured("llama.cpp q4_1", (93.2, 330), (22.1, 550))  # sqrt(2.48 x 9.6) = 4.88 s (mean: 6.04)
     vllm = measured("vllm-cpu bfloat16", (39.1, 145), (34.8, 400))  # sqrt(5.26 x 6.15) = 5.69 s (mean: 5.70)
-    assert tuner.choose([vllm, llama]) is llama
+    assert tuner.scores(llama)[0] < tuner.scores(vllm)[0]  # type: ignore[index]
+    assert tuner.decide([llama, vllm]).chosen is llama  # 14 % quicker: within the margin, the default order decides
+    assert "default order" in tuner.decide([vllm, llama]).reason
     slow_to_answer = measured("vllm-cpu bfloat16", (15, 9000), (32, 9000))  # decodes faster, answers 9 s later
     assert tuner.choose([a, slow_to_answer]) is a
 
@@ -276,16 +278,16 @@ def test_only_a_candidate_clearly_quicker_in_every_round_wins_else_the_default_o
     wild = measured("llama.cpp q4_k_m", (80, 150), (40, 220))
     wild.rounds[1] = Round(level(20, 2000), level(10, 3000))
     assert tuner.decide([q8, wild]).chosen is q8
-    # quicker in every round, 18 % at the median, only 8 % in one round: it wins (asking 10 % of every round, three
-    # tunes of such a pair chose differently)
+    # quicker in every round, 25 % at the median, only 18 % in one round: it wins (a margin asked of every round lets
+    # one round decide)
     near = measured("llama.cpp q4_k_m", (60, 200), (30, 300))
     near.rounds = [
         Round(level(r.one["decode_tok_s"]["p50"] / f, r.one["first_text_ms"]["p50"] * f),
               level(r.many["decode_tok_s"]["p50"] / f, r.many["first_text_ms"]["p50"] * f))
-        for r, f in zip(q8.rounds, (0.82, 0.92, 0.80), strict=True)
+        for r, f in zip(q8.rounds, (0.75, 0.82, 0.72), strict=True)
     ]  # fmt: skip
     ratios = [tuner.round_score(a) / tuner.round_score(b) for a, b in zip(near.rounds, q8.rounds, strict=True)]
-    assert ratios == pytest.approx([0.82, 0.92, 0.80])
+    assert ratios == pytest.approx([0.75, 0.82, 0.72])
     assert tuner.decide([q8, near]).chosen is near
     # the rounds are compared in pairs: a machine that slows down for a round slows both candidates of that round
     drifting_q8 = measured("llama.cpp q8_0", (60, 200), (30, 300))
