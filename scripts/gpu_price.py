@@ -256,7 +256,9 @@ async def main(out: Path, model_src: str) -> None:
         services[name].start()
         await asyncio.sleep(3)
     try:
-        ready = await asyncio.gather(*(s.supervisor.wait_ready(420) for s in services.values()))
+        # Bounded so that the measurements keep their time: an engine not ready by then is stopped and left out.
+        wait_s = min(420.0, max(60.0, left() - 240))
+        ready = await asyncio.gather(*(s.supervisor.wait_ready(wait_s) for s in services.values()))
         doc["start_s"] = round(time.monotonic() - t0, 1)
         doc["engines"] = {}
         for (name, svc), ok in zip(services.items(), ready, strict=True):
@@ -265,6 +267,10 @@ async def main(out: Path, model_src: str) -> None:
             if not ok:
                 doc["engines"][name]["error"] = f"{sup.status.error}\n{sup.status.log_tail}"
         running = {n: s for n, s in services.items() if doc["engines"][n]["ready"]}
+        for name, svc in services.items():
+            if name not in running:
+                await svc.stop()
+        doc["memory"] = memory(running)  # at once, so that a call cut short keeps it
         print(
             f"[price] started in {doc['start_s']} s: {[(n, e['ready']) for n, e in doc['engines'].items()]}", flush=True
         )
@@ -281,6 +287,8 @@ async def main(out: Path, model_src: str) -> None:
                 doc["engines"][name]["check"] = verdict.to_dict()
                 print(f"[price] check {name}: {verdict.passed} {verdict.reason[:300]}", flush=True)
         except Exception as exc:  # the figures of the rest still count
+            if ref_proc.poll() is None:  # no reference process left running beside the measurements
+                ref_proc.kill()
             doc["check_error"] = f"{type(exc).__name__}: {exc}"
             print(f"[price] check failed: {doc['check_error']}", flush=True)
         save(out)
@@ -300,10 +308,12 @@ async def main(out: Path, model_src: str) -> None:
         print(f"[price] the app's prompt ids: {app_ids is not None}", flush=True)
         doc["rounds"] = []
         names = list(running)
+        longest = 60.0
         for r in range(ROUNDS):
-            if left() < 90:
+            if left() < max(90.0, 1.1 * longest):
                 print(f"[price] round {r}: skipped, {left():.0f} s left", flush=True)
                 break
+            began = time.monotonic()
             rec: dict[str, Any] = {"round": r, "order": names[r % len(names) :] + names[: r % len(names)]}
             for name in rec["order"]:
                 svc = running[name]
@@ -337,6 +347,8 @@ async def main(out: Path, model_src: str) -> None:
                     for s in senders.values():
                         if hasattr(s, "aclose"):
                             await s.aclose()
+            rec["took_s"] = round(time.monotonic() - began, 1)
+            longest = max(longest, rec["took_s"])
             doc["rounds"].append(rec)
             save(out)
         doc["memory"] = memory(running)
