@@ -18,6 +18,9 @@ usage: python scripts/gpu_price.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu
    the same three ways, one user.
 5. The engines' memory (nvidia-smi per process, the log's weights and KV figures); each engine's log.
 Everything is written to OUT_DIR as it is measured (price.json).
+Env for a short call: PRICE_DUMMY=1 (vLLM's dummy weights, no answer check), PRICE_RESERVE_S (seconds kept for the
+measurements when waiting for the engines, 240), PRICE_MIN_ROUND_S (the least time left to start a round, 90).
+vLLM 0.26 needs compressed-tensors (and loguru) for any --quantization: carry their wheels in .whl.
 """
 
 from __future__ import annotations
