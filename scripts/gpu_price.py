@@ -18,6 +18,9 @@ usage: python scripts/gpu_price.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu
    the same three ways, one user.
 5. The engines' memory (nvidia-smi per process, the log's weights and KV figures); each engine's log.
 Everything is written to OUT_DIR as it is measured (price.json).
+Env for a short call: PRICE_DUMMY=1 (vLLM's dummy weights, no answer check), PRICE_RESERVE_S (seconds kept for the
+measurements when waiting for the engines, 240), PRICE_MIN_ROUND_S (the least time left to start a round, 90).
+vLLM 0.26 needs compressed-tensors (and loguru) for any --quantization: carry their wheels in .whl.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ class Engine:
     """One engine as the app starts it (its supervisor: the app's flags, checks and start) and the app's client for
     it. (Not the chat service: this script runs beside the vLLM bundle without the app's web packages.)"""
 
-    def __init__(self, model: Path, name: str) -> None:
+    def __init__(self, model: Path, name: str, load_format: str = "auto") -> None:
         env = {
             **os.environ,
             "ERNIE_ENGINE__NAME": "vllm",
@@ -114,7 +117,7 @@ class Engine:
             "ERNIE_ENGINE__FLAGS__GPU_MEMORY_UTILIZATION": "0.18",
             "ERNIE_ENGINE__FLAGS__EXTRA_ARGS": json.dumps(COMMON),
             "ERNIE_MODEL__ID": str(model),
-            "ERNIE_MODEL__LOAD_FORMAT": "auto",
+            "ERNIE_MODEL__LOAD_FORMAT": load_format,
             "ERNIE_CANARY__ENABLED": "false",  # checked below, with its figures whatever the verdict
             "ERNIE_SERVER__PORT": "0",
             "ERNIE_PATHS__DATA_DIR": f"/tmp/price/{name}",
@@ -243,7 +246,15 @@ async def main(out: Path, model_src: str) -> None:
     doc["machine"] = machine()
     doc["order"], doc["rounds_asked"], doc["kv_bytes"] = ORDER, ROUNDS, KV_BYTES
     real = Path("/tmp/price/ernie-real")
-    doc["weights_s"] = make_weights(model_src, real)
+    load_format = "auto"
+    try:
+        if os.environ.get("PRICE_DUMMY"):  # speed and memory only, no answer check: vLLM's own random weights
+            raise OSError("PRICE_DUMMY is set")
+        doc["weights_s"] = make_weights(model_src, real)
+    except (subprocess.CalledProcessError, OSError) as exc:  # the speed figures still count: vLLM's dummy weights
+        doc["weights_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"[price] no real weights ({doc['weights_error']}): dummy weights, no answer check", flush=True)
+        real, load_format = Path(model_src), "dummy"
     ref_path = Path("/tmp/price/reference.json")
     ref_proc = subprocess.Popen(  # noqa: ASYNC220 (the float32 reference, while the engines start)
         [sys.executable, "-m", "backend.child.logprob_reference", str(real), str(ref_path), "--threads", "8"],
@@ -252,11 +263,13 @@ async def main(out: Path, model_src: str) -> None:
     services: dict[str, Engine] = {}
     t0 = time.monotonic()
     for name in ORDER:
-        services[name] = Engine(real, name)
+        services[name] = Engine(real, name, load_format)
         services[name].start()
         await asyncio.sleep(3)
     try:
-        ready = await asyncio.gather(*(s.supervisor.wait_ready(420) for s in services.values()))
+        # Bounded so that the measurements keep their time: an engine not ready by then is stopped and left out.
+        wait_s = min(420.0, max(60.0, left() - float(os.environ.get("PRICE_RESERVE_S", "240"))))
+        ready = await asyncio.gather(*(s.supervisor.wait_ready(wait_s) for s in services.values()))
         doc["start_s"] = round(time.monotonic() - t0, 1)
         doc["engines"] = {}
         for (name, svc), ok in zip(services.items(), ready, strict=True):
@@ -265,6 +278,10 @@ async def main(out: Path, model_src: str) -> None:
             if not ok:
                 doc["engines"][name]["error"] = f"{sup.status.error}\n{sup.status.log_tail}"
         running = {n: s for n, s in services.items() if doc["engines"][n]["ready"]}
+        for name, svc in services.items():
+            if name not in running:
+                await svc.stop()
+        doc["memory"] = memory(running)  # at once, so that a call cut short keeps it
         print(
             f"[price] started in {doc['start_s']} s: {[(n, e['ready']) for n, e in doc['engines'].items()]}", flush=True
         )
@@ -281,6 +298,8 @@ async def main(out: Path, model_src: str) -> None:
                 doc["engines"][name]["check"] = verdict.to_dict()
                 print(f"[price] check {name}: {verdict.passed} {verdict.reason[:300]}", flush=True)
         except Exception as exc:  # the figures of the rest still count
+            if ref_proc.poll() is None:  # no reference process left running beside the measurements
+                ref_proc.kill()
             doc["check_error"] = f"{type(exc).__name__}: {exc}"
             print(f"[price] check failed: {doc['check_error']}", flush=True)
         save(out)
@@ -300,10 +319,12 @@ async def main(out: Path, model_src: str) -> None:
         print(f"[price] the app's prompt ids: {app_ids is not None}", flush=True)
         doc["rounds"] = []
         names = list(running)
+        longest = 0.0
         for r in range(ROUNDS):
-            if left() < 90:
+            if left() < max(float(os.environ.get("PRICE_MIN_ROUND_S", "90")), 1.1 * longest):
                 print(f"[price] round {r}: skipped, {left():.0f} s left", flush=True)
                 break
+            began = time.monotonic()
             rec: dict[str, Any] = {"round": r, "order": names[r % len(names) :] + names[: r % len(names)]}
             for name in rec["order"]:
                 svc = running[name]
@@ -337,6 +358,8 @@ async def main(out: Path, model_src: str) -> None:
                     for s in senders.values():
                         if hasattr(s, "aclose"):
                             await s.aclose()
+            rec["took_s"] = round(time.monotonic() - began, 1)
+            longest = max(longest, rec["took_s"])
             doc["rounds"].append(rec)
             save(out)
         doc["memory"] = memory(running)
@@ -353,7 +376,7 @@ async def main(out: Path, model_src: str) -> None:
     if "bf16" in services and left() > 150:  # a fresh start on the caches the first one filled, alone, its log at DEBUG
         os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(ms_logging(Path("/tmp/price/logging.json")))
-        svc = Engine(real, "bf16")
+        svc = Engine(real, "bf16", load_format)
         log = svc.supervisor.log_path
         mark = log.stat().st_size if log.exists() else 0
         t0 = time.monotonic()

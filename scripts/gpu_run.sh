@@ -136,6 +136,7 @@ elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first 
   CLI="vllm.entrypoints.cli.benchmark.main, vllm.entrypoints.cli.collect_env, vllm.entrypoints.cli.launch"
   CLI="$CLI, vllm.entrypoints.cli.openai, vllm.entrypoints.cli.run_batch, vllm.entrypoints.cli.serve"
   for m in "$CLI" vllm.entrypoints.openai.api_server; do
+    [ $(( TUNE_DEADLINE - $(date +%s) )) -gt 40 ] || { echo "[price] import times: no time left"; break; }
     f="$OUT/importtime-$(echo "$m" | cut -c1-24 | tr -c 'a-z0-9._\n' '_').txt"
     echo "[price] import $m: $( { time python3 -X importtime -c "import $m" 2> "$f"; } 2>&1 )"
   done

@@ -1,0 +1,90 @@
+"""The tables of results/gpu-*/issue43-price/README.md from a price.json of scripts/gpu_price.py.
+
+usage: python scripts/summarize_price.py PRICE_JSON   (median (min-max) over the rounds; Markdown to stdout)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Any
+
+WAYS = {
+    "chat": "vLLM alone: /v1/chat/completions",
+    "ids": "vLLM alone: /v1/completions with the prompt's ids",
+    "app": "the app's ChatClient, messages",
+    "app-ids": "the app's ChatClient, its own token ids",
+}
+
+
+def span(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def vllm_ms(level: dict[str, Any], phase: str) -> float:
+    return float(level["phases"][phase]["mean_ms"])
+
+
+def main(path: str) -> None:
+    rounds = json.load(open(path))["rounds"]
+    print("### bf16 engine alone (vLLM's chat API), 512-token prompts, 256 output tokens, greedy\n")
+    print("| users | output tok/s | client TTFT P50 ms | client TTFT P99 ms | vLLM's own TTFT mean ms "
+          "| of it prefill mean ms | TPOT P50 ms |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for users in ("1", "16", "64"):
+        ls = [r["bf16"][users] for r in rounds if users in r.get("bf16", {})]
+        if not ls:
+            continue
+        cells = [
+            span([x["output_tokens_per_s"] for x in ls]),
+            span([x["ttft_ms"]["p50"] for x in ls]),
+            span([x["ttft_ms"]["p99"] for x in ls]),
+            span([vllm_ms(x, "time_to_first_token_seconds") for x in ls]),
+            span([vllm_ms(x, "request_prefill_time_seconds") for x in ls]),
+            span([x["tpot_ms"]["p50"] for x in ls]),
+        ]
+        print(f"| {users} | " + " | ".join(cells) + " |")
+    print("\n### The first token at 16 users, the same 64 prompts four ways, alternated (order reversed each round)\n")
+    print("| way | P50 ms | P99 ms | mean ms | vLLM's own TTFT mean ms | client minus vLLM's (mean) ms "
+          "| per round P99 |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for way, label in WAYS.items():
+        ls = [r["ways16"][way] for r in rounds if "ways16" in r]
+        if not ls:
+            continue
+        own = [vllm_ms(x, "time_to_first_token_seconds") for x in ls]
+        mean = [x["ttft_ms"]["mean"] for x in ls]
+        cells = [
+            span([x["ttft_ms"]["p50"] for x in ls]),
+            span([x["ttft_ms"]["p99"] for x in ls]),
+            span(mean),
+            span(own),
+            span([a - b for a, b in zip(mean, own, strict=True)]),
+            " / ".join(f"{x['ttft_ms']['p99']:.1f}" for x in ls),
+        ]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print("\n### Long chats: one user, 6 measured messages per way and round, the history in vLLM's prefix cache\n")
+    print("| chat | way | client TTFT mean ms | vLLM's own TTFT mean ms | client minus vLLM's ms "
+          "| per round client mean | prefix-cache hit share |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    sizes = sorted({k.split("-", 1)[0] for r in rounds for k in r.get("long", {})}, key=int)
+    for size in sizes:
+        for way, label in WAYS.items():
+            ls = [r["long"][f"{size}-{way}"] for r in rounds if f"{size}-{way}" in r.get("long", {})]
+            own = [vllm_ms(x, "time_to_first_token_seconds") for x in ls]
+            mean = [x["ttft_ms"]["mean"] for x in ls]
+            hits = sum(x["phases"]["prefix_cache_hits"] for x in ls) / sum(
+                x["phases"]["prefix_cache_queries"] for x in ls
+            )
+            cells = [
+                span(mean),
+                span(own),
+                span([a - b for a, b in zip(mean, own, strict=True)]),
+                " / ".join(f"{m:.1f}" for m in mean),
+                f"{hits:.3f}",
+            ]
+            print(f"| {ls[-1].get('prompt_tokens')} tokens | {label} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
