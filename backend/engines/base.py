@@ -58,6 +58,9 @@ class Candidate:
 
     engine: EngineName
     variant: str
+    # An engine build may refuse to start this one at all (FP8 on a card or a vLLM install without its kernels): an
+    # exit during start-up then gives way to the next candidate, as wrong answers do, instead of stopping the start.
+    may_refuse: bool = False
 
     @property
     def label(self) -> str:

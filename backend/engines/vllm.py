@@ -117,7 +117,7 @@ class Vllm(Engine):
         pinned = cfg.engine.flags.quantization is not None or cfg.engine.flags.kv_cache_dtype is not None
         if not uses_fp8(flags):
             return [sixteen]
-        return [Candidate(self.name, FP8)] if pinned else [Candidate(self.name, FP8), sixteen]
+        return [Candidate(self.name, FP8)] if pinned else [Candidate(self.name, FP8, may_refuse=True), sixteen]
 
     def number_format(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> str:
         return FP8 if variant == FP8 else super().number_format(cfg, variant, resolved)

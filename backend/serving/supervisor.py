@@ -415,6 +415,8 @@ class Supervisor:
                 crashed = crash_signal(code)
                 if crashed and self.canary is not None:
                     raise Rejected(f"crashed with {crashed} during start-up")
+                if code is not None and self.canary is not None and self.canary.ladder.current.may_refuse:
+                    raise Rejected(f"exited with code {code} during start-up")  # e.g. FP8 unsupported: 16 bits next
                 if code is not None:
                     exited = EngineStartError.of("engine.exited", exit_code=code, log=self.log_path)
                     exited.log_tail = process.tail() if process else ""

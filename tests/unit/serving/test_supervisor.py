@@ -272,7 +272,7 @@ async def test_crash_loop_gives_up(tmp_path: Path, sig: int) -> None:
     await sup.stop()
 
 
-def guarded(tmp_path: Path, plan: dict[str, list[str]]) -> Supervisor:
+def guarded(tmp_path: Path, plan: dict[str, list[str]], may_refuse: tuple[str, ...] = ()) -> Supervisor:
     """A supervisor whose candidates are stub engines started with `plan[variant]` (the canary's check is off:
     a crash alone decides here; the answer check has tests of its own)."""
     cfg = load_config(
@@ -284,7 +284,7 @@ def guarded(tmp_path: Path, plan: dict[str, list[str]]) -> Supervisor:
             "ERNIE_CANARY__ENABLED": "false",
         }
     )
-    canary = Canary(cfg, [Candidate("stub", v) for v in plan], sys.executable)
+    canary = Canary(cfg, [Candidate("stub", v, may_refuse=v in may_refuse) for v in plan], sys.executable)
     port = free_port()
 
     def prepare() -> LaunchSpec:
@@ -340,3 +340,27 @@ async def test_when_every_candidate_crashes_the_app_says_what_was_tried(tmp_path
         assert "llamacpp.cpu_variant" in (sup.status.hint or "")
     finally:
         await sup.stop()
+
+
+async def test_a_candidate_the_engine_may_refuse_gives_way_when_it_exits_and_another_stops_the_start(
+    tmp_path: Path,
+) -> None:
+    """FP8 on a vLLM without its kernels exits with an error at start-up: the 16-bit candidate serves instead. The same
+    exit of an ordinary candidate (a wrong flag, a port in use) stops the start with its own message."""
+    sup = guarded(tmp_path / "a", {"fp8": ["--exit-at-start", "1"], "bfloat16": []}, may_refuse=("fp8",))
+    sup.start_background()
+    try:
+        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert sup.canary is not None and sup.canary.ladder.current.variant == "bfloat16"
+        assert sup.canary.ladder.rejected == ["stub fp8: exited with code 1 during start-up"]
+    finally:
+        await sup.stop()
+    plain = guarded(tmp_path / "b", {"fp8": ["--exit-at-start", "1"], "bfloat16": []})
+    plain.start_background()
+    try:
+        assert not await plain.wait_ready(GENEROUS_S)
+        assert plain.canary is not None and plain.canary.ladder.current.variant == "fp8"
+        problem = plain.status.problem
+        assert isinstance(problem, EngineStartError), problem
+    finally:
+        await plain.stop()
