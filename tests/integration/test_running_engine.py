@@ -30,6 +30,8 @@ from backend.serving.supervisor import State
 from tests.app_process import launch_app
 from tests.conftest import service_config
 
+LOCAL = ("127.0.0.1", 50000)  # a client on this machine: it reads the metrics and the health detail
+
 pytestmark = pytest.mark.integration
 
 GENEROUS_S = 600.0  # waits that end as soon as their condition holds
@@ -42,7 +44,7 @@ async def test_metrics_endpoints(tiny_service: ChatService) -> None:
     web.install_routes(tiny_service, app, metrics=m)
 
     def fetch() -> tuple[str, str, int]:
-        with TestClient(app) as http:
+        with TestClient(app, base_url="http://127.0.0.1:8501", client=LOCAL) as http:  # web.monitoring: local
             engine = http.get("/metrics/engine")
             assert engine.status_code == 200
             return engine.text, http.get("/metrics").text, http.get("/healthz").status_code
@@ -65,7 +67,7 @@ def app_of(service: ChatService, metrics: AppMetrics) -> FastAPI:
 
 async def get(app: FastAPI, path: str) -> tuple[int, str]:
     def fetch() -> tuple[int, str]:
-        with TestClient(app) as http:
+        with TestClient(app, base_url="http://127.0.0.1:8501", client=LOCAL) as http:  # web.monitoring: local
             resp = http.get(path)
             return resp.status_code, resp.text
 
