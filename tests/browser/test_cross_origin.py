@@ -141,7 +141,8 @@ def engine() -> Iterator[FakeEngine]:
 async def login_app(engine: FakeEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningApp]:
     root = tmp_path_factory.mktemp("cross-origin-login")
     users = root / "users.yaml"
-    write_users_file(users, {"alice": hash_password(PASSWORD)})
+    # an editor: the test also opens the workshop (under its own policy) as she would
+    write_users_file(users, {"alice": hash_password(PASSWORD)}, roles={"alice": "editor"})
     async with serving(start_app(root / "data", **engine.app_overrides(), auth__enabled="true",
                                  auth__users_file=str(users))) as app:  # fmt: skip
         yield app
