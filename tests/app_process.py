@@ -204,11 +204,11 @@ def start_app(data: Path, **overrides: str) -> RunningApp:
     return launch_app(env, data / "app.log")
 
 
-def login_env(data: Path, model: Path, users_file: Path, database_url: str = "") -> dict[str, str]:
+def login_env(data: Path, model: Path, users_file: Path, database_url: str = "", engine: str = "") -> dict[str, str]:
     """ERNIE_* settings for an app with login and saved conversations, serving `model` with short replies.
 
     The conversations go to `database_url` (the app_db_url fixture gives one on each database), or by default to
-    the SQLite file in `data`."""
+    the SQLite file in `data`; `engine` names the engine (by default the configuration's order chooses)."""
     cache = os.environ.get("ERNIE_PATHS__CACHE_DIR")
     canary = os.environ.get("ERNIE_CANARY__DIR")
     return {
@@ -223,6 +223,7 @@ def login_env(data: Path, model: Path, users_file: Path, database_url: str = "")
         **({"ERNIE_PATHS__CACHE_DIR": cache} if cache else {}),
         **({"ERNIE_CANARY__DIR": canary} if canary else {}),
         **({"ERNIE_STORAGE__DATABASE_URL": database_url} if database_url else {}),
+        **({"ERNIE_ENGINE__NAME": engine} if engine else {}),
     }
 
 

@@ -51,6 +51,17 @@ def tiny_model(engine_py: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def spm_model(engine_py: str) -> Path:
+    """The tiny random ERNIE model with a SentencePiece tokenizer.model (built once, cached): llama.cpp serves it
+    (from its own GGUF conversion) and starts in seconds, for tests that need a real engine but not a particular one."""
+    out = CACHE / "tiny-ernie-spm2"  # 2: keeps newlines (identity normalization)
+    if not (out / "model.safetensors").exists() or not (out / "generation_config.json").exists():
+        script = ROOT / "scripts" / "make_tiny_ernie_spm.py"
+        subprocess.run([engine_py, str(script), str(out)], check=True, capture_output=True, timeout=600)
+    return out
+
+
+@pytest.fixture(scope="session")
 def demo_model(engine_py: str) -> Path:
     return prepare_demo_model(load_config(environ=inherited_env()), engine_py)
 

@@ -26,11 +26,12 @@ LOCALES = {
 
 
 @pytest.fixture(scope="module")
-def app(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
+def app(spm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
     root = tmp_path_factory.mktemp("api-keys-ui")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    running = launch_app(login_env(root / "data", tiny_model, users), root / "app.log")
+    # llama.cpp serving the tiny ERNIE model: any engine will do, and it starts in seconds
+    running = launch_app(login_env(root / "data", spm_model, users, engine="llama.cpp"), root / "app.log")
     try:
         running.wait_ready()
         yield running

@@ -70,16 +70,6 @@ def llama_server() -> Path:
 
 
 @pytest.fixture(scope="session")
-def spm_model(engine_py: str) -> Path:
-    """The tiny random ERNIE model with a SentencePiece tokenizer.model (built once, cached)."""
-    out = MODELS / "tiny-ernie-spm2"  # 2: keeps newlines (identity normalization)
-    if not (out / "model.safetensors").exists() or not (out / "generation_config.json").exists():
-        script = ROOT / "scripts" / "make_tiny_ernie_spm.py"
-        subprocess.run([engine_py, str(script), str(out)], check=True, capture_output=True, timeout=600)
-    return out
-
-
-@pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache for the session (GGUF files, references): the first use converts for real, later ones reuse."""
     return tmp_path_factory.mktemp("llama-cache")

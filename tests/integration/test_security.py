@@ -411,6 +411,15 @@ async def test_a_client_gone_mid_request_is_one_line_in_the_log(site: Site) -> N
 async def test_feedback_only_on_ones_own_replies(site: Site) -> None:
     users = {name: await login(site.app.url, name, PASSWORD) for name in ("alice", "bob")}
     chats = {name: ChatSocket(site.app.url, http) for name, http in users.items()}
+    try:
+        await rate_replies(site, users, chats)
+    finally:  # a failed check leaves no socket open for a later test to trip over
+        for name in chats:
+            await chats[name].close()
+            await users[name].aclose()
+
+
+async def rate_replies(site: Site, users: dict[str, httpx.AsyncClient], chats: dict[str, ChatSocket]) -> None:
     replies = {}
     for name, chat in chats.items():
         await chat.connect()
@@ -425,7 +434,10 @@ async def test_feedback_only_on_ones_own_replies(site: Site) -> None:
             found = db.execute('SELECT COUNT(*) FROM steps WHERE "id" IN (?, ?)', (alice_step, bob_step)).fetchone()
         return bool(found[0] == 2)
 
-    await asyncio.to_thread(wait_until, saved, "both replies saved", 30)
+    try:
+        await asyncio.to_thread(wait_until, saved, "both replies saved", 60)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; what the apps logged:\n{log_tails(site)}") from None
 
     def rating(step: str, session: str, **more: str) -> dict[str, object]:
         return {"feedback": {"forId": step, "value": 1, **more}, "sessionId": session}
@@ -445,9 +457,10 @@ async def test_feedback_only_on_ones_own_replies(site: Site) -> None:
         rows = db.execute('SELECT "forId", "value" FROM feedbacks WHERE "id" = ?', (feedback_id,)).fetchall()
     assert rows == [(alice_step, 1)], "alice's rating is hers, as she gave it"
     assert (await users["bob"].put("/feedback", json=rating(bob_step, bob_session))).status_code == 200
-    for name in chats:
-        await chats[name].close()
-        await users[name].aclose()
+
+
+def log_tails(site: Site) -> str:
+    return "\n".join(f"--- {app.url}\n{app.log_text()[-3000:]}" for app in site.apps)
 
 
 async def test_the_workshops_try_is_a_reply_within_the_editors_quota_and_input_limit(site: Site) -> None:

