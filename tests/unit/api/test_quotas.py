@@ -92,7 +92,10 @@ async def test_a_dead_process_s_lease_goes_stale(db: ApiDatabase) -> None:
     clock = Clock()
     quotas = Quotas(db, settings(concurrent=1).model_copy(update={"lease_s": 60}), clock)
     await quotas.admit("alice", "api")  # never released
-    clock.now += 61
+    clock.now += 59
+    with pytest.raises(QuotaError):  # still within its lease: the place is taken
+        await quotas.admit("alice", "api")
+    clock.now += 2
     await quotas.admit("alice", "api")
 
 
