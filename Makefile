@@ -25,7 +25,7 @@ endif
 # the app chooses among, for an image meant for other CPUs, "all" every variant llama.cpp has.
 LLAMA_VARIANTS ?= native
 
-.PHONY: run setup setup-llamacpp test lint unit integration browser-deps bench-cpu doctor add-user clean \
+.PHONY: run setup setup-llamacpp test test-long lint unit integration browser-deps bench-cpu doctor add-user clean \
 	fresh-debian12 fresh-debian13 image-test
 
 ## run: install everything (first time only) and start the chat at http://$(HOST):$(PORT)
@@ -83,9 +83,14 @@ $(ENGINE_VENV)/.llamacpp: backend/child/llamacpp_build.py | $(ENGINE_VENV)/bin/p
 
 ## test: the whole suite: lint, type check, template check, unit, integration and browser tests, in a shuffled
 ## order (pytest-randomly prints the seed; `pytest -p randomly --randomly-seed=N` repeats an order); the 30 slowest
-## steps are listed at the end (where CI's minutes go: it must finish well within its hour)
+## steps are listed at the end (where CI's minutes go: it must finish well within its hour). Tests marked `long`
+## (minutes of measuring a property of this machine, e.g. three tunes in a row) run in test-long instead.
 test: setup browser-deps lint
-	$(VENV)/bin/python -m pytest -p randomly --durations=30
+	$(VENV)/bin/python -m pytest -p randomly -m "not long" --durations=30
+
+## test-long: the tests marked `long` (run before a release or after a change to what they measure)
+test-long: setup
+	$(VENV)/bin/python -m pytest -p randomly -m long --durations=10
 
 ## lint: ruff, mypy on backend/, and the prompt templates
 lint: $(VENV)/.installed

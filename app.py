@@ -85,6 +85,7 @@ async def startup() -> None:
         STARTUP_ERROR = exc
         log.error("%s", exc)
         return
+    page.own_files_folder(SERVICE.cfg.paths.data / "files")  # not <project>/.files, shared by every process there
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
     GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished)
     web.install_routes(SERVICE, api=GATEWAY, guard=GUARD)

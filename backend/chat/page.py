@@ -244,7 +244,8 @@ async def offer_actions(reply: cl.Message, lang: str) -> None:
     """The last reply's buttons: regenerate it, export the conversation as Markdown or JSON (earlier replies lose
     theirs: regenerate is for the last reply only)."""
     for action in cl.user_session.get("actions") or []:
-        await action.remove()
+        if isinstance(action, cl.Action):  # a resumed chat's session comes back from the thread without them
+            await action.remove()
     actions = [
         cl.Action(name=REGENERATE, payload={}, label=t("action_regenerate", lang), icon="refresh-cw"),
         cl.Action(name=EXPORT, payload={"format": "md"}, label=t("action_export_md", lang), icon="file-text"),

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 MIN_REPLY_TOKENS = 64
 WAIT_STEP_S = 1.0  # how often the "starting" notice is updated
+UNLINED_PLACES = 1_000_000  # replies at once to a server that queues itself: no bound of ours
 # The warm-up (ChatService.warm_up): a first message, a short reply to it; on a GPU also a long prompt beside
 # a few short ones.
 WARMUP_TEXT = "Hello! Who are you?"
@@ -101,6 +102,9 @@ class ChatService:
         a = cfg.admission
         # The line in front of the engine; its places are the running engine's (LaunchSpec.capacity: line()).
         self.admission = Admission(1, a.queue_max, a.max_wait_s, a.reply_s) if a.enabled else None
+        # Replies to a server that queues itself (no line: line() is None) hold a place here, never waiting: counted,
+        # so that a drain for a restart waits for them too and refuses newcomers as the line does.
+        self.unlined = Admission(UNLINED_PLACES, a.queue_max, a.max_wait_s, a.reply_s) if a.enabled else None
         self.finder: Finder | None = None  # the users' documents (backend.documents.library), when the app has them
 
     @classmethod
@@ -129,6 +133,7 @@ class ChatService:
         view._accounting = (self.counter_id(), self.accounting())
         view._max_model_len = self._max_model_len
         view.admission = self.admission  # a try waits in the same line as the chat
+        view.unlined = self.unlined
         view.finder = self.finder
         return view
 
@@ -330,9 +335,14 @@ class ChatService:
         self.admission.resize(spec.capacity)
         return self.admission
 
+    def lines(self) -> list[Admission]:
+        """Every place a request may hold: the line in front of the engine, and the places of replies without one."""
+        return [line for line in (self.admission, self.unlined) if line is not None]
+
     def join_line(self, owner: str) -> Ticket | None:
-        """A place in the line for one request of `owner` (None: no line); ServerFullError when it is full."""
-        line = self.line()
+        """A place in the line for one request of `owner` (a place of its own where the server queues itself; None:
+        admission off); ServerFullError when the line is full, ServerRestartingError while the app drains."""
+        line = self.line() or self.unlined
         return line.join(owner) if line is not None else None
 
     async def wait_in_line(self, ticket: Ticket) -> AsyncGenerator[Queued, None]:
@@ -351,7 +361,7 @@ class ChatService:
         return self.admission.refusal if self.admission is not None else None
 
     async def admit(self, owner: str) -> Ticket | None:
-        """Wait in line for one request of `owner` (the API's: it shows no place); None: no line. Leave the ticket
+        """Wait in line for one request of `owner` (the API's: it shows no place); None: admission off. Leave the ticket
         when the request ends. ServerFullError when the line is full or the app drains."""
         ticket = self.join_line(owner)
         if ticket is not None:

@@ -54,15 +54,17 @@ class Drain:
         """Close the line, wait for the replies in flight (admission.drain_s at most), then stop as before."""
         a = self.service.cfg.admission
         self.started = time.monotonic()
-        line = self.service.admission
-        running = len(line.running) if line is not None else 0
+        lines = self.service.lines()  # the line in front of the engine, and replies to a server that queues itself
+        running = sum(len(line.running) for line in lines)
         log.warning("Draining for a restart: %d repl%s in flight, up to %.0f s", running,
                     "y" if running == 1 else "ies", a.drain_s)  # fmt: skip
-        if line is not None:
-            line.close(a.restart_s)
-            drained = await line.drained(a.drain_s)
+        if lines:
+            for line in lines:
+                line.close(a.restart_s)
+            drained = all(await asyncio.gather(*(line.drained(a.drain_s) for line in lines)))
+            left = sum(len(line.running) for line in lines)
             log.warning("Drained in %.1f s%s", time.monotonic() - self.started,
-                        "" if drained else f"; {len(line.running)} still running are saved cut off")  # fmt: skip
+                        "" if drained else f"; {left} still running are saved cut off")  # fmt: skip
         self._hand_on(sig, frame)
 
     def _hand_on(self, sig: int, frame: FrameType | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from pathlib import Path
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
@@ -40,6 +41,19 @@ def inline_script_hashes(html: str | None = None) -> list[str]:
         html = chainlit_server.get_html_template(chainlit_server.config.run.root_path)
     scripts = _INLINE_SCRIPT.findall(html)
     return sorted({base64.b64encode(hashlib.sha256(script.encode()).digest()).decode() for script in scripts})
+
+
+def own_files_folder(folder: Path) -> None:
+    """Keep Chainlit's session files (elements, uploads) in `folder`, this process's own. Chainlit keeps them under
+    <project>/.files and deletes that folder as it stops: two app processes started from one folder (a fleet on one
+    machine) shared it, so a rolling restart of one deleted the files of the other's sessions, and the other's next
+    reply failed ("No such file or directory"). Each process keeps its own, in its data folder."""
+    import chainlit.config as chainlit_config
+    import chainlit.server as chainlit_server
+
+    folder.mkdir(parents=True, exist_ok=True)
+    chainlit_config.FILES_DIRECTORY = folder  # sessions look it up here at each use (Session.files_dir)
+    chainlit_server.FILES_DIRECTORY = folder  # the server's copy: the upload route, and the folder deleted at the end
 
 
 def install_page(service: ChatService, app: FastAPI | None = None) -> None:

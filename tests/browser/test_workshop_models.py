@@ -66,7 +66,10 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         real_engine(served[0], served[1], root / "engine", engine_py) as (url, key),
         RecordingProxy(url, key) as engine,
     ):
-        app = start_app(root / "data", model__id=model_id, paths__prompts_dir=str(prompts), **engine.app_overrides())
+        app = start_app(
+            root / "data", model__id=model_id, paths__prompts_dir=str(prompts), **engine.app_overrides(),
+            chat__max_tokens="32", demo__max_tokens="32",  # short replies: what is sent is the point, not the words
+        )  # fmt: skip
         try:
             app.wait_ready()
             yield Site(app, engine, prompts, demo, Path(model_id).name)

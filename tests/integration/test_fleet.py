@@ -9,7 +9,9 @@ keeps each browser on one app process (docs/deployment.md).
   proxy);
 - a template saved in the workshop of one process is used by the chat of the other at its next message, and two
   editors on the two processes get the same conflict message as two on one;
-- feedback and /metrics count per process, and a scraper's sum over the processes matches the shared database.
+- feedback and /metrics count per process, and a scraper's sum over the processes matches the shared database;
+- a rolling restart of the two app processes (SIGTERM, one after the other) during 16 chats loses no reply and no
+  turn.
 
 Each test that kills a process starts it again before it ends (the order of the tests is shuffled). With
 ERNIE_FLEET_RESULTS=DIR the figures are written to DIR/fleet.json (results/fleet/)."""
@@ -23,6 +25,7 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -41,6 +44,7 @@ from yarl import URL
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.render import DETAILS_KEY
+from backend.chat.saved import step_metadata
 from backend.config import ROOT
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import new_api_key
@@ -62,6 +66,8 @@ STORY = "Tell me a long story about a lighthouse keeper and the sea."
 RETRY_LINE = "failed before its first token"
 UNHEALTHY_LINE = "Engine health check failed"  # the app's supervisor, when its engine (here the router) fails a check
 IN_FLIGHT_S = 0.5
+DRAIN_S = 120  # admission.drain_s: how long a restarted process lets its replies finish (8 replies of a turn that
+# has a history take ~25-30 s here on 2 cores, with both engines, the router and both apps on them)
 
 
 @dataclass
@@ -123,6 +129,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_py: str, postgres: Po
             "ERNIE_TIMEOUTS__HEALTH_INTERVAL_S": "1",
             "ERNIE_API__QUOTAS__CONCURRENT": "0",
             "ERNIE_API__QUOTAS__REQUESTS_PER_MINUTE": "0",
+            "ERNIE_ADMISSION__DRAIN_S": str(DRAIN_S),
             "CHAINLIT_AUTH_SECRET": secrets.token_urlsafe(48),  # one login secret: a session cookie works on both
         }
         envs = [
@@ -539,3 +546,64 @@ async def test_feedback_and_metrics_count_per_process_and_sum_over_them(
     finally:
         await engine.dispose()
     assert sum(per_process) == kept == 2
+
+
+async def test_a_rolling_restart_during_sixteen_chats_loses_no_reply_and_no_turn(fleet: Fleet) -> None:
+    """The two app processes restarted one after the other, as a deployment does (SIGTERM, wait for the exit, start
+    again), each while 16 chats, 8 on each process, are in the middle of their replies: the process being restarted
+    lets its replies finish (admission.drain_s) before it exits, its chats resume their threads on it once it is back,
+    and the next turn goes on. Every reply is whole and every thread keeps every turn."""
+    users = [await login(app.url, "bob", PASSWORD) for app in fleet.apps]  # bob: apart from alice's threads
+    chats = [ChatSocket(fleet.apps[i % 2].url, users[i % 2]) for i in range(CHATS)]
+    figures: list[dict[str, Any]] = []
+    try:
+        for chat in chats:
+            await chat.connect()
+        for turn, index in enumerate((0, 1)):
+            app, mine = fleet.apps[index], [i for i in range(CHATS) if i % 2 == index]
+            marks = [len(chat.events) for chat in chats]
+            load = asyncio.gather(*(chat.ask(f"{STORY} ({turn}.{i})") for i, chat in enumerate(chats)))
+
+            def under_way(mine: list[int] = mine, marks: list[int] = marks) -> bool:
+                begun = [first_text_at(chats[i], marks[i]) is not None for i in mine]
+                return any(begun) and not all(ended(chats[i], marks[i]) for i in mine)
+
+            await asyncio.to_thread(wait_until, under_way, "replies under way on the process to restart")
+            in_flight = sum(not ended(chats[i], marks[i]) for i in mine)
+            app.proc.send_signal(signal.SIGTERM)
+            termed = time.monotonic()
+            await asyncio.wait_for(load, 300)
+            code = await asyncio.to_thread(app.proc.wait, DRAIN_S + 60)
+            exited_s = time.monotonic() - termed
+            cut = [str(c.last_reply) for c in chats if c.last_reply is None or not rendered_finished(c.last_reply)]
+            assert cut == [], f"every reply finished whole, those on the draining process too: {cut}"
+            assert "Draining for a restart" in app.log_text()
+            await asyncio.to_thread(fleet.restart_app, index)
+            for i in mine:  # the page reconnects and resumes its thread on the process that is back
+                old, chats[i] = chats[i], ChatSocket(fleet.apps[index].url, users[index])
+                await old.close()
+                await chats[i].connect(resume=old.thread_id)
+            figures.append({"restarted": index, "its_replies_in_flight_at_sigterm": in_flight, "exit_code": code,
+                            "seconds_from_sigterm_to_exit": round(exited_s, 2)})  # fmt: skip
+        # every thread, read back from the shared database: both questions and both whole replies
+        for i, chat in enumerate(chats):
+            thread = (await users[0].get(f"/project/thread/{chat.thread_id}")).json()
+            asked = [s["output"] for s in thread["steps"] if s["type"] == "user_message"]
+            replies = [{**s, "metadata": step_metadata(s)} for s in thread["steps"]
+                       if s["type"] == "assistant_message" and s.get("name") != "system"]  # fmt: skip
+            assert asked == [f"{STORY} (0.{i})", f"{STORY} (1.{i})"], asked
+            assert len(replies) == 2 and all(s["output"] and rendered_finished(s) for s in replies), replies
+    finally:
+        for chat in chats:
+            await chat.close()
+        for http in users:
+            await http.aclose()
+        for index, app in enumerate(fleet.apps):  # as it was, for the other tests, whatever failed here
+            if app.proc.poll() is not None:
+                await asyncio.to_thread(fleet.restart_app, index)
+    fleet.figures["rolling_restart"] = {"chats": CHATS, "reply_tokens": REPLY_TOKENS, "turns": figures}
+
+
+def ended(chat: ChatSocket, after: int) -> bool:
+    """Whether the chat's turn since event `after` has ended (Chainlit's task_end)."""
+    return any(event == "task_end" for event, _ in chat.events[after:])

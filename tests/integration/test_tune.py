@@ -42,8 +42,8 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
 ) -> None:
     cfg = service_config(
         tmp_path / "data", "baidu/ERNIE-4.5-0.3B-PT", engine__name="auto", model__hub_timeout_s=1,
-        # 2 replies a round: this test is about measuring, keeping and reusing, not the choice's stability (below)
-        tune__dir=tmp_path / "tune", tune__users=2, tune__replies=2, canary__dir=tmp_path / "canary",
+        # 2 replies, 1 round: this test is about measuring, keeping and reusing, not the choice's stability (below)
+        tune__dir=tmp_path / "tune", tune__users=2, tune__replies=2, tune__rounds=1, canary__dir=tmp_path / "canary",
     )  # fmt: skip
     service = ChatService.from_config(cfg, choose=first_start_choice)
     service.start()
@@ -94,6 +94,7 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
 SPIN = "import time\nwhile time.process_time() < {s}: pass\n"
 
 
+@pytest.mark.long  # ~8 min on 2 cores: `make test-long` (CI's hour: `make test` leaves it out)
 async def test_three_tunes_choose_alike_though_other_work_bursts_into_one(
     offline: None, demo_model: Path, tmp_path: Path
 ) -> None:
