@@ -53,7 +53,7 @@ def own_files_folder(folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     chainlit_config.FILES_DIRECTORY = folder  # sessions look it up here at each use (Session.files_dir)
-    chainlit_server.FILES_DIRECTORY = folder  # the server's copy: the upload route, and the folder deleted at the end
+    chainlit_server.FILES_DIRECTORY = folder  # the server's own copy: the folder it deletes as it stops
 
 
 def install_page(service: ChatService, app: FastAPI | None = None) -> None:
