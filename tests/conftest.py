@@ -17,6 +17,7 @@ from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import engine_python
 from backend.models.resolve import prepare_demo_model
 from tests.installed import need_engine, need_vllm
+from tests.oidc_server import OidcProvider, oidc_provider_running
 from tests.postgres_server import PostgresForTests, postgres_for_tests
 
 CACHE = ROOT / ".cache" / "test-models"
@@ -86,6 +87,23 @@ def postgres() -> Iterator[PostgresForTests]:
     """A PostgreSQL server for the session: a throwaway one, or ERNIE_TEST_POSTGRES_URL's (tests/postgres_server.py)."""
     with postgres_for_tests() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def oidc_provider(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    """A real OpenID Connect provider for the module (tests/oidc_server.py: Django with django-oauth-toolkit).
+
+    Its redirect URIs come from an indirect parameter, or later from `oidc_provider.set_redirect_uris([...])`:
+
+        @pytest.mark.parametrize("oidc_provider", [["http://127.0.0.1:PORT/callback"]], indirect=True)
+        def test_x(oidc_provider: OidcProvider) -> None:
+            oidc_provider.set_user("alice", "pw", "alice@example.test", ["chat-editors"])
+
+    Attributes: issuer (http://localhost:PORT/o), client_id, client_secret, port, discovery_url, login_url, data;
+    set_user, set_groups, set_redirect_uris, users, log_tail. Stopped at the module's end."""
+    redirect_uris = list(getattr(request, "param", None) or [])
+    with oidc_provider_running(tmp_path_factory.mktemp("oidc-provider"), redirect_uris) as provider:
+        yield provider
 
 
 DATABASES = ("sqlite", "postgresql")
