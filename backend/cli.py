@@ -17,7 +17,7 @@ from pathlib import Path
 
 from backend.accounts.login import add_user_command
 from backend.accounts.users import ROLES
-from backend.api.commands import api_key_command
+from backend.api.commands import api_key_command, link_account_command
 from backend.benchmarks.chat_workload import ChatShape
 from backend.benchmarks.loadtest import CHATS, loadtest_command
 from backend.benchmarks.plan import MIN_REQUESTS
@@ -139,6 +139,10 @@ def _check_answers(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 def _convert_gguf(cfg: AppConfig, args: argparse.Namespace) -> int:
     return convert_gguf_command(cfg, engine_python(cfg), quantize_binary(cfg), args.source, args.quant)
+
+
+def _link_account(cfg: AppConfig, args: argparse.Namespace) -> int:
+    return link_account_command(cfg, args.name, args.email)
 
 
 def _add_user(cfg: AppConfig, args: argparse.Namespace) -> int:
@@ -426,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
         "usage", parents=[after], help="tokens per user, day and route (chat, api)", formatter_class=_formatter
     )
     a.add_argument("user", nargs="?")
+
+    p = command(
+        "link-account",
+        _link_account,
+        "let the organisation's sign-in with a verified email use an existing password account (docs/accounts.md)",
+    )
+    p.add_argument("name", help="the password account (in the users file)")
+    p.add_argument("--email", required=True, help="the email the organisation's provider confirms for its owner")
 
     p = command("add-user", _add_user, "add a login user or change a password (see docs/accounts.md)")
     p.add_argument("name", help="user name (letters, digits, . _ @ -)")

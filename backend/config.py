@@ -271,14 +271,91 @@ class LoginThrottle(_Strict):
     window_s: float = Field(900, gt=0)  # a failure older than this no longer counts
 
 
-class AuthSettings(_Strict):
-    """Login with a password (docs/accounts.md); users come from the users file and ERNIE_AUTH__USERS."""
+Role = Literal["user", "editor", "admin"]
+
+
+class OidcSettings(_Strict):
+    """Sign-in with the organisation's OpenID Connect provider (docs/accounts.md): authorization code flow with PKCE,
+    the ID token verified against the provider's published keys; roles from a claim (groups) by `roles`."""
 
     enabled: bool = False
+    issuer: str | None = (
+        None  # e.g. https://sso.example.org/realms/team (discovery: {issuer}/.well-known/openid-configuration)
+    )
+    client_id: str | None = None
+    client_secret: SecretStr | None = None  # usually ERNIE_AUTH__OIDC__CLIENT_SECRET
+    scopes: list[str] = Field(default_factory=lambda: ["openid", "profile", "email"])
+    # The login page's button ("Continue with <Button>") and the path /auth/oauth/<button>/callback. Chainlit shows
+    # its own icon for keycloak, google, azure-ad, okta, gitlab, auth0 and aws-cognito.
+    button: str = Field("organisation", pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    # The whole callback URL registered at the provider, e.g. https://chat.example.org/auth/oauth/organisation/callback
+    # (fixed here, never taken from the request's Host header).
+    redirect_uri: str | None = None
+    name_claim: str = "preferred_username"  # the app's user name (email when the claim is missing)
+    roles_claim: str = "groups"  # a list of names (or one name) in the ID token
+    roles: dict[str, Role] = Field(default_factory=dict)  # group name -> role; the highest of the user's wins
+    # The role of a user in none of `roles`' groups; empty: such a user cannot sign in.
+    default_role: Role | None = "user"
+    timeout_s: float = Field(10, gt=0, le=120)  # each request to the provider
+
+    @model_validator(mode="after")
+    def _complete(self) -> OidcSettings:
+        if self.enabled:
+            missing = [k for k in ("issuer", "client_id", "redirect_uri") if not getattr(self, k)]
+            if self.client_secret is None or not self.client_secret.get_secret_value():
+                missing.append("client_secret")
+            if missing:
+                raise PydanticCustomError(
+                    "oidc_incomplete",
+                    "auth.oidc needs {missing} (see docs/accounts.md)",
+                    {"missing": ", ".join(missing)},
+                )
+            if "openid" not in self.scopes:
+                raise PydanticCustomError("oidc_scopes", "auth.oidc.scopes must include openid", {})
+            if not str(self.redirect_uri).endswith(f"/auth/oauth/{self.button}/callback"):
+                raise PydanticCustomError(
+                    "oidc_redirect",
+                    "auth.oidc.redirect_uri must end with /auth/oauth/{button}/callback",
+                    {"button": self.button},
+                )
+        return self
+
+
+class ProxyAuthSettings(_Strict):
+    """Sign-in by a proxy in front of the app (oauth2-proxy style): its headers name the user, and are believed only
+    from the addresses in `trusted` (docs/accounts.md)."""
+
+    enabled: bool = False
+    trusted: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1"])  # addresses or networks (10.0.0.0/8)
+    user_header: str = "X-Forwarded-Preferred-Username"
+    email_header: str = "X-Forwarded-Email"
+    groups_header: str = "X-Forwarded-Groups"  # comma-separated, mapped by auth.oidc.roles / default_role
+
+
+class AuthSettings(_Strict):
+    """Login (docs/accounts.md): passwords from the users file and ERNIE_AUTH__USERS, the organisation's OpenID Connect
+    provider (oidc), or a sign-in proxy's headers (proxy)."""
+
+    enabled: bool = False
+    password: bool = True  # password login; false with oidc or proxy on: only the organisation's sign-in
     users_file: str = "config/users.yaml"
     # "name:hash,name:hash" with hashes from `python -m backend add-user NAME --print`; wins over the file.
     users: SecretStr | None = None
     throttle: LoginThrottle = Field(default_factory=LoginThrottle)
+    oidc: OidcSettings = Field(default_factory=OidcSettings)
+    proxy: ProxyAuthSettings = Field(default_factory=ProxyAuthSettings)
+
+    @model_validator(mode="after")
+    def _some_sign_in(self) -> AuthSettings:
+        if (self.oidc.enabled or self.proxy.enabled) and not self.enabled:
+            raise PydanticCustomError("auth_off", "auth.oidc and auth.proxy need auth.enabled: true", {})
+        if self.enabled and not (self.password or self.oidc.enabled or self.proxy.enabled):
+            raise PydanticCustomError(
+                "no_sign_in",
+                "auth.password is false and neither auth.oidc nor auth.proxy is on: nobody could sign in",
+                {},
+            )
+        return self
 
 
 class StorageSettings(_Strict):

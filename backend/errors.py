@@ -272,3 +272,10 @@ class DocumentError(ServiceError):
     """A document cannot be taken into a library (its kind, size, or no text in it), or is not there."""
 
     key = "error.document"
+
+
+class SignInError(ServiceError):
+    """A sign-in through the organisation's provider or a sign-in proxy failed: refused there, a token that does not
+    verify, a browser that did not start it, or a user this app may not let in."""
+
+    key = "error.sign_in"

@@ -47,6 +47,9 @@ class Accounts:
         self._users: dict[str, str] = {}
         self._roles: dict[str, str] = {}
         self.problem: UsersFileError | None = None
+        self._sso: dict[
+            str, str | None
+        ] = {}  # the organisation's sign-in accounts and roles (backend.api.sso_accounts)
         self._reload()
 
     @classmethod
@@ -92,9 +95,23 @@ class Accounts:
         return sorted(self._users)
 
     def role(self, name: str) -> str | None:
-        """The role of the user `name` (users.ROLES), or None when there is no such user (or the file is damaged)."""
+        """The role of the user `name` (users.ROLES), or None when there is no such user (or the file is damaged).
+
+        A users file's entry decides for its name (a password account an admin linked to the organisation's sign-in
+        too); else the role the organisation's groups gave at the account's last sign-in."""
         self._reload()
-        return self._roles.get(name, DEFAULT_ROLE) if name in self._users else None
+        if name in self._users:
+            return self._roles.get(name, DEFAULT_ROLE)
+        return self._sso.get(name)
+
+    def password_names(self) -> set[str]:
+        """The names of the users file's (and ERNIE_AUTH__USERS') accounts."""
+        self._reload()
+        return set(self._users)
+
+    def know_sso(self, roles: dict[str, str | None], replace: bool = False) -> None:
+        """The roles of the organisation's sign-in accounts, as the database has them (`replace`: all of them)."""
+        self._sso = dict(roles) if replace else {**self._sso, **roles}
 
     def check(self, name: str, password: str) -> str | None:
         """The user's name when `password` is theirs, else None (a wrong name costs as long as a wrong password)."""
@@ -111,10 +128,11 @@ class Accounts:
         return await asyncio.to_thread(self.check, name, password)
 
 
-def login_metadata() -> dict[str, str]:
-    """What a login's token carries besides the user's name: the provider, and an id of its own, so that a logout
-    ends this login's token and no later one's (two logins in one second would otherwise get equal tokens)."""
-    return {"provider": "password", "login": secrets.token_hex(8)}
+def login_metadata(provider: str = "password") -> dict[str, str]:
+    """What a login's token carries besides the user's name: the provider (password, oidc, proxy), and an id of its
+    own, so that a logout ends this login's token and no later one's (two logins in one second would otherwise get
+    equal tokens)."""
+    return {"provider": provider, "login": secrets.token_hex(8)}
 
 
 def ensure_auth_secret(data_dir: Path, environ: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:

@@ -7,8 +7,10 @@ import asyncio
 import sys
 
 from backend.accounts.login import Accounts
+from backend.accounts.users import name_problem
 from backend.api.keys import KeyStore
 from backend.api.quotas import Quotas
+from backend.api.sso_accounts import SsoAccounts
 from backend.api.store import ApiDatabase
 from backend.config import AppConfig
 from backend.errors import ServiceError
@@ -21,7 +23,9 @@ async def _run(cfg: AppConfig, action: str, user: str | None, name: str | None, 
         keys = KeyStore(db)
         if action == "create":
             assert user is not None
-            if Accounts.from_config(cfg).role(user) is None:
+            accounts = Accounts.from_config(cfg)
+            accounts.know_sso(await SsoAccounts(db).roles())  # the organisation's sign-in accounts too
+            if accounts.role(user) is None:
                 print(f"api-key: there is no user {user!r}: add them first with `python -m backend add-user {user}`.",
                       file=sys.stderr)  # fmt: skip
                 return 2
@@ -54,3 +58,30 @@ def api_key_command(
 ) -> int:
     """`api-key create USER [--name N] | list [USER] | revoke ID | usage [USER]`."""
     return asyncio.run(_run(cfg, action, user, name, key_id))
+
+
+async def _link(cfg: AppConfig, name: str, email: str) -> int:
+    if (problem := name_problem(name)) or "@" not in email:
+        print(f"link-account: {problem or f'{email!r} is not an email address'}", file=sys.stderr)
+        return 2
+    if name not in Accounts.from_config(cfg).password_names():
+        print(f"link-account: there is no password account {name!r} in the users file.", file=sys.stderr)
+        return 2
+    db = ApiDatabase.from_config(cfg)
+    try:
+        await db.prepare()
+        await SsoAccounts(db).link(name, email)
+    except ServiceError as exc:
+        print(f"link-account: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await db.close()
+    print(f"The next sign-in through the organisation's provider with the verified email {email} uses the account "
+          f"{name} (its history, keys and role from the users file).")  # fmt: skip
+    return 0
+
+
+def link_account_command(cfg: AppConfig, name: str, email: str) -> int:
+    """`link-account NAME --email E`: let the organisation's sign-in with the verified email E use the existing
+    password account NAME (never done without an admin: docs/accounts.md)."""
+    return asyncio.run(_link(cfg, name, email))

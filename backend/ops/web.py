@@ -28,6 +28,7 @@ from backend.errors import RequestRefusedError
 from backend.ops.chainlit_routes import feedback_routes, login_routes
 from backend.ops.guard import AUTH_COOKIE, GuardState, refusal_body
 from backend.ops.metrics import CONTENT_TYPE, METRICS, AppMetrics
+from backend.ops.sign_in import SignIn
 from backend.workshop.access import local_request, token_user
 from backend.workshop.api import workshop_routes
 
@@ -113,6 +114,7 @@ def install_routes(
     metrics: AppMetrics = METRICS,
     api: Gateway | None = None,
     guard: GuardState | None = None,
+    sign_in: SignIn | None = None,
 ) -> None:
     """Add our routes in front of Chainlit's (its catch-all page route, and those the app takes over); with login and
     the database open, logins are throttled and a logout ends its session for `guard` too."""
@@ -157,9 +159,10 @@ def install_routes(
         APIRoute("/livez", livez, methods=["GET"]),
         APIRoute("/metrics", app_metrics, methods=["GET"]),
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
-        *workshop_routes(service, api.turn if api is not None else None),
+        *workshop_routes(service, api.turn if api is not None else None, api.access.accounts if api else None),
         *(api.routes() if api is not None else []),
         *taken_over(service, api, guard),
+        *(sign_in.routes() if sign_in is not None else []),
     ]
     existing = {_key(r) for r in app.router.routes if getattr(r, "ernie", False)}
     for route in reversed(routes):

@@ -220,6 +220,29 @@ DOCUMENT_INDEXES = [
 ]
 
 
+# Accounts of the organisation's sign-in (backend.api.sso_accounts): one row per provider's user (issuer, subject),
+# with the app's user name it got at its first sign-in and the role its groups gave at the last one (NULL: in no
+# allowed group any more); and the links an admin made from a verified email to an existing password account:
+# schema version 6.
+SSO_TABLES: dict[str, list[str]] = {
+    "sso_accounts": [
+        '"issuer" {text} NOT NULL',
+        '"subject" {text} NOT NULL',
+        '"name" {text} NOT NULL UNIQUE',
+        '"email" {text}',
+        '"role" {text}',
+        '"groups" {text} NOT NULL',
+        '"signed_in_at" {real} NOT NULL',
+        'PRIMARY KEY ("issuer", "subject")',
+    ],
+    "sso_links": [
+        '"email" {text} PRIMARY KEY',
+        '"name" {text} NOT NULL',
+        '"linked_at" {real} NOT NULL',
+    ],
+}
+
+
 class SchemaError(StorageError, RuntimeError):
     """The database's schema cannot be brought to the version this app needs."""
 
@@ -249,7 +272,8 @@ MIGRATIONS = [
     Migration(3, "the template workshop's version history", {d: create_tables(d, WORKSHOP_TABLES, []) for d in TYPES}),
     Migration(4, "logins: attempts, ended sessions", {d: create_tables(d, LOGIN_TABLES, LOGIN_INDEXES) for d in TYPES}),
     Migration(5, "documents as context", {d: create_tables(d, DOCUMENT_TABLES, DOCUMENT_INDEXES) for d in TYPES}),
-    # Later changes go here as Migration(5, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
+    Migration(6, "the organisation's sign-in: accounts, links", {d: create_tables(d, SSO_TABLES, []) for d in TYPES}),
+    # Later changes go here as Migration(7, ..., {"sqlite": [...ALTER...], "postgresql": [...]}).
 ]
 LATEST = MIGRATIONS[-1].version
 

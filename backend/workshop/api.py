@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from starlette.routing import BaseRoute, Mount
 
+from backend.accounts.login import Accounts
 from backend.chat.i18n import t
 from backend.chat.render import localized, reason_text, serving_status
 from backend.chat.service import ChatService
@@ -405,7 +406,9 @@ class Workshop:
         return [*router.routes, *router_page.routes, Mount(PAGE + "/static", StaticFiles(directory=STATIC))]
 
 
-def workshop_routes(service: ChatService, admit: Admit | None = None) -> list[BaseRoute]:
+def workshop_routes(
+    service: ChatService, admit: Admit | None = None, accounts: Accounts | None = None
+) -> list[BaseRoute]:
     """The workshop's page and API routes, for backend.ops.web to put in front of Chainlit's catch-all; `admit`: the
-    quota place a try takes (none: unlimited)."""
-    return Workshop(service, admit=admit).routes()
+    quota place a try takes (none: unlimited); `accounts`: the process's users and roles (the API's, the login's)."""
+    return Workshop(service, access=Access(service.cfg, accounts), admit=admit).routes()

@@ -35,6 +35,7 @@ COMMANDS = [
     "doctor",
     "convert-gguf",
     "api-key",
+    "link-account",
     "add-user",
 ]
 # The function each command hands its work to (patched in cli's namespace, where it is called).
@@ -53,6 +54,7 @@ WORKERS = {
     "doctor": "doctor_command",
     "convert-gguf": "convert_gguf_command",
     "api-key": "api_key_command",
+    "link-account": "link_account_command",
     "add-user": "add_user_command",
 }
 
@@ -161,6 +163,7 @@ def test_a_configuration_error_stops_every_command_with_its_message_and_hint(
         "check-prompts": [],
         "add-user": ["bob"],
         "api-key": ["list"],
+        "link-account": ["carol", "--email", "carol@example.org"],
         "convert-gguf": [],
         "report": ["r.json"],
         "check-answers": ["ref.json"],
