@@ -218,3 +218,13 @@ def test_an_enabled_provider_needs_its_issuer_client_secret_and_a_fixed_callback
         settings(redirect_uri="https://chat.example.org/elsewhere")
     with pytest.raises(ValueError, match="openid"):
         settings(scopes=["profile"])
+
+
+def test_a_configuration_where_nobody_could_sign_in_is_refused() -> None:
+    from backend.config import AuthSettings
+
+    with pytest.raises(ValueError, match="nobody could sign in"):
+        AuthSettings(enabled=True, password=False)
+    with pytest.raises(ValueError, match="need auth.enabled"):
+        AuthSettings(enabled=False, oidc=settings())
+    assert AuthSettings(enabled=True, password=False, oidc=settings()).oidc.enabled
