@@ -109,6 +109,11 @@ class Accounts:
         self._reload()
         return set(self._users)
 
+    def knows(self, name: str) -> bool:
+        """Whether `name` is an account this process knows of (the users file's, or the organisation's read so far)."""
+        self._reload()
+        return name in self._users or name in self._sso
+
     def know_sso(self, roles: dict[str, str | None], replace: bool = False) -> None:
         """The roles of the organisation's sign-in accounts, as the database has them (`replace`: all of them)."""
         self._sso = dict(roles) if replace else {**self._sso, **roles}

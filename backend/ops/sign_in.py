@@ -20,6 +20,7 @@ import html
 import ipaddress
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,7 @@ class SignIn:
         self.client = client if client is not None or not cfg.auth.oidc.enabled else OidcClient(cfg.auth.oidc)
         self.networks = [ipaddress.ip_network(a, strict=False) for a in cfg.auth.proxy.trusted]
         self._refresh: asyncio.Task[None] | None = None
+        self._read_at = 0.0  # when role_now last read the accounts (time.monotonic)
 
     # ----- the roles every process knows ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -119,6 +121,16 @@ class SignIn:
         while True:
             await asyncio.sleep(ROLES_REFRESH_S)
             await self._read_roles()
+
+    async def role_now(self, name: str) -> str | None:
+        """The role of `name`, reading the accounts again when this process has not heard of them yet (signed in on
+        another process since the last refresh; at most once a second)."""
+        if self.accounts.role(name) is None and not self.accounts.knows(name):
+            now = time.monotonic()
+            if now - self._read_at >= 1.0:
+                self._read_at = now
+                await self._read_roles()
+        return self.accounts.role(name)
 
     async def stop(self) -> None:
         if self._refresh is not None:

@@ -161,7 +161,7 @@ def install_routes(
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
         *workshop_routes(service, api.turn if api is not None else None, api.access.accounts if api else None),
         *(api.routes() if api is not None else []),
-        *taken_over(service, api, guard),
+        *taken_over(service, api, guard, sign_in),
         *(sign_in.routes() if sign_in is not None else []),
     ]
     existing = {_key(r) for r in app.router.routes if getattr(r, "ernie", False)}
@@ -175,7 +175,9 @@ def _key(route: BaseRoute) -> tuple[str | None, frozenset[str]]:
     return getattr(route, "path", None), frozenset(getattr(route, "methods", None) or ())
 
 
-def taken_over(service: ChatService, api: Gateway | None, guard: GuardState | None) -> list[BaseRoute]:
+def taken_over(
+    service: ChatService, api: Gateway | None, guard: GuardState | None, sign_in: SignIn | None = None
+) -> list[BaseRoute]:
     """Chainlit's routes the app takes over: feedback on one's own replies only; with login and the database open,
     throttled logins and logouts that end the session on the server (the guard then refuses an ended session)."""
     routes: list[BaseRoute] = [*feedback_routes()] if service.cfg.auth.enabled else []
@@ -188,12 +190,16 @@ def taken_over(service: ChatService, api: Gateway | None, guard: GuardState | No
         if guard is not None:
             accounts = api.access.accounts
 
+            async def removed(name: str) -> bool:
+                if accounts is None:
+                    return False
+                return (accounts.role(name) if sign_in is None else await sign_in.role_now(name)) is None
+
             async def ended(token: str) -> bool:
-                """A session ended by its logout, or by its user's removal from the users file."""
+                """A session ended by its logout, or by its user's removal from the users file (or from the
+                organisation's allowed groups)."""
                 name = token_user(token)
-                return (
-                    name is None or (accounts is not None and accounts.role(name) is None) or await logins.ended(token)
-                )
+                return name is None or await removed(name) or await logins.ended(token)
 
             guard.ended = ended
     elif service.cfg.auth.enabled:

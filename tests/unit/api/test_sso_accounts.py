@@ -75,3 +75,15 @@ async def test_the_roles_read_back_are_what_accounts_answer(db: ApiDatabase, tmp
     assert accounts.role("alice") is None, "not known before it is read"
     accounts.know_sso(await store.roles(), replace=True)
     assert (accounts.role("alice"), accounts.role("bob"), accounts.role("nobody")) == ("editor", None, None)
+
+
+async def test_a_process_that_has_not_heard_of_a_new_account_reads_it_at_once(db: ApiDatabase, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from backend.config import AppConfig
+    from backend.ops.sign_in import SignIn
+
+    cfg = AppConfig(auth={"enabled": True, "proxy": {"enabled": True}})
+    other_process = SignIn(cfg, Accounts(tmp_path / "users.yaml"), db)  # its roles read before the sign-in
+    await SsoAccounts(db).sign_in(who("1", "erin"), "editor", set())  # signed in on this one
+    assert other_process.accounts.role("erin") is None, "not refreshed yet"
+    assert await other_process.role_now("erin") == "editor", "an unknown name is looked up, not refused"
+    assert await other_process.role_now("nobody") is None
