@@ -6,6 +6,11 @@ page that is reloaded, closed or cut off stops watching it, and the reply goes o
 thread reloaded or opened in a second tab. Each reply has an owner (the user, or without login the browser tab that
 asked it), and only the owner's pages find it. With no page watching, a reply goes on for `detached_s`, then it is
 stopped; an app that shuts down stops them all, marked cut off. Kept in memory: one process, as Chainlit's sessions.
+
+A reply's end is not its page's end: after the last event the page's task still saves the reply, shows its details
+and buttons, and only when that task returns is the page told the turn ended (Chainlit's `task_end`). So the registry
+also knows the pages' tasks that show a reply (`shown_by`), and a drain for a restart waits for them (`rendered`):
+stopping the web server as the last reply ends would close the websockets under the ends still being rendered.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from backend.chat.turn import ChatSession, Done, Event, Text
 
@@ -159,11 +165,14 @@ class LiveReplies:
         self.detached_s = detached_s
         self._replies: dict[str, LiveReply] = {}
         self._endings: set[asyncio.Task[None]] = set()  # the tasks that forget ended replies (kept from the GC)
+        self.rendering: set[asyncio.Task[Any]] = set()  # the pages' tasks showing a reply, to its end (shown_by)
 
     async def start(
         self, key: str, owner: str, reply_id: str, asked: str, session: ChatSession, turn: AsyncGenerator[Event, None]
     ) -> LiveReply:
-        """Start a reply on thread `key` (after the one still being written there, if any: a second tab waits)."""
+        """Start a reply on thread `key` (after the one still being written there, if any: a second tab waits); the
+        task that asks it shows it (a page's handler: shown_by)."""
+        self.shown_by(asyncio.current_task())
         while (running := self._replies.get(key)) is not None and not running.ended:
             await running.wait()
         reply = LiveReply(key, owner, reply_id, asked, session, self.detached_s)
@@ -184,6 +193,24 @@ class LiveReplies:
                 del self._replies[reply.key]
 
         asyncio.get_running_loop().call_later(self.detached_s, drop)
+
+    def shown_by(self, task: asyncio.Task[Any] | None) -> None:
+        """`task` shows a reply on a page to its end (the reply saved, its details and buttons, the turn's end sent):
+        kept (from the GC too) until it returns, for a drain to wait for (rendered)."""
+        if task is not None and not task.done() and task not in self.rendering:
+            self.rendering.add(task)
+            task.add_done_callback(self.rendering.discard)
+
+    async def rendered(self, timeout_s: float) -> bool:
+        """Wait until every page's task that showed a reply has returned (True) or `timeout_s` passes (False). One
+        that starts meanwhile is waited for too (a message sent right after another waited for the first's end)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.rendering:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            await asyncio.wait(set(self.rendering), timeout=left)
+        return True
 
     def find(self, key: str, owner: str) -> LiveReply | None:
         """The newest reply of thread `key`, if `owner` asked it (nobody else sees it, not even that it exists)."""

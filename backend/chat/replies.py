@@ -73,7 +73,6 @@ class Replies:
         self.tab_memory_s = cfg.tab_memory_s
         self.describe, self.login = describe, login
         self.tabs: dict[str, Tab] = {}
-        self._following: set[asyncio.Task[None]] = set()  # the views of pages that came back (kept from the GC)
 
     def owner(self) -> str:
         """Who this page is: the user with login; without, the browser tab (or, lacking its id, the page itself)."""
@@ -132,9 +131,7 @@ class Replies:
             return
         view = ReplyView(live, lang, self.describe, own=False, chat=chat)
         cl.user_session.set("view", view)
-        following = asyncio.create_task(view.run())
-        self._following.add(following)
-        following.add_done_callback(self._following.discard)
+        self.live.shown_by(asyncio.create_task(view.run()))  # kept from the GC; a drain waits for its end
 
     async def resumed(self, thread: Mapping[str, Any], lang: str) -> list[dict[str, Any]]:
         """A saved thread opened on this page: its reply still being written leaves the saved steps (the page
