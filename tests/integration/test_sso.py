@@ -36,9 +36,10 @@ from backend.accounts.users import write_users_file
 from backend.config import OidcSettings
 from backend.errors import SignInError
 from backend.serving.process import free_port
-from tests.app_process import ROOT, RunningApp, launch_app, login_env
+from tests.app_process import ROOT, FakeEngine, RunningApp, launch_app, login_env
 from tests.oidc_server import OidcProvider
 from tests.sso_flow import callback_uri, oidc_env, provider_form, sign_in, signed_in_role
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -274,3 +275,27 @@ def test_a_logout_ends_the_organisations_session_on_the_server(site: Site) -> No
     assert signed_in_role(again, site.app.url) == (None, None), "ended on the server, not only in the browser"
     gone = again.post(f"{site.app.url}/project/threads", json=THREADS, headers={"Origin": site.app.url})
     assert gone.status_code == 401
+
+
+def test_password_login_can_be_turned_off_beside_the_organisations_sign_in(
+    oidc_provider: OidcProvider, tmp_path: Path
+) -> None:
+    users = tmp_path / "users.yaml"
+    write_users_file(users, {"carol": hash_password("carol-password")})
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with FakeEngine() as engine:  # the engine does not matter here: the login page's ways in do
+        engine.ready.set()
+        env = login_env(tmp_path / "data", Path("unused"), users) | oidc_env(oidc_provider, url)
+        env |= {f"ERNIE_{k.upper()}": v for k, v in engine.app_overrides().items()} | {"ERNIE_AUTH__PASSWORD": "false"}
+        env.pop("ERNIE_MODEL__ID")
+        app = launch_app(env, tmp_path / "app.log", port=port)
+        try:
+            wait_until(app.answering, "the app's page")
+            ways = client().get(f"{url}/auth/config").json()
+            assert (ways["passwordAuth"], ways["oauthProviders"]) == (False, ["organisation"]), ways
+            form = {"username": "carol", "password": "carol-password"}
+            refused = client().post(f"{url}/login", data=form, headers={"Origin": url})
+            assert refused.status_code >= 400 and not any(c.startswith("access_token") for c in refused.cookies)
+        finally:
+            app.stop()
