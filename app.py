@@ -41,7 +41,7 @@ from backend.documents.page import (
 )
 from backend.errors import ConfigError, StorageError
 from backend.logs import setup_logging
-from backend.ops import drain, guard, metrics, page, web
+from backend.ops import drain, guard, metrics, page, sign_in, web
 from backend.storage.persistence import Persistence
 from backend.tuning.tuner import first_start_choice
 
@@ -57,13 +57,31 @@ LIBRARY: Library | None = None  # the users' documents (backend.documents), when
 ACCOUNTS = setup_login()
 PERSISTENCE = Persistence()
 
-if ACCOUNTS is not None:
+WAYS = sign_in.ways()  # password, the organisation's OpenID Connect provider, a sign-in proxy (backend.ops.sign_in)
+SIGN_IN: sign_in.SignIn | None = None
+
+if ACCOUNTS is not None and WAYS.password:
 
     @cl.password_auth_callback
     async def password_login(username: str, password: str) -> cl.User | None:
         assert ACCOUNTS is not None
         name = await ACCOUNTS.login(username, password)
         return cl.User(identifier=name, metadata=login_metadata()) if name else None
+
+
+if WAYS.oidc:
+    sign_in.show_button(WAYS.button)
+
+    @cl.oauth_callback
+    async def oauth_login(*_: object) -> cl.User | None:
+        return None  # never called: the app's own routes take over Chainlit's OAuth routes (backend.ops.sign_in)
+
+
+if WAYS.proxy:
+
+    @cl.header_auth_callback
+    async def header_login(*_: object) -> cl.User | None:
+        return None  # never called: the app's own /auth/header believes trusted proxies only (backend.ops.sign_in)
 
 
 @cl.data_layer
@@ -77,7 +95,7 @@ def _lang() -> str:
 
 @cl.on_app_startup
 async def startup() -> None:
-    global SERVICE, STARTUP_ERROR, GATEWAY, REPLIES, LIBRARY
+    global SERVICE, STARTUP_ERROR, GATEWAY, REPLIES, LIBRARY, SIGN_IN
     setup_logging()
     try:
         SERVICE = ChatService.from_config(load_config(), recorder=metrics.METRICS, choose=first_start_choice)
@@ -88,7 +106,8 @@ async def startup() -> None:
     page.own_files_folder(SERVICE.cfg.paths.data / "files")  # not <project>/.files, shared by every process there
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
     GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished)
-    web.install_routes(SERVICE, api=GATEWAY, guard=GUARD)
+    SIGN_IN = await sign_in.open_sign_in(SERVICE.cfg, GATEWAY)
+    web.install_routes(SERVICE, api=GATEWAY, guard=GUARD, sign_in=SIGN_IN)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
     REPLIES = Replies(SERVICE.cfg.chat, SERVICE.describe, login=ACCOUNTS is not None)
@@ -122,6 +141,8 @@ async def shutdown() -> None:
         await REPLIES.shutdown()  # each reply being written is saved, marked cut off by the restart
     if SERVICE is not None:
         await SERVICE.stop()
+    if SIGN_IN is not None:
+        await SIGN_IN.stop()
     if GATEWAY is not None:
         await GATEWAY.close()
     if LIBRARY is not None:
