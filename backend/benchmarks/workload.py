@@ -15,14 +15,13 @@ from itertools import count
 from pathlib import Path
 
 from backend.chat.context import Message
-from backend.config import ROOT
 from backend.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
 CountTokens = Callable[[list[Message]], Awaitable[int | None]]
 
-DEFAULT_PROMPT_SET = ROOT / "bench" / "prompts_zh.jsonl"
+DEFAULT_PROMPT_SET = Path(__file__).with_name("prompts_zh.jsonl")
 CATEGORIES = ("writing", "summary", "translation", "code", "qa")
 # Filler for synthetic prompts: common Chinese words and English words, as a chat would hold.
 WORDS = (
