@@ -1,12 +1,13 @@
 """A stand-in engine process for unit tests: a real child serving /health, /v1/models and a streamed chat.
 
 usage: python stub_engine.py PORT MODEL [--exit-at-start CODE] [--die-with SIGNAL] [--ready-after S] [--spawn-child]
-                             [--reply TEXT] [--break-after N] [--count-prompt]
+                             [--reply TEXT] [--break-after N] [--count-prompt] [--word-s S]
 
 POST /v1/chat/completions streams --reply word by word as server-sent events (finish_reason "stop", then usage);
 with --break-after N the stub drops the connection after N words, in the middle of the chunked body, like an
 engine that dies mid-reply; with --count-prompt the usage chunk's prompt_tokens is the number of words in the
-request's messages (else 1). Every POST prints "request POST <path>" so a test can count them in the output.
+request's messages (else 1); with --word-s S each word comes S seconds after the one before (an engine decoding
+while the app reads). Every POST prints "request POST <path>" so a test can count them in the output.
 Other POST paths answer 404 (so /tokenize is "not supported": the client estimates).
 """
 
@@ -34,6 +35,7 @@ def main() -> None:
         os.kill(os.getpid(), signal.Signals[opts[opts.index("--die-with") + 1]])
     reply = opts[opts.index("--reply") + 1] if "--reply" in opts else "Hello from the stub engine."
     break_after = int(opts[opts.index("--break-after") + 1]) if "--break-after" in opts else None
+    word_s = float(opts[opts.index("--word-s") + 1]) if "--word-s" in opts else 0.0
     ready_at = time.monotonic() + (float(opts[opts.index("--ready-after") + 1]) if "--ready-after" in opts else 0)
     if "--spawn-child" in opts:  # like vLLM's engine core: a grandchild in the same process group
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -83,6 +85,8 @@ def main() -> None:
             for i, data in enumerate(reply_events(model, reply, prompt_tokens)):
                 if break_after is not None and break_after <= i < pieces:
                     return  # no finish_reason and no last chunk
+                if word_s and 0 < i < pieces:
+                    time.sleep(word_s)
                 self._chunk(data)
             self._chunk(b"")
 

@@ -277,8 +277,8 @@ class ChatService:
                     self.recorder.record_error(exc)
                     yield Refused(exc)
                     return
-            # The stream and its yields in one generator: a stop that lands while the UI renders a piece is thrown
-            # in here (athrow) and ends the reply like one that lands while the stream is awaited.
+            # The stream and its yields in one generator: the stop button cancels the task that runs the turn
+            # (backend.chat.live), which awaits nothing but this generator, so the stop lands in the stream below.
             parts: list[str] = []
             ending: Ending = "finished"
             error: ServiceError | None = None

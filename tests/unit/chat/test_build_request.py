@@ -26,8 +26,12 @@ from tests.conftest import MakeConfig
 
 
 class FakeStream:
-    def __init__(self, pieces: list[str]) -> None:
+    """The pieces, then the finish; with `hold`, the stream waits for it after its first piece (an engine that
+    still decodes while the app reads)."""
+
+    def __init__(self, pieces: list[str], hold: asyncio.Event | None = None) -> None:
         self.pieces = pieces
+        self.hold = hold
         self.stats = StreamStats()
 
     async def __aenter__(self) -> FakeStream:
@@ -37,7 +41,9 @@ class FakeStream:
         return None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        for piece in self.pieces:
+        for i, piece in enumerate(self.pieces):
+            if i == 1 and self.hold is not None:
+                await self.hold.wait()
             yield piece
         self.stats.finish_reason = "stop"
 
@@ -397,7 +403,11 @@ class OrderedClient(TemplateClient):
 
     def stream(self, messages: list[Message], **sampling: Any) -> FakeStream:
         self.order.append("send")
-        return super().stream(messages, **sampling)
+        stream = super().stream(messages, **sampling)
+        stream.hold = self.hold
+        return stream
+
+    hold: asyncio.Event | None = None  # set: each reply's stream waits for it after its first piece
 
 
 async def test_far_within_the_window_a_message_is_sent_first_and_counted_after_its_reply(build: Build) -> None:
@@ -430,16 +440,27 @@ async def test_far_within_the_window_a_message_is_sent_first_and_counted_after_i
 
 async def test_a_stopped_reply_leaves_its_uncounted_message_for_the_next_count(build: Build) -> None:
     svc, _ = build(window=100_000, max_tokens=40)
-    client = OrderedClient(100_000, reply="fine")
+    client = OrderedClient(100_000, reply="fine and more")
     svc.client = client  # type: ignore[assignment]
     session = svc.new_session()
     [e async for e in svc.reply(session, "first", message_id="m0")]
     client.order.clear()
-    replies = svc.reply(session, "second", message_id="m1")
-    async for event in replies:
-        if isinstance(event, Text):  # the stop button lands while the reply streams (the app throws it in)
-            done = await replies.athrow(asyncio.CancelledError())
-            break
+    client.hold = asyncio.Event()  # the engine decodes on while the stop button lands (never set: a long reply)
+    events: list[Any] = []
+    first_text = asyncio.Event()
+
+    async def run_turn() -> None:  # as the app runs a turn (backend.chat.live): a task that awaits only the turn
+        async for event in svc.reply(session, "second", message_id="m1"):
+            events.append(event)
+            if isinstance(event, Text):
+                first_text.set()
+
+    task = asyncio.create_task(run_turn())
+    await asyncio.wait_for(first_text.wait(), 30)
+    task.cancel()  # the stop button, as the app presses it
+    await asyncio.gather(task, return_exceptions=True)
+    client.hold = None
+    done = events[-1]
     assert isinstance(done, Done) and done.ending == "stopped" and done.text, done
     assert client.order == ["send"], "a stopped reply's message is not counted after it"
     assert session.kept_tokens()[2] is None, "its message stays uncounted"
