@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from backend.config import AppConfig
 from backend.errors import StorageError
 from backend.storage.database import migrate_database, open_engine, redact, storage_error
-from backend.storage.persistence import _create_sqlite_file, database_url
+from backend.storage.persistence import app_database_url
 
 USER_LOCK_SPACE = 4_510_204  # the first key of the per-user advisory locks (schema.ADVISORY_LOCK_KEY + 1)
 
@@ -39,9 +39,7 @@ class ApiDatabase:
 
     @classmethod
     def from_config(cls, cfg: AppConfig) -> ApiDatabase:
-        url = database_url(cfg)
-        _create_sqlite_file(url)
-        return cls(url)
+        return cls(app_database_url(cfg))
 
     async def prepare(self) -> int:
         """Bring the schema up to date (the API's tables are schema version 2); raise StorageError."""

@@ -17,7 +17,7 @@ from backend.documents.extract import KINDS, extract, kind_of
 from backend.documents.index import DocumentIndex, DocumentInfo
 from backend.documents.passages import passages
 from backend.errors import DocumentError
-from backend.storage.persistence import _create_sqlite_file, database_url
+from backend.storage.persistence import app_database_url
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,7 @@ class Library:
     async def open(cls, cfg: AppConfig) -> Library:
         """The library on the app's database, its schema up to date; StorageError when it cannot be opened. A
         browser tab's documents left by an earlier run are given `tab_memory_s` to be found again, then go."""
-        url = database_url(cfg)
-        _create_sqlite_file(url)
-        index = DocumentIndex(url)
+        index = DocumentIndex(app_database_url(cfg))
         await index.prepare()
         library = cls(index, cfg.documents, cfg.chat.tab_memory_s)
         await index.keep_unclaimed(ANONYMOUS, time.time() + library.forget_after_s)

@@ -34,6 +34,14 @@ def database_url(cfg: AppConfig) -> str:
     return f"{DRIVERS[scheme]}://{rest}" if sep and scheme in DRIVERS else configured
 
 
+def app_database_url(cfg: AppConfig) -> str:
+    """The URL of the app's one database (database_url), its SQLite file made first where there is none yet: what
+    every part that keeps something there opens (conversations, keys and quotas, documents, the workshop's history)."""
+    url = database_url(cfg)
+    _create_sqlite_file(url)
+    return url
+
+
 def _create_sqlite_file(url: str) -> None:
     """Create a new SQLite file readable by its owner only (SQLite gives its -wal file the same mode)."""
     parsed = make_url(url)

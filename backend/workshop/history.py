@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from backend.config import AppConfig
 from backend.errors import WorkshopError
 from backend.storage.database import open_engine, redact
-from backend.storage.persistence import _create_sqlite_file, database_url
+from backend.storage.persistence import app_database_url
 from backend.storage.schema import migrate
 from backend.workshop.versions import OUTSIDE, Action, Version, VersionStore, now_utc, outside_change, version_tag
 
@@ -171,6 +171,4 @@ def open_history(cfg: AppConfig) -> History:
     configured = cfg.storage.database_url.get_secret_value().strip() if cfg.storage.database_url else ""
     if not configured:
         return FolderHistory(VersionStore(cfg.paths.data / "workshop"))
-    url = database_url(cfg)
-    _create_sqlite_file(url)
-    return DatabaseHistory(url)
+    return DatabaseHistory(app_database_url(cfg))
