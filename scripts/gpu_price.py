@@ -19,7 +19,11 @@ usage: python scripts/gpu_price.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu
 5. The engines' memory (nvidia-smi per process, the log's weights and KV figures); each engine's log.
 Everything is written to OUT_DIR as it is measured (price.json).
 Env for a short call: PRICE_DUMMY=1 (vLLM's dummy weights, no answer check), PRICE_RESERVE_S (seconds kept for the
-measurements when waiting for the engines, 240), PRICE_MIN_ROUND_S (the least time left to start a round, 90).
+measurements when waiting for the engines, 240), PRICE_MIN_ROUND_S (the least time left to start a round, 90),
+PRICE_EXTRAS=0 (the engines' levels only: no first token four ways or long chats on bf16, no fresh start at the end,
+and no import times in gpu_run.sh; FP8 priced alone).
+Each engine's answer check uses the limits the app applies to its format (`fp8` where the quantization or the KV
+cache is FP8, else `bfloat16`); FP8 engines are also held to bfloat16's limits, for information (`check_bf16_limits`).
 vLLM 0.26 needs compressed-tensors (and loguru) for any --quantization: carry their wheels in .whl.
 """
 
@@ -71,6 +75,7 @@ CONFIGS: dict[str, dict[str, str]] = {
 }
 ORDER = os.environ.get("PRICE_CONFIGS", "bf16,fp8,fp8kv,b2048").split(",")
 ROUNDS = int(os.environ.get("PRICE_ROUNDS", "3"))
+EXTRAS = os.environ.get("PRICE_EXTRAS", "1") != "0"  # bf16's first token four ways, long chats, a fresh start
 DEADLINE = float(os.environ.get("TUNE_DEADLINE", time.time() + 540))
 LEVELS = [(1, 8), (16, 64), (64, 192)]  # (users, requests); b2048: 16 and 64 only
 INPUT_LEN, OUTPUT_LEN = 512, 256
@@ -292,11 +297,16 @@ async def main(out: Path, model_src: str) -> None:
             reference = Reference.load(ref_path)
             for name, svc in running.items():
                 ep = svc.endpoint
-                verdict = await check_engine(
-                    ep.base_url, ep.api_key, ep.model, Api.VLLM, reference, tolerance_for("bfloat16")
-                )
-                doc["engines"][name]["check"] = verdict.to_dict()
-                print(f"[price] check {name}: {verdict.passed} {verdict.reason[:300]}", flush=True)
+                fmt = "fp8" if "fp8" in CONFIGS[name].values() else "bfloat16"  # the app's limits for the format
+                verdict = await check_engine(ep.base_url, ep.api_key, ep.model, Api.VLLM, reference, tolerance_for(fmt))
+                doc["engines"][name]["check"] = {**verdict.to_dict(), "limits": fmt}
+                print(f"[price] check {name} ({fmt} limits): {verdict.passed} {verdict.reason[:300]}", flush=True)
+                if fmt != "bfloat16":  # the same engine held to 16-bit's limits, for information
+                    strict = await check_engine(
+                        ep.base_url, ep.api_key, ep.model, Api.VLLM, reference, tolerance_for("bfloat16")
+                    )
+                    doc["engines"][name]["check_bf16_limits"] = strict.to_dict()
+                    print(f"[price] check {name} (bfloat16 limits): {strict.passed} {strict.reason[:300]}", flush=True)
         except Exception as exc:  # the figures of the rest still count
             if ref_proc.poll() is None:  # no reference process left running beside the measurements
                 ref_proc.kill()
@@ -339,7 +349,7 @@ async def main(out: Path, model_src: str) -> None:
                     rec[name][str(users)] = got = await level(svc, raw, reqs, users)
                     print(f"[price] r{r} {name} c={users}: {brief(got)}", flush=True)
                 await raw.aclose()
-                if name == "bf16" and base is not None:  # the first token at 16 users three ways, the same prompts
+                if name == "bf16" and base is not None and EXTRAS:  # the first token at 16 users four ways
                     ep = base.endpoint
                     made = [prompts.one(INPUT_LEN) for _ in range(64)]
                     ids = {f"w{r}-{i}": m[1] for i, m in enumerate(made)}
@@ -373,7 +383,8 @@ async def main(out: Path, model_src: str) -> None:
         if log.exists():
             (out / f"engine-{name}.log").write_text(log.read_text(errors="replace")[-400_000:])
     save(out)
-    if "bf16" in services and left() > 150:  # a fresh start on the caches the first one filled, alone, its log at DEBUG
+    # A fresh start on the caches the first one filled, alone, its log at DEBUG
+    if "bf16" in services and EXTRAS and left() > 150:
         os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(ms_logging(Path("/tmp/price/logging.json")))
         svc = Engine(real, "bf16", load_format)

@@ -11,7 +11,8 @@
 #        bash scripts/gpu_run.sh app-share [PROFILE]   (the same app, scripts/measure_app_share.py: what the app adds to
 #             the first text in fresh and growing chats; env APP_SHARE_LEVELS, APP_SHARE_ROUNDS; as `chat`, after `setup`)
 #        bash scripts/gpu_run.sh price                 (issue 43: FP8 priced against bf16 and the first token's split at
-#             16 users and in long chats, engines at once on one GPU: scripts/gpu_price.py; env PRICE_CONFIGS, PRICE_ROUNDS)
+#             16 users and in long chats, engines at once on one GPU: scripts/gpu_price.py; env PRICE_CONFIGS, PRICE_ROUNDS,
+#             PRICE_EXTRAS=0 for the engines' levels alone)
 #        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
 #        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
 #             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
@@ -136,6 +137,7 @@ elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first 
   CLI="vllm.entrypoints.cli.benchmark.main, vllm.entrypoints.cli.collect_env, vllm.entrypoints.cli.launch"
   CLI="$CLI, vllm.entrypoints.cli.openai, vllm.entrypoints.cli.run_batch, vllm.entrypoints.cli.serve"
   for m in "$CLI" vllm.entrypoints.openai.api_server; do
+    [ "${PRICE_EXTRAS:-1}" = 0 ] && break  # FP8 priced alone
     [ $(( TUNE_DEADLINE - $(date +%s) )) -gt 40 ] || { echo "[price] import times: no time left"; break; }
     f="$OUT/importtime-$(echo "$m" | cut -c1-24 | tr -c 'a-z0-9._\n' '_').txt"
     echo "[price] import $m: $( { time python3 -X importtime -c "import $m" 2> "$f"; } 2>&1 )"

@@ -26,8 +26,63 @@ def vllm_ms(level: dict[str, Any], phase: str) -> float:
     return float(level["phases"][phase]["mean_ms"])
 
 
+def engines(doc: dict[str, Any]) -> None:
+    """Each engine's levels: per round and median (min-max); its answer check and memory (FP8 priced)."""
+    rounds = doc["rounds"]
+    names = [n for n in doc.get("order", []) if any(n in r for r in rounds)]
+    print("### Each engine alone (vLLM's chat API), 512-token prompts, 256 output tokens, greedy, ignore_eos\n")
+    print("| engine | users | output tok/s | per round | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | per round TPOT "
+          "| errors |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for name in names:
+        for users in ("1", "16", "64"):
+            ls = [r[name][users] for r in rounds if users in r.get(name, {})]
+            if not ls:
+                continue
+            tok = [x["output_tokens_per_s"] for x in ls]
+            tpot = [x["tpot_ms"]["p50"] for x in ls]
+            cells = [
+                span(tok),
+                " / ".join(f"{v:.0f}" for v in tok),
+                span([x["ttft_ms"]["p50"] for x in ls]),
+                span([x["ttft_ms"]["p99"] for x in ls]),
+                span(tpot),
+                " / ".join(f"{v:.2f}" for v in tpot),
+                str(sum(x["errors"] for x in ls)),
+            ]
+            print(f"| {name} | {users} | " + " | ".join(cells) + " |")
+    print("\n### Answer check against the float32 reference, and memory\n")
+    print("| engine | limits | verdict | positions | median / p95 / max abs diff nats | top-1 agreement "
+          "| top-list overlap mean (min) | with bfloat16's limits | GPU MiB | weights, KV tokens |"
+          "\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for name in names:
+        e = doc["engines"][name]
+        c = e.get("check") or {}
+        st = c.get("stats") or {}
+        strict = e.get("check_bf16_limits")
+        mem = doc.get("memory", {}).get(name, {})
+        logs = mem.get("log", [])
+        weights = next((ln.split("took ")[1].split(" and")[0] for ln in logs if "Model loading took" in ln), "?")
+        kv = next((ln.split("size: ")[1] for ln in logs if "KV cache size" in ln), "?")
+        cells = [
+            c.get("limits", "bfloat16"),
+            {True: "pass", False: "FAIL"}.get(c.get("passed"), "not run"),
+            str(st.get("positions", "")),
+            f"{st.get('median', 0):.4f} / {st.get('p95', 0):.4f} / {st.get('max', 0):.4f}" if st else "",
+            f"{st.get('top1_agree')}/{st.get('positions')}" if st else "",
+            f"{st.get('topk_overlap_mean', 0):.3f} ({st.get('topk_overlap_min', 0):.2f})" if st else "",
+            "" if strict is None else ("pass" if strict.get("passed") else "FAIL"),
+            str(mem.get("gpu_mib", "")),
+            f"{weights}, {kv}",
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main(path: str) -> None:
-    rounds = json.load(open(path))["rounds"]
+    doc = json.load(open(path))
+    rounds = doc["rounds"]
+    if any(n != "bf16" for n in doc.get("order", [])):
+        engines(doc)
     print("### bf16 engine alone (vLLM's chat API), 512-token prompts, 256 output tokens, greedy\n")
     print("| users | output tok/s | client TTFT P50 ms | client TTFT P99 ms | vLLM's own TTFT mean ms "
           "| of it prefill mean ms | TPOT P50 ms |\n|---|---|---|---|---|---|---|")  # fmt: skip
