@@ -18,8 +18,7 @@ In a test module (the `oidc_provider` fixture of tests/conftest.py, one provider
         ... oidc_provider.issuer, .client_id, .client_secret ...
 
 or without parameters, and the redirect URIs set once the app's port is known: `oidc_provider.set_redirect_uris([...])`.
-Outside pytest's fixtures: `with oidc_provider_running(folder, [uri]) as provider: ...`, or `start_oidc_provider(...)`
-and `provider.stop()` in a finally."""
+Outside pytest's fixtures: `with oidc_provider_running(folder, [uri]) as provider: ...`."""
 
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from backend.serving.process import free_port, guarded
 from tests.waiting import TAIL_CHARS, wait_alive
@@ -194,47 +194,12 @@ class OidcProvider:
         proc.wait()
 
 
-def start_oidc_provider(
-    data: Path,
-    redirect_uris: Sequence[str] = (),
-    *,
-    client_id: str = DEFAULT_CLIENT_ID,
-    client_secret: str | None = None,
-    post_logout_redirect_uris: Sequence[str] = (),
-    id_token_s: int = 300,
-) -> OidcProvider:
-    """A provider started and answering, its data in `data`; the caller stops it (`provider.stop()`)."""
-    provider = OidcProvider(
-        data,
-        redirect_uris,
-        client_id=client_id,
-        client_secret=client_secret,
-        post_logout_redirect_uris=post_logout_redirect_uris,
-        id_token_s=id_token_s,
-    )
-    provider.start()
-    return provider
-
-
 @contextmanager
-def oidc_provider_running(
-    data: Path,
-    redirect_uris: Sequence[str] = (),
-    *,
-    client_id: str = DEFAULT_CLIENT_ID,
-    client_secret: str | None = None,
-    post_logout_redirect_uris: Sequence[str] = (),
-    id_token_s: int = 300,
-) -> Iterator[OidcProvider]:
-    """A provider for the `with` block (start_oidc_provider's arguments), stopped at its end whatever happens."""
-    provider = start_oidc_provider(
-        data,
-        redirect_uris,
-        client_id=client_id,
-        client_secret=client_secret,
-        post_logout_redirect_uris=post_logout_redirect_uris,
-        id_token_s=id_token_s,
-    )
+def oidc_provider_running(data: Path, redirect_uris: Sequence[str] = (), **options: Any) -> Iterator[OidcProvider]:
+    """A provider started and answering for the `with` block, its data in `data` (`options`: OidcProvider's
+    client_id, client_secret, post_logout_redirect_uris, id_token_s, port), stopped at its end whatever happens."""
+    provider = OidcProvider(data, redirect_uris, **options)
+    provider.start()
     try:
         yield provider
     finally:
