@@ -2,7 +2,8 @@
 model), called with the official `openai` client: keys made on the key page's API, streaming and not, a stream
 cancelled mid-way (the engine's running requests go back to 0), 401 for a wrong, missing or revoked key, 429 with
 Retry-After, two users' quotas apart, and the chat's own quota message in English and Chinese; once on SQLite and
-once on PostgreSQL (the app_db_url fixture)."""
+once on PostgreSQL: two apps, each with its own engine, started at once (a start is mostly Python imports in one
+process after another, so two of them overlap on two cores)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from tests.app_process import RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login
+from tests.conftest import DATABASES
+from tests.postgres_server import PostgresForTests
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,24 +53,48 @@ async def make_key(url: str, user: str, name: str) -> tuple[str, str]:
     return body["key"], body["id"]
 
 
-@pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
-    root = tmp_path_factory.mktemp("api")
+def start_site(root: Path, tiny_model: Path, db_url: str) -> RunningApp:
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users, app_db_url)
+    env = login_env(root / "data", tiny_model, users, db_url)
     env["ERNIE_API__OVERRIDES__CAROL__REQUESTS_PER_MINUTE"] = str(CAROL_PER_MINUTE)
     env["ERNIE_API__OVERRIDES__DAVE__REQUESTS_PER_MINUTE"] = str(CAROL_PER_MINUTE)
     env["ERNIE_API__QUOTAS__REQUESTS_PER_MINUTE"] = "1000"
     env["ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN"] = str(WINDOW)  # room for replies that take the tiny model seconds
-    app = launch_app(env, root / "app.log")
+    if db_url:
+        # Its own answer check, from its own float32 reference: two starts at once must not write one reference file
+        # together (the first app's check is the session's, as before).
+        env["ERNIE_CANARY__DIR"] = str(root / "canary")
+    return launch_app(env, root / "app.log")
+
+
+@pytest.fixture(scope="module")
+def sites(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, postgres: PostgresForTests
+) -> Iterator[dict[str, Site]]:
+    """The module's two apps, on SQLite (the app's default file in its data folder) and on a new PostgreSQL database,
+    each with its own engine; started together and stopped at the module's end."""
+    urls = {"sqlite": "", "postgresql": postgres.new_database()}
+    apps: dict[str, RunningApp] = {}
+    keys: dict[str, dict[str, str]] = {}
     try:
-        app.wait_ready()
-        keys = {user: asyncio.run(make_key(app.url, user, f"{user}'s tool"))[0] for user in PASSWORDS}
-        yield Site(app, keys)
+        for db in DATABASES:
+            apps[db] = start_site(tmp_path_factory.mktemp(f"api-{db}"), tiny_model, urls[db])
+        for db, app in apps.items():
+            app.wait_ready()
+            keys[db] = {user: asyncio.run(make_key(app.url, user, f"{user}'s tool"))[0] for user in PASSWORDS}
+        yield {db: Site(apps[db], keys[db]) for db in DATABASES}
     finally:
-        app.stop()
-    assert all(key not in app.log_text() for key in keys.values()), "no key in the app's log"
+        for app in apps.values():
+            app.stop()
+    for db, app in apps.items():
+        assert all(key not in app.log_text() for key in keys[db].values()), f"no key in the {db} app's log"
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def site(request: pytest.FixtureRequest, sites: dict[str, Site]) -> Site:
+    """One of the two apps: every test runs once on each database."""
+    return sites[request.param]
 
 
 def client(site: Site, key: str, language: str = "en") -> openai.OpenAI:
