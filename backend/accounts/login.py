@@ -39,9 +39,10 @@ def users_file_path(cfg: AppConfig) -> Path:
 class Accounts:
     """Checks passwords against the users file (re-read when it changes) and ERNIE_AUTH__USERS."""
 
-    def __init__(self, users_file: Path, env_users: str | None = None) -> None:
+    def __init__(self, users_file: Path, env_users: str | None = None, password: bool = True) -> None:
         self.users_file = users_file
         self._env_users = env_users
+        self.password = password  # password login on (else the users file only names linked accounts and roles)
         self._stamp: tuple[int, int] | None = None
         self._loaded = False
         self._users: dict[str, str] = {}
@@ -55,7 +56,7 @@ class Accounts:
     @classmethod
     def from_config(cls, cfg: AppConfig) -> Accounts:
         env = cfg.auth.users.get_secret_value() if cfg.auth.users is not None else None
-        return cls(users_file_path(cfg), env)
+        return cls(users_file_path(cfg), env, cfg.auth.password)
 
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
@@ -83,7 +84,7 @@ class Accounts:
         if self.problem is not None:
             log.info("Users file fixed: %d users can log in.", len(users))
         self.problem, self._users, self._roles = None, users, roles
-        if not users:
+        if not users and self.password:
             log.error(
                 "Login is enabled but no users are defined (%s, ERNIE_AUTH__USERS): "
                 "add one with `python -m backend add-user NAME`.",
