@@ -225,6 +225,6 @@ def test_a_configuration_where_nobody_could_sign_in_is_refused() -> None:
 
     with pytest.raises(ValueError, match="nobody could sign in"):
         AuthSettings(enabled=True, password=False)
-    with pytest.raises(ValueError, match="need auth.enabled"):
+    with pytest.raises(ValueError, match=r"need auth\.enabled"):
         AuthSettings(enabled=False, oidc=settings())
     assert AuthSettings(enabled=True, password=False, oidc=settings()).oidc.enabled
