@@ -34,6 +34,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 WAIT_MS = 180_000
 PASSWORD = "alice-password"
 DEMO_REPLY_TOKENS = "160"  # long enough to reload or cut in the middle, short enough for a lean test
+# With login, a reply must outlast a tab's close, another page's reload and a click in its history: 160 tokens took
+# 3.2 s in a fresh-clone CI run and ended before the reopen (the test then had nothing live to follow)
+LOGIN_REPLY_TOKENS = "400"
 GENERATED = "vllm:generation_tokens_total"
 # The model's reply (not the demo model's notice, which names it) has its first 20 characters on the page.
 REPLY_BEGUN = """sel => [...document.querySelectorAll(sel)]
@@ -83,7 +86,7 @@ def site(app: RunningApp, demo_model: Path, tmp_path_factory: pytest.TempPathFac
         "ERNIE_SERVER__BASE_URL": engine["base_url"] + "/v1",
         "ERNIE_SERVER__API_KEY": engine["key"],
         "ERNIE_MODEL__SERVED_NAME": engine["served_name"],
-        "ERNIE_DEMO__MAX_TOKENS": DEMO_REPLY_TOKENS,
+        "ERNIE_DEMO__MAX_TOKENS": LOGIN_REPLY_TOKENS,
     }
     site = Site(env, root, app.log.parent)
     try:
