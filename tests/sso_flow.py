@@ -40,16 +40,13 @@ def provider_form(page: httpx.Response, name: str, password: str) -> dict[str, s
     return {"csrfmiddlewaretoken": token[1], "username": name, "password": password, "next": html.unescape(next_url[1])}
 
 
-def sign_in(
-    browser: httpx.Client, app_url: str, provider: OidcProvider, name: str, password: str
-) -> tuple[httpx.Response, httpx.Response]:
-    """From the app's button to the app's callback: (the provider's redirect to the callback, the app's answer to it).
-
-    `browser` follows no redirects by itself: each step is checked on the way."""
-    start = browser.get(f"{app_url}/auth/oauth/{BUTTON}")
-    assert start.status_code == 302, (start.status_code, start.text[:500])
-    page = browser.get(start.headers["location"])
-    while page.status_code in (301, 302, 303) and not page.headers["location"].startswith(app_url):
+def through_provider(
+    browser: httpx.Client, authorize_url: str, provider: OidcProvider, name: str, password: str, back_to: str
+) -> httpx.Response:
+    """From the provider's authorization URL, through its sign-in form if it shows one, to its redirect to `back_to`
+    (returned, not followed). `browser` follows no redirects by itself: each step is checked on the way."""
+    page = browser.get(authorize_url)
+    while page.status_code in (301, 302, 303) and not page.headers["location"].startswith(back_to):
         page = browser.get(httpx.URL(str(page.url)).join(page.headers["location"]))
     if page.status_code == 200:  # not signed in at the provider yet: its form
         posted = browser.post(
@@ -57,11 +54,21 @@ def sign_in(
         )
         assert posted.status_code == 302, (posted.status_code, posted.text[:1000], provider.log_tail())
         page = posted
-        while not page.headers["location"].startswith(app_url):
+        while not page.headers["location"].startswith(back_to):
             page = browser.get(httpx.URL(str(page.url)).join(page.headers["location"]))
             assert page.status_code in (301, 302, 303), (page.status_code, page.text[:1000])
-    assert page.headers["location"].startswith(callback_uri(app_url)), page.headers["location"]
-    return page, browser.get(page.headers["location"])
+    assert page.headers["location"].startswith(back_to), page.headers["location"]
+    return page
+
+
+def sign_in(
+    browser: httpx.Client, app_url: str, provider: OidcProvider, name: str, password: str
+) -> tuple[httpx.Response, httpx.Response]:
+    """From the app's button to the app's callback: (the provider's redirect to it, the app's answer to it)."""
+    start = browser.get(f"{app_url}/auth/oauth/{BUTTON}")
+    assert start.status_code == 302, (start.status_code, start.text[:500])
+    back = through_provider(browser, start.headers["location"], provider, name, password, callback_uri(app_url))
+    return back, browser.get(back.headers["location"])
 
 
 def signed_in_role(browser: httpx.Client, app_url: str) -> tuple[str | None, str | None]:

@@ -38,7 +38,7 @@ from backend.errors import SignInError
 from backend.serving.process import free_port
 from tests.app_process import ROOT, FakeEngine, RunningApp, launch_app, login_env
 from tests.oidc_server import OidcProvider
-from tests.sso_flow import callback_uri, oidc_env, provider_form, sign_in, signed_in_role
+from tests.sso_flow import callback_uri, oidc_env, sign_in, signed_in_role, through_provider
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -193,16 +193,7 @@ def test_a_name_a_password_account_holds_needs_an_admins_link(site: Site) -> Non
 async def real_id_token(oidc: OidcClient, site: Site, name: str, password: str) -> tuple[str, str]:
     """An ID token the real provider issued for `name` (signed in with httpx, the code exchanged): (token, nonce)."""
     begun = await oidc.start()
-    tab = browser()
-    page = tab.get(begun.url)
-    while page.status_code in (301, 302) and "/auth/oauth/" not in page.headers["location"]:
-        page = tab.get(httpx.URL(str(page.url)).join(page.headers["location"]))
-    if page.status_code == 200:
-        page = tab.post(
-            str(page.url), data=provider_form(page, name, password), headers={"Origin": site.provider.base_url}
-        )
-        while "/auth/oauth/" not in page.headers["location"]:
-            page = tab.get(httpx.URL(str(page.url)).join(page.headers["location"]))
+    page = through_provider(browser(), begun.url, site.provider, name, password, oidc.redirect_uri)
     code = parse_qs(urlsplit(page.headers["location"]).query)["code"][0]
     tokens = client().post(
         site.provider.discovery()["token_endpoint"],
