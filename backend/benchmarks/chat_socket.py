@@ -54,9 +54,9 @@ class ChatSocket:
             self.thread_id = data["thread_id"]
         self._changed.set()
 
-    async def wait_for(self, event: str, after: int = 0) -> int:
-        """Index of the first `event` at or after position `after` (at most WAIT_S seconds)."""
-        async with asyncio.timeout(WAIT_S):
+    async def wait_for(self, event: str, after: int = 0, timeout_s: float = WAIT_S) -> int:
+        """Index of the first `event` at or after position `after` (at most `timeout_s` seconds)."""
+        async with asyncio.timeout(timeout_s):
             while True:
                 for i in range(after, len(self.events)):
                     if self.events[i][0] == event:

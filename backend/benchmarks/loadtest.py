@@ -74,6 +74,7 @@ class Reply:
     waited_s: float | None = None
     told_busy: bool = False
     after_admission_s: float | None = None  # from the "your turn came" notice to the first text
+    told_late: bool = False  # it waited past the line's bound and the page was told the wait is longer than expected
 
     @property
     def app_share_s(self) -> float | None:
@@ -157,8 +158,11 @@ def line_summary(replies: list[Reply]) -> dict[str, Any]:
             {"p50": round(percentile(after, 50), 3), "p90": round(percentile(after, 90), 3)} if after else None
         ),
         "waited": len(waited),
-        "wait_s": {"p50": round(percentile(waits, 50), 2), "p90": round(percentile(waits, 90), 2)} if waits else None,
+        "wait_s": {"p50": round(percentile(waits, 50), 2), "p90": round(percentile(waits, 90), 2), "max": max(waits)}
+        if waits
+        else None,
         "told_busy": sum(r.told_busy for r in replies),
+        "told_late": sum(r.told_late for r in replies),
         "estimate_off": {"p50": round(percentile(off, 50), 2), "p90": round(percentile(off, 90), 2)} if off else None,
         "estimates_within_half": round(sum(o <= 0.5 for o in off) / len(off), 2) if off else None,
     }
@@ -269,7 +273,10 @@ def _pattern(key: str, lang: str = "en") -> re.Pattern[str]:
     return re.compile(re.sub(r"\\{\w+(?::[^}]*)?\\}", r"(\\d+)", re.escape(MESSAGES[key][lang])))
 
 
-QUEUED, QUEUE_DONE = _pattern("queued"), _pattern("queue_done")
+QUEUED, QUEUE_DONE, QUEUED_LATE = _pattern("queued"), _pattern("queue_done"), _pattern("queued_late")
+# A reply's end is awaited this long: a message may wait in line up to the app's bound (admission.max_wait_s, 180 s
+# by default, longer where the line moved slower than expected: the page is then told so) before its reply begins.
+REPLY_WAIT_S = 600
 BUSY = re.compile(re.escape(CATALOG["admission.full"].en[0].split("(")[0].strip()))
 
 
@@ -290,7 +297,7 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     start, started = len(chat.events), time.monotonic()
     await chat.send(text)
     taken = await chat.wait_for("task_start", start)
-    end = await chat.wait_for("task_end", taken)
+    end = await chat.wait_for("task_end", taken, REPLY_WAIT_S)
     first = first_text_at(chat.events, chat.times, start, end)
     last = last_text_at(chat.events, chat.times, start, end)
     steps = chat.reply_steps(start)
@@ -304,13 +311,14 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     line = notice_seen(chat.events, chat.times, start, end, QUEUED)
     turn_came = notice_seen(chat.events, chat.times, start, end, QUEUE_DONE)
     busy = any(BUSY.search(notice) for notice in chat.notices(start))
+    late = notice_seen(chat.events, chat.times, start, end, QUEUED_LATE) is not None
     return Reply(
         index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
         details.get("ttft_s"), details.get("prompt_tokens"), chat.times[taken] - started,
         None if last is None else chat.times[end] - last,
         int(line[0].group(1)) if line else None, float(line[0].group(2)) if line else None,
         (first - line[1]) if line and first is not None else None, busy,
-        (first - turn_came[1]) if turn_came and first is not None else None,
+        (first - turn_came[1]) if turn_came and first is not None else None, late,
     )  # fmt: skip
 
 

@@ -8,9 +8,13 @@ is expected to be free). A waiting request knows its place and its expected wait
 leaves the line when it is cancelled (the stop button, a closed connection). While the app drains for a restart
 (close()), newcomers and those still waiting are refused with ServerRestartingError.
 
-The expected wait: with every place taken, a place frees every `reply_s / capacity` seconds on average, where
-`reply_s` is the mean time a reply held its place (a moving average of the replies as they end, starting from the
-engine's measured figure): a request with n requests ahead of it waits about (n + 1) * reply_s / capacity.
+The expected wait: the request at place n runs once n places have been freed, so it waits about n x `place_s`, the
+seconds between two places freed while every place is taken. `place_s` is measured as the line moves: over the
+last WINDOW places freed, the seconds during which every place was taken divided by the places freed in them (a
+reply's time at its place would mislead: replies lengthen as chats grow, and the short ones free places more often
+than their mean suggests). The current gap counts too once it is longer than those measured, so a line that stops
+moving (an engine slowed down) shows a growing wait. Until MEASURED places have been freed (`measured`), `place_s` is
+the configured `reply_s` / capacity, a guess kept for the bound: the chat shows no expected wait made of it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 from backend.errors import ServerFullError, ServerRestartingError
 
 SMOOTHING = 0.2  # weight of the newest reply in the moving average of reply_s
+WINDOW = 32  # the places freed, most recent, whose gaps give place_s
+MEASURED = 4  # places freed before place_s is measured rather than taken from reply_s
 
 
 @dataclass(eq=False)
@@ -93,12 +99,17 @@ class Admission:
         self._closed: ServerRestartingError | None = None
         self.refused = 0  # requests refused because the line was full (for the metrics)
         self._idle = asyncio.Event()  # set when the last running request leaves (drained())
+        self._full_s = 0.0  # seconds during which every place was taken, summed
+        self._full_since: float | None = None  # every place taken since then (None: a place is free)
+        self._freed: deque[float] = deque(maxlen=WINDOW)  # _full_s at each place freed while every place was taken
 
     def resize(self, capacity: int) -> None:
         """The engine's places changed (another engine or configuration serves): more may run at once now."""
         if capacity != self.capacity and capacity >= 1:
             self.capacity = capacity
+            self._freed.clear()  # the line moves at another pace now
             self._admit()
+            self._note_full()
 
     # ----- the line --------------------------------------------------------------------------------------------
     @property
@@ -118,11 +129,28 @@ class Admission:
             return 0
         return self.order().index(ticket) + 1
 
+    @property
+    def measured(self) -> bool:
+        """Whether the line has moved enough here for its expected waits to be measured ones (module docstring)."""
+        return len(self._freed) >= MEASURED
+
+    @property
+    def place_s(self) -> float:
+        """The expected seconds between two places freed while every place is taken (module docstring)."""
+        prior = self.reply_s / self.capacity
+        if not self.measured:
+            return prior
+        full_s = self._full_s + (self.clock() - self._full_since if self._full_since is not None else 0.0)
+        first, last = self._freed[0], self._freed[-1]
+        gaps = len(self._freed) - 1
+        measured = (last - first) / gaps
+        return max(measured, (full_s - first) / (gaps + 1), 1e-3)
+
     def expected_wait_s(self, place: int) -> float:
         """The expected seconds until the request at `place` runs (0: running)."""
         if place <= 0:
             return 0.0
-        return place * self.reply_s / self.capacity
+        return place * self.place_s
 
     def join(self, user: str) -> Ticket:
         """A ticket for one request of `user`: running at once where a place is free and nobody waits, else
@@ -137,11 +165,12 @@ class Admission:
         # Where a newcomer of this user would stand: behind everyone in a line no longer than theirs (turns).
         own = len(self._lines.get(user, ()))
         place = sum(min(len(line), own + 1) for name, line in self._lines.items() if name != user) + own + 1
-        expected = self.expected_wait_s(place)
+        place_s = self.place_s
+        expected = place * place_s
         if self.waiting >= self.queue_max or expected > self.max_wait_s:
             self.refused += 1
-            over = max(1, place - math.floor(self.max_wait_s * self.capacity / self.reply_s))
-            retry = max(1, math.ceil(min(expected, over * self.reply_s / self.capacity)))
+            over = max(1, place - math.floor(self.max_wait_s / place_s))
+            retry = max(1, math.ceil(min(expected, over * place_s)))
             raise ServerFullError.of("admission.full", waiting=self.waiting, retry_s=retry)
         self._lines.setdefault(user, deque()).append(ticket)
         return ticket
@@ -151,6 +180,8 @@ class Admission:
             return
         ticket.done = True
         if ticket in self.running:
+            if self._full_since is not None:  # a place freed while every place was taken: the line moves
+                self._freed.append(self._full_s + self.clock() - self._full_since)
             self.running.discard(ticket)
             if ticket.started is not None:
                 held = self.clock() - ticket.started
@@ -164,11 +195,22 @@ class Admission:
                 if not line:
                     del self._lines[ticket.user]
         self._admit()
+        self._note_full()
+
+    def _note_full(self) -> None:
+        """Keep the seconds during which every place was taken (place_s)."""
+        full = len(self.running) >= self.capacity
+        if full and self._full_since is None:
+            self._full_since = self.clock()
+        elif not full and self._full_since is not None:
+            self._full_s += self.clock() - self._full_since
+            self._full_since = None
 
     def _start(self, ticket: Ticket) -> None:
         ticket.started = self.clock()
         self.running.add(ticket)
         ticket._event.set()
+        self._note_full()
 
     def _admit(self) -> None:
         """Start the next requests in turn while places are free: the first user's oldest, then that user goes to

@@ -30,8 +30,10 @@ def wait_text(event: EngineWait | Queued, locale: str) -> str:
     """The engine's state while a message waits for it, or its place in line (one notice, updated)."""
     if isinstance(event, Queued):
         if event.place == 0:
-            return t("queue_done", locale, waited=event.wait_s)
-        return t("queued", locale, place=event.place, wait=max(1.0, event.wait_s))
+            return t("queue_done", locale, waited=event.wait_s or 0.0)
+        if event.wait_s is None:
+            return t("queued_measuring", locale, place=event.place)
+        return t("queued_late" if event.late else "queued", locale, place=event.place, wait=max(1.0, event.wait_s))
     if event.state == "failed":
         error, hint = describe_parts(event.problem, locale)
         text = t("failed", locale, error=error, hint=hint)

@@ -352,7 +352,9 @@ class ChatService:
         waited = False
         while not await ticket.wait(WAIT_STEP_S if waited else 0.0):
             waited = True
-            yield Queued(ticket.place, ticket.expected_s)
+            line = ticket.admission
+            late = time.monotonic() - started > line.max_wait_s
+            yield Queued(ticket.place, ticket.expected_s if line.measured else None, late)
         if waited:
             yield Queued(0, time.monotonic() - started)
 

@@ -116,7 +116,8 @@ class Queued:
     """Every place of the engine is taken: this message waits in line (one notice the UI shows and updates)."""
 
     place: int  # 1: next; 0: its turn came (then wait_s is how long it waited)
-    wait_s: float  # the expected seconds until it runs
+    wait_s: float | None  # the expected seconds until it runs (None: not measured yet); once running: the wait
+    late: bool = False  # it has waited longer than the line's bound (the wait was expected shorter)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,8 @@ def line_text(line: dict[str, Any] | None) -> str:
         return ""
     return (
         f"; the engine runs {line['places']} replies at once ({line['running']} running, {line['waiting']} waiting "
-        f"in line, {line['refused']} told to come back later; a reply holds its place {line['reply_s']} s)"
+        f"in line, {line['refused']} told to come back later; a reply holds its place {line['reply_s']} s, a place "
+        f"frees every {line.get('place_s', '?')} s while all are taken)"
     )
 
 

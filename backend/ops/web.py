@@ -74,6 +74,7 @@ def line_payload(service: ChatService) -> dict[str, Any] | None:
         "waiting": line.waiting,
         "refused": line.refused,
         "reply_s": round(line.reply_s, 1),
+        "place_s": round(line.place_s, 2),  # seconds between places freed while all are taken (the expected waits)
     }
 
 

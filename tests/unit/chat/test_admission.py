@@ -128,3 +128,103 @@ def test_tickets_are_told_apart_even_when_alike() -> None:
     a = line(capacity=1)
     one, two = a.join("a"), a.join("a")
     assert isinstance(one, Ticket) and one != two and len({one, two}) == 2
+
+
+def full_line(capacity: int, reply_s: float = 10) -> tuple[Admission, Clock, list[Ticket]]:
+    clock = Clock()
+    a = Admission(capacity, 1000, 10**6, reply_s, clock=clock)
+    return a, clock, [a.join(f"run{i}") for i in range(capacity)]
+
+
+def free_one_every(a: Admission, clock: Clock, seconds: float, times: int, user: str = "next") -> None:
+    """The oldest running request ends every `seconds`, and a newcomer takes its place (the line stays full)."""
+    for i in range(times):
+        clock.now += seconds
+        min(a.running, key=lambda t: t.started or 0).leave()
+        a.join(f"{user}{i}")
+
+
+def test_the_expected_wait_is_measured_from_how_fast_places_free() -> None:
+    a, clock, _ = full_line(capacity=2, reply_s=10)
+    assert a.place_s == pytest.approx(5)  # before the line has moved: the engine's reply time / its places
+    free_one_every(a, clock, 3, times=6)
+    waiting = [a.join(f"w{i}") for i in range(4)]
+    assert a.place_s == pytest.approx(3)
+    assert [t.expected_s for t in waiting] == pytest.approx([3, 6, 9, 12])
+
+
+def test_the_expected_wait_follows_replies_that_lengthen() -> None:
+    a, clock, _ = full_line(capacity=4, reply_s=4)
+    free_one_every(a, clock, 1, times=40)
+    free_one_every(a, clock, 4, times=40, user="later")  # chats grow: places now free four times slower
+    assert a.place_s == pytest.approx(4)
+
+
+def test_a_line_that_stops_moving_shows_a_growing_wait() -> None:
+    a, clock, _ = full_line(capacity=2)
+    free_one_every(a, clock, 2, times=8)
+    waiting = a.join("w")
+    before = waiting.expected_s
+    clock.now += 60  # nothing ends for a minute (a slowed engine)
+    assert before == pytest.approx(2) and waiting.expected_s > 6
+
+
+def test_seconds_with_a_place_free_do_not_slow_the_estimate() -> None:
+    a, clock, _ = full_line(capacity=2)
+    free_one_every(a, clock, 2, times=8)
+    for t in list(a.running):  # everyone is answered; the engine idles for ten minutes
+        clock.now += 2
+        t.leave()
+    clock.now += 600
+    a.join("x"), a.join("y")  # full again
+    assert a.place_s == pytest.approx(2, rel=0.05)
+
+
+def test_a_changed_number_of_places_measures_the_line_again() -> None:
+    a, clock, _ = full_line(capacity=2, reply_s=10)
+    free_one_every(a, clock, 1, times=8)
+    a.resize(4)
+    assert a.place_s == pytest.approx(a.reply_s / 4)  # the prior again, not the 1 s of two places
+
+
+def test_in_a_crowd_of_chats_most_expected_waits_are_within_half_the_wait() -> None:
+    """A simulated crowd (fake clock): 64 chats asking again 0.5-3 s after each reply, and one API user with four
+    requests at once, on 8 places; replies of widely varying length that grow as the chats do. Once the line has
+    moved for a minute, the wait each newcomer is told is within half the wait that follows for nine in ten."""
+    import heapq
+    import random
+
+    rnd, clock = random.Random(7), Clock()
+    a = Admission(8, 1000, 10**6, 15.0, clock=clock)
+    events: list[tuple[float, int, str, Ticket | None]] = []
+    turns: dict[str, int] = {}
+    told: dict[Ticket, tuple[float, float]] = {}
+    off: list[float] = []
+    for i, user in enumerate([f"chat{u}" for u in range(64)] + ["api"] * 4):
+        heapq.heappush(events, (clock.now + rnd.uniform(0, 5), i, user, None))
+
+    def started(ticket: Ticket, seq: int) -> None:
+        joined, expected = told.pop(ticket)
+        if clock.now - joined > 0 and joined > 1060:
+            off.append(abs(expected - (clock.now - joined)) / max(clock.now - joined, 1.0))
+        hold = rnd.lognormvariate(0, 0.5) * (8 + 1.5 * min(turns.get(ticket.user, 0), 10))
+        heapq.heappush(events, (clock.now + hold, seq, ticket.user, ticket))
+
+    seq = 100
+    while events and clock.now < 1600:
+        clock.now, _, user, ending = heapq.heappop(events)
+        seq += 1
+        if ending is None:
+            ticket = a.join(user)
+            told[ticket] = (clock.now, ticket.expected_s)
+            if ticket.running:
+                started(ticket, seq)
+            continue
+        turns[user] = turns.get(user, 0) + 1
+        before = set(a.running)
+        ending.leave()
+        for ticket in a.running - before:
+            started(ticket, seq)
+        heapq.heappush(events, (clock.now + rnd.uniform(0.5, 3), seq, user, None))
+    assert len(off) > 200
+    assert sum(o <= 0.5 for o in off) / len(off) >= 0.9

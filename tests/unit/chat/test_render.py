@@ -132,3 +132,16 @@ def test_a_settings_change_is_acknowledged_with_what_changed() -> None:
     )
     assert settings_saved({"template": None}, "en-US") == "✓ Settings saved: Prompt template → auto (by message)"
     assert settings_saved({}, "en-US") == "Settings unchanged"
+
+
+def test_a_place_in_line_shows_a_measured_wait_none_before_and_says_when_it_runs_late() -> None:
+    from backend.chat.render import wait_text
+    from backend.chat.turn import Queued
+
+    assert wait_text(Queued(3, 42.4), "en-US") == t("queued", "en-US", place=3, wait=42.4)
+    assert "42 s" in wait_text(Queued(3, 42.4), "en-US") and "42 秒" in wait_text(Queued(3, 42.4), "zh-CN")
+    unmeasured = wait_text(Queued(3, None), "zh-CN")
+    assert unmeasured == t("queued_measuring", "zh-CN", place=3) and "秒" not in unmeasured
+    late = wait_text(Queued(2, 20.0, late=True), "en-US")
+    assert late == t("queued_late", "en-US", place=2, wait=20.0) and "longer than the server expected" in late
+    assert wait_text(Queued(0, 61.0), "en-US") == t("queue_done", "en-US", waited=61.0)
