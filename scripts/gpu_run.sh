@@ -13,6 +13,8 @@
 #        bash scripts/gpu_run.sh price                 (issue 43: FP8 priced against bf16 and the first token's split at
 #             16 users and in long chats, engines at once on one GPU: scripts/gpu_price.py; env PRICE_CONFIGS, PRICE_ROUNDS,
 #             PRICE_EXTRAS=0 for the engines' levels alone)
+#        bash scripts/gpu_run.sh start                 (issue 43: a fresh start on warm caches, vLLM's `serve` command
+#             against its API server module, alternated: scripts/gpu_start.py; env START_ROUNDS, START_PROFILE)
 #        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
 #        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
 #             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
@@ -145,6 +147,11 @@ elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first 
   ls -l "$OUT"; exit 0
 elif [ "$LABEL" = supervise ]; then
   python3 scripts/gpu_supervise.py "$OUT" "$W/gpubundle/ernie03b" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
+elif [ "$LABEL" = start ]; then  # a fresh start on warm caches: `serve` against the API server module (gpu_start.py)
+  python3 scripts/gpu_start.py "$OUT/start" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" \
+    | tee "$OUT/console-$LABEL.txt"
+  (cd "$OUT/start" && tar czf ../start-logs.tar.gz start-*.log && rm -f start-*.log)
+  du -sh /tmp/start/cache/* 2>/dev/null; ls -l "$OUT" "$OUT/start"; exit 0
 elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
   python3 scripts/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
 else

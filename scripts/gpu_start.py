@@ -10,7 +10,8 @@ A B, B A, ...: each timed from the service's start to ready (the warm-up include
 milliseconds (vLLM's logging configuration) so the phases can be read: the API server's imports, the engine
 configuration, the engine core's start, loading, compiling, CUDA graphs, the server's start, the app's warm-up.
 
-"before" is the start as it was (vLLM's `serve` command line, no startup plan); "after" is the app's start now.
+"before" is the start as it was (vLLM's `serve` command, which imports every subcommand of vLLM's command line);
+"after" is the app's start now (vLLM's API server module, where no flag needs `serve`: backend.engines.vllm).
 Everything is written to OUT_DIR/start.json as it is measured; each start's log to OUT_DIR/start-N-VARIANT.log.
 """
 
@@ -70,13 +71,8 @@ def phases(log: str, started: float) -> dict[str, float]:
 
 
 def patch(variant: str) -> None:
-    """`before`: the start as it was, vLLM's `serve` command (every subcommand imported) and no startup plan."""
-    if variant == "before":
-        vllm.Vllm.entry = ["vllm.entrypoints.cli.main", "serve"]
-        os.environ["VLLM_ENABLE_STARTUP_PLAN"] = "0"
-    else:
-        vllm.Vllm.entry = AFTER_ENTRY
-        os.environ.pop("VLLM_ENABLE_STARTUP_PLAN", None)
+    """`before`: the start as it was, vLLM's `serve` command (every subcommand imported); `after`: the app's now."""
+    vllm.Vllm.entry = vllm.Vllm.serve_entry if variant == "before" else AFTER_ENTRY
 
 
 AFTER_ENTRY = list(vllm.Vllm.entry)

