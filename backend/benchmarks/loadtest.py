@@ -66,12 +66,13 @@ class Reply:
     prompt_tokens: int | None = None  # what the engine read for it (the reply's details)
     taken_s: float | None = None  # when the page heard that the app took the message (Chainlit's task_start)
     tail_s: float | None = None  # TAIL: from the reply's last text on the page to the reply's end
-    # The line in front of the engine (backend.chat.admission): the place and expected wait the first "in line"
-    # notice showed, how long the message really waited from that notice to its first text, and whether it was
-    # told the server is busy (to come back later) instead.
+    # The line in front of the engine (backend.chat.admission): the place the first "in line" notice showed, how
+    # long the message waited from that notice to its first text, the first expected wait shown (none is shown until
+    # the line has moved) and the wait that followed it, and whether it was told the server is busy instead.
     place: int | None = None
     expected_wait_s: float | None = None
     waited_s: float | None = None
+    estimated_wait_s: float | None = None  # from the notice with the first expected wait to the first text
     told_busy: bool = False
     after_admission_s: float | None = None  # from the "your turn came" notice to the first text
     told_late: bool = False  # it waited past the line's bound and the page was told the wait is longer than expected
@@ -148,16 +149,18 @@ class Report:
 def line_summary(replies: list[Reply]) -> dict[str, Any]:
     """The line in front of the engine as the pages saw it: how many waited and how long (from the first "in line"
     notice to the first text), how many were told the server is busy, and how far the expected waits were off."""
-    waited = [r for r in replies if r.waited_s is not None and r.expected_wait_s is not None]
+    waited = [r for r in replies if r.waited_s is not None]
     waits = [r.waited_s for r in waited if r.waited_s is not None]
-    # how far the notice's estimate was from the wait that followed (0.5: half the wait too long or too short)
-    off = [abs((r.expected_wait_s or 0) - (r.waited_s or 0)) / max(r.waited_s or 0, 1.0) for r in waited]
+    # how far the first estimate shown was from the wait that followed it (0.5: half the wait too long or too short)
+    told = [(r.expected_wait_s, r.estimated_wait_s) for r in waited if r.expected_wait_s is not None]
+    off = [abs(expected - (wait or 0)) / max(wait or 0, 1.0) for expected, wait in told]
     after = [r.after_admission_s for r in replies if r.after_admission_s is not None]
     return {
         "first_text_after_admission_s": (
             {"p50": round(percentile(after, 50), 3), "p90": round(percentile(after, 90), 3)} if after else None
         ),
         "waited": len(waited),
+        "waited_without_estimate": len(waited) - len(told),  # their turn came before the line had moved enough
         "wait_s": {"p50": round(percentile(waits, 50), 2), "p90": round(percentile(waits, 90), 2), "max": max(waits)}
         if waits
         else None,
@@ -274,6 +277,7 @@ def _pattern(key: str, lang: str = "en") -> re.Pattern[str]:
 
 
 QUEUED, QUEUE_DONE, QUEUED_LATE = _pattern("queued"), _pattern("queue_done"), _pattern("queued_late")
+IN_LINE = re.compile(f"{QUEUED.pattern}|{_pattern('queued_measuring').pattern}")  # the first notice of a place
 # A reply's end is awaited this long: a message may wait in line up to the app's bound (admission.max_wait_s, 180 s
 # by default, longer where the line moved slower than expected: the page is then told so) before its reply begins.
 REPLY_WAIT_S = 600
@@ -308,7 +312,8 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     problem = "" if ok else (output[-200:] or " / ".join(chat.notices(start))[-200:] or "no reply")
     seconds = chat.times[end] - started
     details = ((steps[-1].get("metadata") or {}).get(DETAILS_KEY) or {}) if ok else {}
-    line = notice_seen(chat.events, chat.times, start, end, QUEUED)
+    line = notice_seen(chat.events, chat.times, start, end, IN_LINE)
+    estimate = notice_seen(chat.events, chat.times, start, end, QUEUED)
     turn_came = notice_seen(chat.events, chat.times, start, end, QUEUE_DONE)
     busy = any(BUSY.search(notice) for notice in chat.notices(start))
     late = notice_seen(chat.events, chat.times, start, end, QUEUED_LATE) is not None
@@ -316,8 +321,10 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
         index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
         details.get("ttft_s"), details.get("prompt_tokens"), chat.times[taken] - started,
         None if last is None else chat.times[end] - last,
-        int(line[0].group(1)) if line else None, float(line[0].group(2)) if line else None,
-        (first - line[1]) if line and first is not None else None, busy,
+        int(next(g for g in line[0].groups() if g)) if line else None,
+        float(estimate[0].group(2)) if estimate else None,
+        (first - line[1]) if line and first is not None else None,
+        (first - estimate[1]) if estimate and first is not None else None, busy,
         (first - turn_came[1]) if turn_came and first is not None else None, late,
     )  # fmt: skip
 

@@ -136,3 +136,29 @@ def test_each_kind_of_chat_runs_at_each_session_count_in_turn(
     assert capsys.readouterr().out.count('"first_text_s"') == 4, "a summary printed per run"
     ok = False
     assert loadtest_command("http://app", [16], 5.0, 16, None, tmp_path, ["growing"]) == 1, "a failed reply"
+
+
+def test_the_line_is_read_from_the_apps_own_notices_and_estimates_judged_from_the_first_one_shown() -> None:
+    from backend.chat.render import wait_text
+    from backend.chat.turn import Queued
+
+    measuring, timed = wait_text(Queued(7, None), "en-US"), wait_text(Queued(5, 42.0), "en-US")
+    assert loadtest.IN_LINE.search(measuring) and loadtest.IN_LINE.search(timed)
+    assert not loadtest.QUEUED.search(measuring), "no expected wait is read where none was shown"
+    found = loadtest.QUEUED.search(timed)
+    assert found is not None and found.groups() == ("5", "42")
+    assert loadtest.QUEUED_LATE.search(wait_text(Queued(2, 9.0, late=True), "en-US"))
+
+    def reply(**line: Any) -> Reply:
+        return Reply(0, True, 10.0, 1.0, 5, **line)
+
+    summary = loadtest.line_summary(
+        [
+            reply(place=7, waited_s=30.0),  # its turn came before any estimate was shown
+            reply(place=5, expected_wait_s=40.0, waited_s=45.0, estimated_wait_s=20.0),  # 100 % off
+            reply(place=3, expected_wait_s=12.0, waited_s=10.0, estimated_wait_s=10.0, told_late=True),  # 20 % off
+            reply(),
+        ]
+    )
+    assert summary["waited"] == 3 and summary["waited_without_estimate"] == 1 and summary["told_late"] == 1
+    assert summary["wait_s"]["max"] == 45.0 and summary["estimates_within_half"] == 0.5
