@@ -52,10 +52,13 @@ COPY --from=llamacpp /app/.venv-engine/llama.cpp /app/.venv-engine/llama.cpp
 COPY . .
 # Everything the app writes lives under /data: the database, logs and login secret (data_dir), the converted models,
 # the tune's and the answer check's verdicts (cache_dir), downloaded models (HF_HOME), the templates the workshop
-# edits and the login users. The app's own files stay root's; Chainlit's upload folder is the user's.
+# edits and the login users. The app's own files stay root's; Chainlit's upload folder is the user's. Chainlit writes
+# the translations the project does not keep (.chainlit/translations: English and Chinese only) when it is first
+# imported: that is done here, as root, since the user may not write /app.
 ENV ERNIE_PATHS__DATA_DIR=/data/app ERNIE_PATHS__CACHE_DIR=/data/cache ERNIE_PATHS__PROMPTS_DIR=/data/prompts \
     ERNIE_AUTH__USERS_FILE=/data/users.yaml HF_HOME=/data/huggingface
-RUN mkdir .files && chown ernie:ernie .files && cp -r prompts /data/prompts && chown -R ernie:ernie /data/prompts
+RUN mkdir .files && chown ernie:ernie .files && cp -r prompts /data/prompts && chown -R ernie:ernie /data/prompts \
+    && .venv/bin/python -c "import chainlit.config"
 USER ernie
 # Convert the offline demo model at build time, so the first start needs no work (a new volume starts with it).
 RUN HF_HUB_OFFLINE=1 .venv/bin/python -m backend prepare-model

@@ -221,3 +221,25 @@ def test_the_proxy_sticks_each_browser_to_one_app_process() -> None:
     assert "lb_policy cookie" in caddyfile and "health_uri /livez" in caddyfile
     mount = fleet()["proxy"]["volumes"][0]
     assert mount.startswith("./deploy/Caddyfile:/etc/caddy/Caddyfile")
+
+
+def test_what_chainlit_writes_at_its_first_import_is_written_before_the_image_drops_root(tmp_path: Path) -> None:
+    """Chainlit writes into the app's .chainlit folder whatever of its defaults is missing (the translations the
+    project does not keep) when it is first imported. The image's user may not write /app, so the image must have
+    Chainlit do that as root, before USER; else the app's first command in the image fails (PermissionError)."""
+    tracked = subprocess.run(
+        ["git", "ls-files", ".chainlit"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in tracked:  # the folder as a fresh clone (the image's build context) has it
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    env = {**os.environ, "CHAINLIT_APP_ROOT": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", "import chainlit.config"], cwd=tmp_path, env=env, check=True, timeout=120)
+    written = {str(p.relative_to(tmp_path)) for p in (tmp_path / ".chainlit").rglob("*") if p.is_file()} - set(tracked)
+    assert written, "Chainlit wrote nothing: this test no longer tells anything; drop the image's step too"
+    steps = instructions("Dockerfile")
+    last_stage = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
+    user = next(i for i, (op, _) in enumerate(steps) if op == "USER" and i > last_stage)
+    assert any(op == "RUN" and "import chainlit.config" in args for op, args in steps[last_stage:user]), (
+        f"the image's user could not write {sorted(written)[:3]}...: have Chainlit write them before USER"
+    )
