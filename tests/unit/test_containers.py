@@ -243,3 +243,14 @@ def test_what_chainlit_writes_at_its_first_import_is_written_before_the_image_dr
     assert any(op == "RUN" and "import chainlit.config" in args for op, args in steps[last_stage:user]), (
         f"the image's user could not write {sorted(written)[:3]}...: have Chainlit write them before USER"
     )
+
+
+def test_the_cpu_image_carries_no_test_packages() -> None:
+    """The app's environment in the image is made without requirements-dev.txt (a browser driver, Django, an
+    embedded PostgreSQL, vLLM's router: ~0.4 GB the app never runs)."""
+    made = [args for op, args in build_stages("Dockerfile") if op == "RUN" and ".venv/.installed" in args]
+    assert made and all(re.search(r"DEV_REQUIREMENTS=(\s|$)", args) for args in made)
+    dry = subprocess.run(
+        ["make", "-n", "-B", ".venv/.installed", "DEV_REQUIREMENTS="], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    assert "requirements.txt" in dry and "requirements-dev.txt" not in dry
