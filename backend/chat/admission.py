@@ -9,12 +9,13 @@ leaves the line when it is cancelled (the stop button, a closed connection). Whi
 (close()), newcomers and those still waiting are refused with ServerRestartingError.
 
 The expected wait: the request at place n runs once n places have been freed, so it waits about n x `place_s`, the
-seconds between two places freed while every place is taken. `place_s` is measured as the line moves: over the
-last WINDOW places freed, the seconds during which every place was taken divided by the places freed in them (a
-reply's time at its place would mislead: replies lengthen as chats grow, and the short ones free places more often
-than their mean suggests). The current gap counts too once it is longer than those measured, so a line that stops
-moving (an engine slowed down) shows a growing wait. Until MEASURED places have been freed (`measured`), `place_s` is
-the configured `reply_s` / capacity, a guess kept for the bound: the chat shows no expected wait made of it.
+seconds between two places freed while every place is taken. `place_s` is measured as the line moves: over the last
+places freed (two for each place: the replies running now and those before them), the seconds during which every place
+was taken divided by the places freed in them (a reply's time at its place would mislead: replies lengthen as chats
+grow, and the short ones free places more often than their mean suggests). The current gap counts too once it is longer
+than those measured, so a line that stops moving (an engine slowed down) shows a growing wait. Until MEASURED places
+have been freed (`measured`), `place_s` is the configured `reply_s` / capacity, a guess kept for the bound: the chat
+shows no expected wait made of it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from dataclasses import dataclass, field
 from backend.errors import ServerFullError, ServerRestartingError
 
 SMOOTHING = 0.2  # weight of the newest reply in the moving average of reply_s
-WINDOW = 32  # the places freed, most recent, whose gaps give place_s
+# The places freed, most recent, whose gaps give place_s: two per place, at least 8. In a simulated crowd (8 places,
+# replies that lengthen as chats grow) 16 kept 9 in 10 estimates within half the wait, and, after a crowd of long
+# chats gave way to one of short chats, 8 in 10 where a window of 32 kept 7 in 10
+# (results/load/crowd-estimate/estimate_sim.py).
+WINDOW_PER_PLACE, MIN_WINDOW = 2, 8
 MEASURED = 4  # places freed before place_s is measured rather than taken from reply_s
 
 
@@ -101,13 +106,13 @@ class Admission:
         self._idle = asyncio.Event()  # set when the last running request leaves (drained())
         self._full_s = 0.0  # seconds during which every place was taken, summed
         self._full_since: float | None = None  # every place taken since then (None: a place is free)
-        self._freed: deque[float] = deque(maxlen=WINDOW)  # _full_s at each place freed while every place was taken
+        self._freed = self._window()  # _full_s at each place freed while every place was taken
 
     def resize(self, capacity: int) -> None:
         """The engine's places changed (another engine or configuration serves): more may run at once now."""
         if capacity != self.capacity and capacity >= 1:
             self.capacity = capacity
-            self._freed.clear()  # the line moves at another pace now
+            self._freed = self._window()  # the line moves at another pace now
             self._admit()
             self._note_full()
 
@@ -128,6 +133,9 @@ class Admission:
         if ticket.running or ticket.done:
             return 0
         return self.order().index(ticket) + 1
+
+    def _window(self) -> deque[float]:
+        return deque(maxlen=max(MIN_WINDOW, WINDOW_PER_PLACE * self.capacity))
 
     @property
     def measured(self) -> bool:
