@@ -76,6 +76,7 @@ class Reply:
     told_busy: bool = False
     after_admission_s: float | None = None  # from the "your turn came" notice to the first text
     told_late: bool = False  # it waited past the line's bound and the page was told the wait is longer than expected
+    retry_after_s: float | None = None  # told the server is busy: when the page said to try again
 
     @property
     def app_share_s(self) -> float | None:
@@ -282,6 +283,7 @@ IN_LINE = re.compile(f"{QUEUED.pattern}|{_pattern('queued_measuring').pattern}")
 # by default, longer where the line moved slower than expected: the page is then told so) before its reply begins.
 REPLY_WAIT_S = 600
 BUSY = re.compile(re.escape(CATALOG["admission.full"].en[0].split("(")[0].strip()))
+RETRY = re.compile(re.sub(r"\\{retry_s\\}", r"(\\d+)", re.escape(CATALOG["admission.full"].en[1])))
 
 
 def notice_seen(
@@ -315,7 +317,9 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
     line = notice_seen(chat.events, chat.times, start, end, IN_LINE)
     estimate = notice_seen(chat.events, chat.times, start, end, QUEUED)
     turn_came = notice_seen(chat.events, chat.times, start, end, QUEUE_DONE)
-    busy = any(BUSY.search(notice) for notice in chat.notices(start))
+    notices = chat.notices(start)
+    busy = any(BUSY.search(notice) for notice in notices)
+    retry = next((float(found.group(1)) for notice in notices if (found := RETRY.search(notice))), None)
     late = notice_seen(chat.events, chat.times, start, end, QUEUED_LATE) is not None
     return Reply(
         index, ok, seconds, None if first is None else first - started, len(output), problem, turn,
@@ -325,7 +329,7 @@ async def ask(chat: ChatSocket, index: int, turn: int, text: str) -> Reply:
         float(estimate[0].group(2)) if estimate else None,
         (first - line[1]) if line and first is not None else None,
         (first - estimate[1]) if estimate and first is not None else None, busy,
-        (first - turn_came[1]) if turn_came and first is not None else None, late,
+        (first - turn_came[1]) if turn_came and first is not None else None, late, retry if busy else None,
     )  # fmt: skip
 
 
@@ -340,8 +344,11 @@ async def one_session(
             if chat is None:
                 chat = await open_chat(url, max_tokens)
             text = PROMPTS[(index + turn) % len(PROMPTS)]
-            report.replies.append(await ask(chat, index, turn if chats == "growing" else 0, text))
+            reply = await ask(chat, index, turn if chats == "growing" else 0, text)
+            report.replies.append(reply)
             turn += 1
+            if reply.told_busy:  # as a person would: again when the page said to (the API clients do the same)
+                await asyncio.sleep(min(reply.retry_after_s or 5.0, max(0.0, deadline - time.monotonic())))
             if chats == "fresh":
                 await chat.close()
                 chat = None

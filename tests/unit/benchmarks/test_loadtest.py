@@ -162,3 +162,32 @@ def test_the_line_is_read_from_the_apps_own_notices_and_estimates_judged_from_th
     )
     assert summary["waited"] == 3 and summary["waited_without_estimate"] == 1 and summary["told_late"] == 1
     assert summary["wait_s"]["max"] == 45.0 and summary["estimates_within_half"] == 0.5
+
+
+async def test_a_chat_told_the_server_is_busy_asks_again_when_the_page_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.chat.render import notice_text
+    from backend.chat.turn import Refused
+    from backend.errors import ServerFullError
+
+    told = notice_text(Refused(ServerFullError.of("admission.full", waiting=64, retry_s=37)), "en-US")
+    assert loadtest.BUSY.search(told) and (found := loadtest.RETRY.search(told)) and found.group(1) == "37"
+
+    async def open_chat(url: str, max_tokens: int) -> FakeChat:
+        return FakeChat()
+
+    async def ask(chat: FakeChat, index: int, turn: int, text: str) -> Reply:
+        busy = turn == 0
+        return Reply(index, not busy, 0.1, None, 0, turn=turn, told_busy=busy, retry_after_s=37.0 if busy else None)
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(loadtest, "open_chat", open_chat)
+    monkeypatch.setattr(loadtest, "ask", ask)
+    monkeypatch.setattr(loadtest.asyncio, "sleep", sleep)
+    clock = itertools.chain([0.0, 0.0, 1.0], itertools.repeat(99.0))
+    monkeypatch.setattr(loadtest, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    await one_session(0, "http://app", 60.0, 16, Report(1, 1.0, "growing"), "growing")
+    assert slept == [37.0], "once, after the busy answer, for as long as the page said"
