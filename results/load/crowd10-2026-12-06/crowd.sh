@@ -2,7 +2,7 @@
 # The crowd (issue 38), 10 minutes: the app on llama.cpp (demo, default order, no tune), API on;
 # 64 chats + 8 API clients for 600 s, then 16 chats + 8 API clients for 150 s (one loadtest each, same app).
 set -u
-cd /work/main
+cd "$(dirname "$0")/../../.."
 OUT=${1:-results/load/crowd}
 mkdir -p "$OUT"
 lscpu | grep 'Model name' > "$OUT/cpu.txt"
