@@ -12,7 +12,31 @@ from chainlit.types import Feedback, ThreadDict
 from backend.accounts.login import login_metadata, setup_login
 from backend.api.router import Gateway
 from backend.chat.i18n import describe, t
-from backend.chat.page import (
+from backend.chat.render import notice_text, settings_saved, starters, template_commands
+from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread, notices
+from backend.chat.service import ChatService
+from backend.chat.turn import ChatSession
+from backend.config import load_config
+from backend.documents.library import Library
+from backend.errors import ConfigError, StorageError
+from backend.logs import setup_logging
+from backend.ops import drain, metrics
+from backend.storage.persistence import Persistence
+from backend.tuning.tuner import first_start_choice
+from backend.web import guard, page, routes, sign_in
+from backend.web.documents import (
+    DELETE_DOCUMENT,
+    SHOW_LIBRARY,
+    apply_upload_settings,
+    delete_document,
+    install_upload_guard,
+    show_library,
+    take_attachments,
+)
+from backend.web.login import login_user
+from backend.web.pauses import without_chainlit_pauses
+from backend.web.replies import Replies, on_every_connection
+from backend.web.view import (
     EXPORT,
     REGENERATE,
     offer_actions,
@@ -22,42 +46,20 @@ from backend.chat.page import (
     settings_widgets,
     take_back_last_reply,
 )
-from backend.chat.pauses import without_chainlit_pauses
-from backend.chat.render import notice_text, settings_saved, starters, template_commands
-from backend.chat.replies import Replies, on_every_connection
-from backend.chat.saved import CHAINLIT_STOP_NOTICE, asked_ids, counts_from_thread, history_from_thread, notices
-from backend.chat.service import ChatService
-from backend.chat.turn import ChatSession
-from backend.config import load_config
-from backend.documents.library import Library
-from backend.documents.page import (
-    DELETE_DOCUMENT,
-    SHOW_LIBRARY,
-    apply_upload_settings,
-    delete_document,
-    install_upload_guard,
-    show_library,
-    take_attachments,
-)
-from backend.errors import ConfigError, StorageError
-from backend.logs import setup_logging
-from backend.ops import drain, guard, metrics, page, sign_in, web
-from backend.storage.persistence import Persistence
-from backend.tuning.tuner import first_start_choice
 
 log = logging.getLogger("app")
-without_chainlit_pauses()  # Chainlit's 1 ms sleeps per message and step, and before on_message (chat/pauses.py)
+without_chainlit_pauses()  # Chainlit's 1 ms sleeps per message and step, and before on_message (web/pauses.py)
 GUARD = guard.install()  # every request passes it: origin, body size, ended sessions, security headers (ops/guard.py)
 SERVICE: ChatService | None = None
 GATEWAY: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
 STARTUP_ERROR: ConfigError | None = None
-REPLIES: Replies | None = None  # the replies being written, which pages follow (backend.chat.replies)
+REPLIES: Replies | None = None  # the replies being written, which pages follow (backend.web.replies)
 LIBRARY: Library | None = None  # the users' documents (backend.documents), when documents are on
 # Decided at import: Chainlit asks whether a login page is needed right after importing this file.
 ACCOUNTS = setup_login()
 PERSISTENCE = Persistence()
 
-WAYS = sign_in.ways()  # password, the organisation's OpenID Connect provider, a sign-in proxy (backend.ops.sign_in)
+WAYS = sign_in.ways()  # password, the organisation's OpenID Connect provider, a sign-in proxy (backend.web.sign_in)
 SIGN_IN: sign_in.SignIn | None = None
 
 if ACCOUNTS is not None and WAYS.password:
@@ -74,14 +76,14 @@ if WAYS.oidc:
 
     @cl.oauth_callback
     async def oauth_login(*_: object) -> cl.User | None:
-        return None  # never called: the app's own routes take over Chainlit's OAuth routes (backend.ops.sign_in)
+        return None  # never called: the app's own routes take over Chainlit's OAuth routes (backend.web.sign_in)
 
 
 if WAYS.proxy:
 
     @cl.header_auth_callback
     async def header_login(*_: object) -> cl.User | None:
-        return None  # never called: the app's own /auth/header believes trusted proxies only (backend.ops.sign_in)
+        return None  # never called: the app's own /auth/header believes trusted proxies only (backend.web.sign_in)
 
 
 @cl.data_layer
@@ -105,9 +107,9 @@ async def startup() -> None:
         return
     page.own_files_folder(SERVICE.cfg.paths.data / "files")  # not <project>/.files, shared by every process there
     await PERSISTENCE.open(SERVICE.cfg, login=ACCOUNTS is not None)
-    GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished)
+    GATEWAY = await Gateway.open(SERVICE, ACCOUNTS, metrics.METRICS.request_finished, identify=login_user)
     SIGN_IN = await sign_in.open_sign_in(SERVICE.cfg, GATEWAY)
-    web.install_routes(SERVICE, api=GATEWAY, guard=GUARD, sign_in=SIGN_IN)
+    routes.install_routes(SERVICE, api=GATEWAY, guard=GUARD, sign_in=SIGN_IN)
     page.install_page(SERVICE)
     metrics.watch(SERVICE.supervisor)
     REPLIES = Replies(SERVICE.cfg.chat, SERVICE.describe, login=ACCOUNTS is not None)
@@ -260,7 +262,7 @@ async def on_message(message: cl.Message) -> None:
 
 
 async def _answer(session: ChatSession, text: str, command: str | None, message_id: str) -> None:
-    """One turn, in a task of its own (backend.chat.replies): this page shows it, as can any other of its owner."""
+    """One turn, in a task of its own (backend.web.replies): this page shows it, as can any other of its owner."""
     assert SERVICE is not None and REPLIES is not None and GATEWAY is not None
     user = cl.context.session.user.identifier if ACCOUNTS is not None and cl.context.session.user else None
     turn = GATEWAY.chat_turn(user, SERVICE.reply(session, text, command, message_id))
