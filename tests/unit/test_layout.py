@@ -111,6 +111,12 @@ def test_only_web_and_storage_import_chainlit(name: str) -> None:
     assert not lines, f"{name} imports Chainlit (lines {lines}): the web framework is met in backend/web/ only"
 
 
+def test_app_forwards_to_web_only() -> None:
+    """app.py registers Chainlit's hooks and forwards them to backend/web/: it imports nothing else of backend."""
+    others = [target for _, target, _ in backend_imports(MODULES["app"]) if package(target) != "web"]
+    assert not others, f"app.py imports {others}: its hooks' bodies belong in backend/web/"
+
+
 def test_chainlit_is_met_in_web() -> None:
     """The rule above holds something: web/ is where the app meets Chainlit."""
     web = [n for n in MODULES if package(n) == "web"]
