@@ -375,7 +375,7 @@ class WorkshopSettings(_Strict):
 
 
 class WebSettings(_Strict):
-    """What every request to the app's port passes before it reaches a page or the API (backend/ops/guard.py;
+    """What every request to the app's port passes before it reaches a page or the API (backend/web/guard.py;
     docs/security.md)."""
 
     # The app's own addresses as browsers see them, where a proxy in front changes the Host header

@@ -1,6 +1,6 @@
 // The browser tab's own id, kept in the tab's sessionStorage (a reload keeps it, another tab has its own) and sent
 // to the app as a cookie when the page connects: without login, a reloaded tab gets its chat back, and a reply still
-// being written (backend/chat/replies.py). Set before the chat connects (this script runs before Chainlit's).
+// being written (backend/web/replies.py). Set before the chat connects (this script runs before Chainlit's).
 (() => {
   const KEY = "ernie-tab";
   let tab = sessionStorage.getItem(KEY);
@@ -12,7 +12,7 @@
 })();
 
 // The first page's status under the logo: which model, engine and device answer, and the engine's state,
-// in the reader's language (the app's /ernie/status words it; backend/ops/page.py).
+// in the reader's language (the app's /ernie/status words it; backend/web/page.py).
 (() => {
   const BOX = "ernie-status";
   let timer = null;

@@ -173,8 +173,8 @@ def ensure_auth_secret(data_dir: Path, environ: dict[str, str] | os._Environ[str
 
 
 def setup_login(cfg: AppConfig | None = None) -> Accounts | None:
-    """Accounts when login is enabled (and the session secret in place), else None. Called at import by app.py:
-    Chainlit decides whether a login page is needed right after importing the app."""
+    """Accounts when login is enabled (and the session secret in place), else None. Called as app.py is imported
+    (backend.web.hooks): Chainlit decides whether a login page is needed right after importing the app."""
     try:
         cfg = cfg or load_config()
     except ConfigError:

@@ -1,13 +1,12 @@
 """Who is calling the API: with login on, the user whose key the request carries (Authorization: Bearer KEY); without
 login, nobody unless api.enabled is true, and then only the machine the app runs on (the workshop's rule:
 backend.workshop.access.local_request). A page of another site, open in a browser on this machine, is not the machine:
-backend.ops.guard refuses every request whose Origin is not the app's own before it gets here.
+backend.web.guard refuses every request whose Origin is not the app's own before it gets here.
 
 The key page's own calls are made by a logged-in browser (the chat's login cookie) from the app's own page."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -16,9 +15,8 @@ from backend.accounts.login import Accounts
 from backend.api.keys import KeyStore
 from backend.config import AppConfig
 from backend.errors import ApiError
-from backend.workshop.access import local_request, login_user
+from backend.workshop.access import Identify, local_request, no_login
 
-Identify = Callable[[Request], str | None]
 LOCAL_USER = "local"  # whom quotas and usage count the requests of without login
 
 
@@ -44,7 +42,7 @@ class ApiAccess:
     """Decides, for each request, whom it acts as (or raises ApiError)."""
 
     def __init__(
-        self, cfg: AppConfig, keys: KeyStore | None, accounts: Accounts | None, identify: Identify = login_user
+        self, cfg: AppConfig, keys: KeyStore | None, accounts: Accounts | None, identify: Identify = no_login
     ) -> None:
         self.login = cfg.auth.enabled
         self.enabled = api_enabled(cfg)

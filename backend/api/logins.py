@@ -10,7 +10,7 @@ make each of their attempts wait up to `max_wait_s` after one of the attacker's 
 
 Ended sessions: Chainlit's login token is a signed cookie valid for `user_session_timeout` (15 days), and its logout
 only asks the browser to forget it. A logout here keeps the token's SHA-256 until the token would have expired, and
-backend.ops.guard takes an ended token off every request."""
+backend.web.guard takes an ended token off every request."""
 
 from __future__ import annotations
 

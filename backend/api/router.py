@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import Receive, Scope, Send
 
 from backend.accounts.login import Accounts
-from backend.api.access import ApiAccess, Caller, api_enabled
+from backend.api.access import ApiAccess, Caller, Identify, api_enabled
 from backend.api.documents import document_routes
 from backend.api.keys import KeyStore
 from backend.api.protocol import (
@@ -186,8 +186,11 @@ class Gateway:
         self.library: Library | None = None  # the users' documents, when the app has them (backend.api.documents)
 
     @classmethod
-    async def open(cls, service: ChatService, accounts: Accounts | None, observe: Observer = _no_observer) -> Gateway:
-        """The gateway on the app's database (opened and migrated when login or the API is on)."""
+    async def open(
+        cls, service: ChatService, accounts: Accounts | None, observe: Observer = _no_observer, *, identify: Identify
+    ) -> Gateway:
+        """The gateway on the app's database (opened and migrated when login or the API is on); `identify`: whose
+        login a request of the key page carries."""
         cfg = service.cfg
         keys, quotas, problem, db = None, None, None, None
         if cfg.auth.enabled or api_enabled(cfg):
@@ -202,7 +205,7 @@ class Gateway:
                 keys, quotas = KeyStore(db), Quotas(db, cfg.api)
             else:
                 log.error("API keys and quotas are not available: %s", problem)
-        gateway = cls(service, ApiAccess(cfg, keys, accounts), keys, quotas, problem, observe)
+        gateway = cls(service, ApiAccess(cfg, keys, accounts, identify), keys, quotas, problem, observe)
         gateway.db = db
         if gateway.access.enabled:
             log.info("The API answers at /v1 (%s).", "keys of logged-in users" if cfg.auth.enabled else "this machine")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tok
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
+from backend.chat.saved import asked_ids, counts_from_thread, history_from_thread, notices
 from backend.chat.sources import Finder, Source, with_sources, within
 from backend.chat.turn import (
     ChatSession,
@@ -197,6 +198,14 @@ class ChatService:
         session.turn_ids = (turn_ids or [])[-(len(history) // 2) :] if len(history) >= 2 else []
         session.settings.update(saved_settings, self.cfg, self.serving_demo)
         return session
+
+    def thread_session(
+        self, thread: Mapping[str, Any], saved_settings: dict[str, Any], steps: list[dict[str, Any]]
+    ) -> ChatSession:
+        """A saved thread's chat: its history and counts from the thread, what asked its turns and what it was told
+        from `steps` (the steps the page shows: a reply still being written is left out)."""
+        history, counts = history_from_thread(thread), counts_from_thread(thread)
+        return self.resumed_session(history, saved_settings, asked_ids(steps), counts, notices(steps))
 
     def update_settings(self, session: ChatSession, values: dict[str, Any]) -> dict[str, Any]:
         """Apply the settings panel's values; return those that changed (key -> new value; template None is auto)."""

@@ -1,6 +1,6 @@
 """One chat turn as the UI sees it: the session it belongs to, and the events ChatService.reply() yields.
 
-The UI (app.py) renders each event and decides nothing: whether the message is sent, how long to wait for the
+The UI (backend/web/) renders each event and decides nothing: whether the message is sent, how long to wait for the
 engine, what the model is asked and what is recorded are the service's.
 """
 

@@ -2,7 +2,7 @@
 finding the passages that answer a question (the chat's Finder, backend.chat.sources).
 
 An owner is a login user ("user:NAME") or, without login, a browser tab ("tab:ID"): a tab's documents go with it,
-`tab_memory_s` after its last page went away (as its chat does, backend.chat.replies), and at the app's next start."""
+`tab_memory_s` after its last page went away (as its chat does, backend.web.replies), and at the app's next start."""
 
 from __future__ import annotations
 

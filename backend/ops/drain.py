@@ -10,7 +10,7 @@ the drain also waits for those handlers (backend.chat.live: LiveReplies.rendered
 closed the websockets under the ends still being rendered: a chat that never learnt its turn had ended. Then it hands
 the signal to the web server's own handler (uvicorn's), which stops the app as before: it closes the websockets,
 waits for the requests still open, and runs the app's shutdown, where replies still running are saved cut off by
-the restart (backend.chat.replies) and the engine is stopped; Chainlit's shutdown then exits the process at once.
+the restart (backend.web.replies) and the engine is stopped; Chainlit's shutdown then exits the process at once.
 A second SIGTERM (or SIGINT) stops at once.
 """
 

@@ -1,6 +1,6 @@
 """The app's Prometheus metrics: engine state and restarts, open chats, TTFT and reply time as the app sees
 them, replies by outcome and errors by kind. They live in their own registry (never the process-wide
-default one), so a reload or a test never registers a name twice. app.py calls the module functions."""
+default one), so a reload or a test never registers a name twice. backend.web.hooks calls the module functions."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ runs on (unless workshop.allow_remote). Everyone else is refused by the API itse
 
 "This machine" (local_request, the API's rule too) is a loopback client asking for a loopback address (Host), so a
 name that an attacker points at 127.0.0.1 (DNS rebinding) does not pass. Requests made by another site's page (a
-foreign Origin) never get this far: backend.ops.guard refuses them for every route. A TCP forwarder on this machine
+foreign Origin) never get this far: backend.web.guard refuses them for every route. A TCP forwarder on this machine
 (ssh -L, socat) makes its clients local: docs/security.md."""
 
 from __future__ import annotations
@@ -31,25 +31,9 @@ class Editor:
     role: str | None = None
 
 
-def token_user(token: str) -> str | None:
-    """The user name a Chainlit login token is for, if it is a valid one."""
-    from chainlit.auth import decode_jwt  # chainlit reads its config when imported
-
-    try:
-        return str(decode_jwt(token).identifier)
-    except Exception:  # expired, tampered with, or signed with another secret: not logged in
-        return None
-
-
-def login_user(request: Request) -> str | None:
-    """The user name in the request's Chainlit login token (its cookie, or a Bearer header), if it holds a valid one."""
-    from chainlit.auth import get_token_from_cookies
-
-    token = get_token_from_cookies(request.cookies)
-    header = request.headers.get("authorization", "")
-    if not token and header.lower().startswith("bearer "):
-        token = header[7:].strip()
-    return token_user(token) if token else None
+def no_login(request: Request) -> str | None:
+    """Whose login a request carries, where none is read (the app passes backend.web.login.login_user)."""
+    return None
 
 
 def is_local(host: str | None) -> bool:
@@ -78,7 +62,7 @@ def local_request(request: Request) -> bool:
 class Access:
     """Decides, for each request, whether it may use the workshop, and who it is."""
 
-    def __init__(self, cfg: AppConfig, accounts: Accounts | None = None, identify: Identify = login_user) -> None:
+    def __init__(self, cfg: AppConfig, accounts: Accounts | None = None, identify: Identify = no_login) -> None:
         self.login = cfg.auth.enabled
         self.allow_remote = cfg.workshop.allow_remote
         self.accounts = accounts if accounts is not None or not self.login else Accounts.from_config(cfg)

@@ -27,7 +27,7 @@ from backend.chat.render import localized, reason_text, serving_status
 from backend.chat.service import ChatService
 from backend.errors import QuotaError, WorkshopError
 from backend.prompts.schema import display_path, form_fields
-from backend.workshop.access import Access, Editor
+from backend.workshop.access import Access, Editor, Identify
 from backend.workshop.drafts import (
     draft_folder,
     form_yaml,
@@ -407,8 +407,9 @@ class Workshop:
 
 
 def workshop_routes(
-    service: ChatService, admit: Admit | None = None, accounts: Accounts | None = None
+    service: ChatService, identify: Identify, admit: Admit | None = None, accounts: Accounts | None = None
 ) -> list[BaseRoute]:
-    """The workshop's page and API routes, for backend.ops.web to put in front of Chainlit's catch-all; `admit`: the
-    quota place a try takes (none: unlimited); `accounts`: the process's users and roles (the API's, the login's)."""
-    return Workshop(service, access=Access(service.cfg, accounts), admit=admit).routes()
+    """The workshop's page and API routes, for backend.web.routes to put in front of Chainlit's catch-all; `admit`: the
+    quota place a try takes (none: unlimited); `accounts`: the process's users and roles (the API's, the login's);
+    `identify`: whose login a request carries."""
+    return Workshop(service, access=Access(service.cfg, accounts, identify), admit=admit).routes()

@@ -18,8 +18,8 @@ import pytest_asyncio
 from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.llamacpp import DEFAULT_PREFIX
+from backend.ops.health import health_payload
 from backend.ops.prometheus_text import sample_totals
-from backend.ops.web import health_payload
 from backend.serving.kept import RUN_MARK, find_kept
 from backend.serving.process import group_alive
 from tests.launching import serving

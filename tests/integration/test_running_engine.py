@@ -22,11 +22,12 @@ from backend import cli
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, Started, Text
 from backend.config import ROOT, AppConfig
-from backend.ops import doctor, web
+from backend.ops import doctor
 from backend.ops.metrics import AppMetrics
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import free_port
 from backend.serving.supervisor import State
+from backend.web import routes
 from tests.app_process import launch_app
 from tests.conftest import service_config
 
@@ -41,7 +42,7 @@ async def test_metrics_endpoints(tiny_service: ChatService) -> None:
     m = AppMetrics()
     m.watch(tiny_service.supervisor)
     app = FastAPI()
-    web.install_routes(tiny_service, app, metrics=m)
+    routes.install_routes(tiny_service, app, metrics=m)
 
     def fetch() -> tuple[str, str, int]:
         with TestClient(app, base_url="http://127.0.0.1:8501", client=LOCAL) as http:  # web.monitoring: local
@@ -61,7 +62,7 @@ async def test_metrics_endpoints(tiny_service: ChatService) -> None:
 def app_of(service: ChatService, metrics: AppMetrics) -> FastAPI:
     """The app's own routes (/healthz, /metrics, /metrics/engine) for `service`, recording into `metrics`."""
     app = FastAPI()
-    web.install_routes(service, app, metrics=metrics)
+    routes.install_routes(service, app, metrics=metrics)
     return app
 
 

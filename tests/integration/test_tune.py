@@ -20,7 +20,7 @@ from backend.chat.service import ChatService
 from backend.chat.turn import Done, EngineWait
 from backend.engines.base import engine_python
 from backend.errors import Phrase
-from backend.ops.web import health_payload
+from backend.ops.health import health_payload
 from backend.tuning.tuner import describe, first_start_choice, tune
 from tests.conftest import service_config
 from tests.installed import has_vllm

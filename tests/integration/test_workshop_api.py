@@ -121,7 +121,7 @@ async def test_non_editors_get_403_from_every_route(site: Site, users: dict[str,
     assert not (site.prompts / f"{stem}.yaml").exists()
     assert (await users["ada"].get(API + "/templates")).status_code == 200, "an admin may edit"
     # an editor's browser on another site's page: its request carries the editor's cookie, and is refused (by the
-    # guard every request passes, backend.ops.guard, in the workshop's error shape)
+    # guard every request passes, backend.web.guard, in the workshop's error shape)
     foreign = await users["ed"].post(API + "/check", json={"stem": stem, "yaml": text},
                                      headers={"Origin": "http://evil.example"})  # fmt: skip
     assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "web.foreign_origin"

@@ -3,8 +3,10 @@
 Layers, lowest first (a module imports its own package and lower layers only): catalogue (the words) →
 errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop, api,
 documents →
-ops, benchmarks → tuning → cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
-imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py.
+ops, benchmarks → tuning → web, cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
+imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py. The web
+framework is met in one room: only web/ and storage/ (Chainlit's data layer) import Chainlit, and app.py, whose hooks
+forward to web/.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ RANKS = {
     "ops": 8,
     "benchmarks": 8,
     "tuning": 9,
+    "web": 10,
     "cli": 10,
     "__main__": 11,
 }
@@ -44,6 +47,7 @@ RANKS = {
 SIDEWAYS = {("benchmarks", "ops"), ("api", "workshop"), ("api", "documents")}
 ENGINE_NAMES = set(EngineName.__args__) - {"auto"}  # type: ignore[attr-defined]
 REGISTRY = BACKEND / "engines" / "registry.py"
+CHAINLIT_ROOMS = {"web", "storage", "app"}  # the packages that may import Chainlit
 
 
 def modules() -> dict[str, Path]:
@@ -82,6 +86,41 @@ def backend_imports(path: Path) -> list[tuple[ast.AST, str, bool]]:
 
     visit(tree, False)
     return found
+
+
+def chainlit_imports(tree: ast.AST) -> list[int]:
+    """The lines that import Chainlit (anywhere in the file, inside functions too)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else []
+        else:
+            continue
+        if any(name == "chainlit" or name.startswith("chainlit.") for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_only_web_and_storage_import_chainlit(name: str) -> None:
+    if package(name) in CHAINLIT_ROOMS:
+        return
+    lines = chainlit_imports(ast.parse(MODULES[name].read_text(encoding="utf-8")))
+    assert not lines, f"{name} imports Chainlit (lines {lines}): the web framework is met in backend/web/ only"
+
+
+def test_app_forwards_to_web_only() -> None:
+    """app.py registers Chainlit's hooks and forwards them to backend/web/: it imports nothing else of backend."""
+    others = [target for _, target, _ in backend_imports(MODULES["app"]) if package(target) != "web"]
+    assert not others, f"app.py imports {others}: its hooks' bodies belong in backend/web/"
+
+
+def test_chainlit_is_met_in_web() -> None:
+    """The rule above holds something: web/ is where the app meets Chainlit."""
+    web = [n for n in MODULES if package(n) == "web"]
+    assert any(chainlit_imports(ast.parse(MODULES[n].read_text(encoding="utf-8"))) for n in web)
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -144,15 +183,20 @@ def test_engine_names_are_compared_only_in_the_registry(name: str) -> None:
 
 
 def test_the_checks_see_what_they_look_for() -> None:
-    """The scans above find a hidden import, an upward arrow and an engine-name comparison when there is one."""
-    sample = "from backend.chat import service\ndef f():\n    from backend.ops import web\n    return x == 'vllm-cpu'\n"
+    """The scans above find a hidden import, an upward arrow, an engine-name comparison and a Chainlit import when
+    there is one."""
+    sample = (
+        "from backend.chat import service\ndef f():\n    from backend.web import routes\n    return x == 'vllm-cpu'\n"
+        "def g():\n    import chainlit.server as s\n    from chainlit import config\n"
+    )
     tree = ast.parse(sample)
     assert _engine_names_compared(tree) == [4]
+    assert chainlit_imports(tree) == [6, 7]
     path = ROOT / ".pytest_cache" / "layout_sample.py"
     path.parent.mkdir(exist_ok=True)
     path.write_text(sample, encoding="utf-8")
     assert [(t, inside) for _, t, inside in backend_imports(path)] == [
         ("backend.chat.service", False),
-        ("backend.ops.web", True),
+        ("backend.web.routes", True),
     ]
     assert RANKS[package("backend.chat.service")] > RANKS[package("backend.engines.base")]

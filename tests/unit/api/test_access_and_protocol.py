@@ -70,7 +70,7 @@ async def test_with_login_a_key_of_a_known_user(make_config: MakeConfig) -> None
 
 
 def test_the_key_page_takes_only_logged_in_calls(make_config: MakeConfig) -> None:
-    """Another site's page never gets here: backend.ops.guard refuses it (tests/unit/ops/test_guard.py)."""
+    """Another site's page never gets here: backend.web.guard refuses it (tests/unit/web/test_guard.py)."""
     access = ApiAccess(make_config(auth__enabled="true"), None, Accounts(), identify=lambda r: "ada")  # type: ignore[arg-type]
     assert access.browser_user(request(origin="http://127.0.0.1:8501")).role == "admin"
     nobody = ApiAccess(make_config(auth__enabled="true"), None, Accounts(), identify=lambda r: None)  # type: ignore[arg-type]

@@ -79,7 +79,7 @@ async def test_the_roles_read_back_are_what_accounts_answer(db: ApiDatabase, tmp
 
 async def test_a_process_that_has_not_heard_of_a_new_account_reads_it_at_once(db: ApiDatabase, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from backend.config import AppConfig
-    from backend.ops.sign_in import SignIn
+    from backend.web.sign_in import SignIn
 
     cfg = AppConfig(auth={"enabled": True, "proxy": {"enabled": True}})
     other_process = SignIn(cfg, Accounts(tmp_path / "users.yaml"), db)  # its roles read before the sign-in

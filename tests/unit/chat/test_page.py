@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from backend.chat.saved import NOTICE_KEY, notices
+from backend.chat.saved import ASKED_KEY, NOTICE_KEY, SYSTEM_AUTHOR, notices, turn_metadata
 from tests.unit.chat.test_demo_defaults import service
 
 
@@ -24,3 +24,18 @@ def test_a_resumed_chat_that_was_told_of_the_demo_model_is_not_told_again() -> N
     assert told == {"demo", "trimmed"}
     assert svc.resumed_session([], {}, told=told).demo_told
     assert not svc.resumed_session([], {}, told=notices([])).demo_told
+
+
+def test_a_thread_becomes_its_chat_again() -> None:
+    """ChatService.thread_session: the history and counts from the thread's saved replies, what asked them and what
+    the chat was told from the steps the page shows."""
+    svc = service(demo=True)
+    reply = {"type": "assistant_message", "name": "ERNIE", "createdAt": "2026-01-01T00:00:01",
+             "metadata": turn_metadata("hi", "hello", (3, 4), "m@e") | {ASKED_KEY: "u1"}}  # fmt: skip
+    told = {"type": "assistant_message", "name": SYSTEM_AUTHOR, "metadata": {NOTICE_KEY: "demo"}}
+    thread = {"id": "t1", "steps": [reply, told]}
+    chat = svc.thread_session(thread, {}, thread["steps"])
+    assert chat.history == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert (chat.tokens, chat.counted_by) == ([3, 4], "m@e")
+    assert chat.turn_ids == ["u1"] and chat.demo_told
+    assert svc.thread_session(thread, {}, []).turn_ids == [], "the steps shown (none here) say what asked the turns"

@@ -119,7 +119,7 @@ async def test_a_page_that_never_ends_its_turn_does_not_hold_the_restart_past_dr
 
 
 async def test_a_page_that_came_back_and_follows_a_reply_is_waited_for_too() -> None:
-    """A reloaded page or a second tab follows the reply in a task of its own (backend.chat.replies): it sends its
+    """A reloaded page or a second tab follows the reply in a task of its own (backend.web.replies): it sends its
     page the turn's end itself, so the drain waits for it as for the handler that asked."""
     line, replies = Admission(4, 8, 60, 15), LiveReplies(detached_s=60)
     page = Page(replies, line, "thread-1")

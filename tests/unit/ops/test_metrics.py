@@ -14,9 +14,9 @@ from backend.chat.client import StreamStats
 from backend.chat.service import ChatService
 from backend.config import AppConfig
 from backend.errors import BackendError, PromptTooLongError
-from backend.ops import web
 from backend.ops.metrics import AppMetrics, error_kind
 from backend.serving.supervisor import State, Status
+from backend.web import routes
 
 MakeConfig = Callable[..., AppConfig]
 
@@ -107,7 +107,7 @@ def test_endpoints(make_config: MakeConfig) -> None:
     m.watch(service.supervisor)
     m.chat_started("s1")
     app = FastAPI()
-    web.install_routes(service, app, metrics=m)
+    routes.install_routes(service, app, metrics=m)
     with TestClient(app, base_url="http://127.0.0.1:8501", client=("127.0.0.1", 50000)) as http:  # this machine
         resp = http.get("/metrics")
         assert resp.status_code == 200
@@ -132,7 +132,7 @@ def test_metrics_and_health_detail_are_for_this_machine(make_config: MakeConfig,
     unless it sends web.monitoring_token."""
     service = ChatService.from_config(make_config(web__monitoring_token="s3cret-token"))
     app = FastAPI()
-    web.install_routes(service, app, metrics=AppMetrics())
+    routes.install_routes(service, app, metrics=AppMetrics())
     with TestClient(app, base_url="http://chat.example.com", client=("203.0.113.9", 50000)) as http:
         token = {"Authorization": "Bearer s3cret-token"} if setting == "token" else {}
         metrics, engine = http.get("/metrics", headers=token), http.get("/metrics/engine", headers=token)

@@ -3,7 +3,6 @@ workshop.allow_remote is on). The refusals are catalogued errors in both languag
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from backend.accounts.login import Accounts
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.errors import WorkshopError
-from backend.workshop.access import Access, Editor, host_name, is_local, login_user
+from backend.workshop.access import Access, Editor, host_name, is_local
 from tests.conftest import MakeConfig
 
 
@@ -82,21 +81,3 @@ def test_with_login_the_role_decides(make_config: MakeConfig, tmp_path: Path) ->
         logged_in["who"] = "uma"
         access.check(request("127.0.0.1"))
     assert "add-user uma --role editor" in refused.value.localized("zh-CN")[1]
-
-
-def test_the_login_token_is_read_from_chainlits_cookie_or_a_bearer_header(monkeypatch: pytest.MonkeyPatch) -> None:
-    import jwt
-
-    monkeypatch.setenv("CHAINLIT_AUTH_SECRET", "s" * 48)
-    claims = {"identifier": "ed", "metadata": {}, "exp": datetime.now(UTC) + timedelta(hours=1)}
-    token = jwt.encode(claims, "s" * 48, algorithm="HS256")
-    forged = jwt.encode(claims, "x" * 48, algorithm="HS256")
-
-    def with_headers(*headers: tuple[str, str]) -> Request:
-        raw = [(k.encode(), v.encode()) for k, v in headers]
-        return Request({"type": "http", "client": ("10.0.0.5", 1), "headers": raw, "method": "GET", "path": "/"})
-
-    assert login_user(with_headers(("cookie", f"access_token={token}"))) == "ed"
-    assert login_user(with_headers(("authorization", f"Bearer {token}"))) == "ed"
-    assert login_user(with_headers(("cookie", f"access_token={forged}"))) is None
-    assert login_user(with_headers()) is None

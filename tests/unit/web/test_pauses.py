@@ -1,4 +1,4 @@
-"""Chainlit's pauses (backend/chat/pauses.py): taken out of its message and step constructors and its message
+"""Chainlit's pauses (backend/web/pauses.py): taken out of its message and step constructors and its message
 handler only; longer sleeps and the rest of `time` and `asyncio` are theirs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import chainlit as cl
 import pytest
 from chainlit.context import init_http_context
 
-from backend.chat import pauses
+from backend.web import pauses
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def make_message_and_step() -> None:
 
 
 async def test_the_installed_chainlit_pauses_in_its_constructors(slept: list[float]) -> None:
-    # Pins the reason for the module: a Chainlit release without the pause shows here (drop backend/chat/pauses.py).
+    # Pins the reason for the module: a Chainlit release without the pause shows here (drop backend/web/pauses.py).
     make_message_and_step()
     assert slept == [pauses.PAUSE_S, pauses.PAUSE_S]
 

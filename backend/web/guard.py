@@ -33,12 +33,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from backend.api.protocol import error_json
 from backend.config import AppConfig, WebSettings, load_config
 from backend.errors import ConfigError, RequestRefusedError, ServiceError
-from backend.ops.page import inline_script_hashes
+from backend.web.page import inline_script_hashes
 
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/v1/"
-SOCKET_PREFIX = "/ws/socket.io"  # Engine.IO checks its own limit (backend.ops.web.MAX_SOCKET_MESSAGE_BYTES)
+SOCKET_PREFIX = "/ws/socket.io"  # Engine.IO checks its own limit (backend.web.routes.MAX_SOCKET_MESSAGE_BYTES)
 OWN_PAGES = ("/api-keys", "/workshop")  # our own pages: no inline script, no eval
 NO_BODY = {"GET", "HEAD", "OPTIONS"}
 AUTH_COOKIE = "access_token"  # Chainlit's login cookie (chainlit.auth.cookie; CHAINLIT_AUTH_COOKIE_NAME)

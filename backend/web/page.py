@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 
 from backend.chat.render import serving_status
 from backend.chat.service import ChatService
-from backend.workshop.access import login_user
+from backend.web.login import login_user
 
 STATUS_PATH = "/ernie/status"
 # What Chainlit 2.12's index.html asks of other hosts: KaTeX's stylesheet on cdn.jsdelivr.net (math is off:
@@ -34,7 +34,7 @@ def self_contained(html: str) -> str:
 
 def inline_script_hashes(html: str | None = None) -> list[str]:
     """The SHA-256 (base64) of each inline script of Chainlit's page (`html`, default the page as served now): what
-    the page's content security policy lets run (backend.ops.guard)."""
+    the page's content security policy lets run (backend.web.guard)."""
     if html is None:
         import chainlit.server as chainlit_server
 

@@ -1,4 +1,4 @@
-"""The guard every request passes (backend/ops/guard.py), around a small app of its own that records what reaches it:
+"""The guard every request passes (backend/web/guard.py), around a small app of its own that records what reaches it:
 another site's page refused (its Origin, or the browser's Fetch Metadata) and the websocket too; a body over its limit
 refused before the app reads a byte, by its Content-Length or as it arrives; an ended session's token taken off the
 request; the security headers on every response and Secure cookies over HTTPS; a client gone mid-request in one
@@ -21,8 +21,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from backend.config import WebSettings
-from backend.ops.guard import Guard, GuardState, login_token, without_cookies
-from backend.ops.page import inline_script_hashes
+from backend.web.guard import Guard, GuardState, login_token, without_cookies
+from backend.web.page import inline_script_hashes
 
 HOST = "127.0.0.1:8501"
 
@@ -163,7 +163,7 @@ async def test_a_client_gone_while_sending_is_one_line(caplog: pytest.LogCapture
 
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
              "headers": [(b"host", HOST.encode()), (b"content-length", b"100")]}  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="backend.ops.guard"):
+    with caplog.at_level(logging.INFO, logger="backend.web.guard"):
         await guard(scope, receive, send)
     assert [r.getMessage() for r in caplog.records] == [
         "POST /v1/chat/completions: the client went away while sending its request"

@@ -16,17 +16,17 @@ from chainlit.session import WebsocketSession
 from starlette.types import Scope
 
 from backend.chat.i18n import describe, t
-from backend.chat.page import say
-from backend.chat.replies import owner_of
 from backend.config import DocumentSettings
 from backend.documents.extract import accepted_types
 from backend.documents.library import Library, max_bytes
 from backend.documents.uploads import guard_uploads, session_of
 from backend.errors import DocumentError, ServiceError
+from backend.web.replies import owner_of
+from backend.web.view import say
 
 log = logging.getLogger(__name__)
 
-SHOW_LIBRARY, DELETE_DOCUMENT = "documents", "delete_document"  # app.py's action callbacks
+SHOW_LIBRARY, DELETE_DOCUMENT = "documents", "delete_document"  # app.py's action callbacks (backend.web.hooks)
 
 
 def apply_upload_settings(settings: DocumentSettings) -> None:

@@ -2,7 +2,7 @@
 process serves pages: for a proxy in front of several app processes),
 /metrics (the app's Prometheus metrics), /metrics/engine (the engine's own, passed through) and the template
 workshop (/workshop, backend.workshop.api), the API for tools (/v1, /api-keys: backend.api), and Chainlit's own
-routes that the app takes over (backend.ops.chainlit_routes).
+routes that the app takes over (backend.web.chainlit_routes).
 
 /metrics, /metrics/engine and the detail of /healthz answer this machine only (web.monitoring, web.monitoring_token):
 they tell who uses the app how much, and the engine's addresses and errors; /livez and the status of /healthz answer
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -25,57 +24,16 @@ from backend.api.router import Gateway
 from backend.chat.service import ChatService
 from backend.config import WebSettings
 from backend.errors import RequestRefusedError
-from backend.ops.chainlit_routes import feedback_routes, login_routes
-from backend.ops.guard import AUTH_COOKIE, GuardState, refusal_body
+from backend.ops.health import health_payload
 from backend.ops.metrics import CONTENT_TYPE, METRICS, AppMetrics
-from backend.ops.sign_in import SignIn
-from backend.workshop.access import local_request, token_user
+from backend.web.chainlit_routes import feedback_routes, login_routes
+from backend.web.guard import AUTH_COOKIE, GuardState, refusal_body
+from backend.web.login import login_user, token_user
+from backend.web.sign_in import SignIn
+from backend.workshop.access import local_request
 from backend.workshop.api import workshop_routes
 
 log = logging.getLogger(__name__)
-
-
-def health_payload(service: ChatService) -> dict[str, Any]:
-    """The app's view of itself and its engine (no secrets)."""
-    st = service.supervisor.status
-    draining = service.restarting() is not None
-    return {
-        "status": "draining" if draining else "ok" if service.supervisor.ready else "degraded",
-        "engine": {
-            "name": service.supervisor.spec.engine if service.supervisor.spec else None,
-            "state": st.state.value,
-            "for_s": round(st.elapsed_s, 1),
-            "restarts": st.restarts,
-            "pid": st.pid,
-            "adopted": st.adopted,  # kept running by the app's last run and adopted (engine.keep_running)
-            "error": st.error,
-            "base_url": service.endpoint.base_url,
-            "model": service.endpoint.model,
-            "note": st.note,
-        },
-        # The canary (backend.serving.canary): which way of running the engine serves, what its answer check said,
-        # and which ones were tried before and why they were dropped.
-        "check": service.supervisor.canary.summary() if service.supervisor.canary else None,
-        # The engine tune (backend.tuning): which engine and format measured fastest on this machine, and the figures.
-        "tune": service.supervisor.tune,
-        # The line in front of the engine (backend.chat.admission): its places (the engine's replies at once), who
-        # runs and waits now, how many were told "busy", and the reply time its expected waits are made of.
-        "line": line_payload(service),
-    }
-
-
-def line_payload(service: ChatService) -> dict[str, Any] | None:
-    line = service.line()
-    if line is None:
-        return None
-    return {
-        "places": line.capacity,
-        "running": len(line.running),
-        "waiting": line.waiting,
-        "refused": line.refused,
-        "reply_s": round(line.reply_s, 1),
-        "place_s": round(line.place_s, 2),  # seconds between places freed while all are taken (the expected waits)
-    }
 
 
 MAX_SOCKET_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -160,7 +118,9 @@ def install_routes(
         APIRoute("/livez", livez, methods=["GET"]),
         APIRoute("/metrics", app_metrics, methods=["GET"]),
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
-        *workshop_routes(service, api.turn if api is not None else None, api.access.accounts if api else None),
+        *workshop_routes(
+            service, login_user, api.turn if api is not None else None, api.access.accounts if api else None
+        ),
         *(api.routes() if api is not None else []),
         *taken_over(service, api, guard, sign_in),
         *(sign_in.routes() if sign_in is not None else []),

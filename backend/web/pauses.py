@@ -6,7 +6,7 @@ stand between a user's message and the first text of its reply: Chainlit builds 
 payload, wraps `on_message` in a step, and the app builds the reply's message. Every other conversation of the
 process waits meanwhile. The pause keeps the creation times of messages made one after another apart on clocks
 of millisecond resolution; Chainlit takes a message's `created_at` when it is sent (not in the constructor), from
-a clock of microsecond resolution on Linux, and the app sets the reply's own (backend.chat.page). Measured on
+a clock of microsecond resolution on Linux, and the app sets the reply's own (backend.web.view). Measured on
 the AMD EPYC of results/app-share: the app's share of the first text of a fresh chat ~8.3 ms, ~3.5 ms of them
 these pauses.
 
@@ -19,7 +19,7 @@ either way, and Chainlit's SQL layer creates the thread with the first step it s
 `without_chainlit_pauses()` gives the two constructors' modules a `time` whose `sleep` skips pauses of at most a
 millisecond, and the socket module an `asyncio` whose `sleep` of at most a millisecond is one turn of the loop
 (longer sleeps, such as the session timeout's, sleep as before). Where Chainlit no longer holds `time` or `asyncio`
-in those modules it changes nothing, and says so in the log (tests/unit/chat/test_pauses.py notices a Chainlit
+in those modules it changes nothing, and says so in the log (tests/unit/web/test_pauses.py notices a Chainlit
 release that no longer pauses, or pauses another way).
 """
 

@@ -6,7 +6,7 @@ import re
 
 from chainlit.server import get_html_template
 
-from backend.ops.page import self_contained
+from backend.web.page import self_contained
 
 OTHER_HOST = re.compile(r"""(?:href|src)=["'](?:https?:)?//""", re.IGNORECASE)
 

@@ -1,4 +1,4 @@
-"""What a chat turn and its settings look like on Chainlit's page: the messages, elements and widgets app.py sends
+"""What a chat turn and its settings look like on Chainlit's page: the messages, elements and widgets the hooks send
 (the words come from render.py, the decisions from the service)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import chainlit as cl
 from chainlit.chat_context import chat_context
 from chainlit.data import get_data_layer
-from chainlit.input_widget import Select, Slider
+from chainlit.input_widget import InputWidget, Select, Slider
 from chainlit.utils import utc_now
 
 from backend.chat.context import Message
@@ -54,9 +54,9 @@ async def say(text: str, notice: str = "") -> cl.Message:
 
 def settings_widgets(
     settings: UserSettings, described: list[tuple[str, str]], demo: bool, lang: str
-) -> list[Slider | Select]:
+) -> list[InputWidget]:
     """The settings panel: the sampling sliders and the template selector (descriptions, a help line)."""
-    widgets: list[Slider | Select] = [
+    widgets: list[InputWidget] = [
         Slider(id=key, label=t(f"setting_{key}", lang), initial=getattr(settings, key), min=lo, max=hi, step=step)
         for key, (lo, hi, step) in SETTING_RANGES.items()
     ]

@@ -54,7 +54,7 @@ class Ways:
 
 
 def ways(cfg: AppConfig | None = None) -> Ways:
-    """The configured ways in (read at import by app.py, which registers Chainlit's hooks for them)."""
+    """The configured ways in (read as app.py is imported, which registers Chainlit's hooks for them)."""
     try:
         auth: AuthSettings = (cfg or load_config()).auth
     except ConfigError:

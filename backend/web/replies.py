@@ -1,9 +1,9 @@
 """A chat's replies on Chainlit's pages: ask one, follow it from any page of its owner, stop it, come back to it.
 
-app.py's hooks call these. The reply itself lives in backend.chat.live (its own task, not the page's); each page that
-shows it has a ReplyView (backend.chat.page). Coming back: with login, a reloaded page or a second tab opens the
-thread (Chainlit resumes it) and follows the reply from the text so far; a page whose websocket came back after a cut
-catches up. Without login nothing is saved: a reload of the same browser tab (its id kept in the tab's
+The hooks (backend.web.hooks) call these. The reply itself lives in backend.chat.live (its own task, not the page's);
+each page that shows it has a ReplyView (backend.web.view). Coming back: with login, a reloaded page or a second tab
+opens the thread (Chainlit resumes it) and follows the reply from the text so far; a page whose websocket came back
+after a cut catches up. Without login nothing is saved: a reload of the same browser tab (its id kept in the tab's
 sessionStorage and sent as a cookie, public/ernie.js) gets the tab's chat back from memory, for `tab_memory_s` after
 the tab last had it, and only in this process (a restart forgets it)."""
 
@@ -25,12 +25,12 @@ from chainlit.data import get_data_layer
 
 from backend.chat.i18n import t
 from backend.chat.live import LiveReplies, LiveReply
-from backend.chat.page import ReplyView, send_under
 from backend.chat.render import DETAILS_KEY, SOURCES_KEY
 from backend.chat.saved import LIVE_KEY, live_steps, step_metadata
 from backend.chat.sources import user_owner
 from backend.chat.turn import ChatSession, Event
 from backend.config import ChatDefaults
+from backend.web.view import ReplyView, send_under
 
 log = logging.getLogger(__name__)
 

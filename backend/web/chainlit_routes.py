@@ -21,8 +21,8 @@ from starlette.datastructures import Headers
 
 from backend.api.logins import Logins
 from backend.errors import LoginThrottledError, StorageError
-from backend.ops.guard import login_token, refusal_body
 from backend.storage.database import HistoryStore
+from backend.web.guard import login_token, refusal_body
 
 log = logging.getLogger(__name__)
 
