@@ -272,9 +272,14 @@ async def open_chat(url: str, max_tokens: int) -> ChatSocket:
     return chat
 
 
+def _text_pattern(text: str) -> re.Pattern[str]:
+    """A catalogue text as a pattern, each parameter a captured number."""
+    return re.compile(re.sub(r"\\{\w+(?::[^}]*)?\\}", r"(\\d+)", re.escape(text)))
+
+
 def _pattern(key: str, lang: str = "en") -> re.Pattern[str]:
-    """A catalogue text (backend.chat.i18n.MESSAGES) as a pattern, each parameter a captured number."""
-    return re.compile(re.sub(r"\\{\w+(?::[^}]*)?\\}", r"(\\d+)", re.escape(MESSAGES[key][lang])))
+    """A chat text (backend.chat.i18n.MESSAGES) as a pattern, each parameter a captured number."""
+    return _text_pattern(MESSAGES[key][lang])
 
 
 QUEUED, QUEUE_DONE, QUEUED_LATE = _pattern("queued"), _pattern("queue_done"), _pattern("queued_late")
@@ -283,7 +288,7 @@ IN_LINE = re.compile(f"{QUEUED.pattern}|{_pattern('queued_measuring').pattern}")
 # by default, longer where the line moved slower than expected: the page is then told so) before its reply begins.
 REPLY_WAIT_S = 600
 BUSY = re.compile(re.escape(CATALOG["admission.full"].en[0].split("(")[0].strip()))
-RETRY = re.compile(re.sub(r"\\{retry_s\\}", r"(\\d+)", re.escape(CATALOG["admission.full"].en[1])))
+RETRY = _text_pattern(CATALOG["admission.full"].en[1])
 
 
 def notice_seen(

@@ -14,8 +14,8 @@ places freed (two for each place: the replies running now and those before them)
 was taken divided by the places freed in them (a reply's time at its place would mislead: replies lengthen as chats
 grow, and the short ones free places more often than their mean suggests). The current gap counts too once it is longer
 than those measured, so a line that stops moving (an engine slowed down) shows a growing wait. Until MEASURED places
-have been freed (`measured`), `place_s` is the configured `reply_s` / capacity, a guess kept for the bound: the chat
-shows no expected wait made of it.
+have been freed (`measured`), `place_s` is `reply_s` / capacity (the configured figure, then a moving average of the
+replies' times at their places), a guess kept for the bound: the chat shows no expected wait made of it.
 """
 
 from __future__ import annotations

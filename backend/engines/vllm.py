@@ -84,6 +84,10 @@ def vllm_args(flags: EngineFlags, skip: frozenset[str] = frozenset()) -> list[st
     return args + list(flags.extra_args)
 
 
+# Flags only vLLM's `serve` command runs (besides any --data-parallel-*): short forms included.
+SERVE_ONLY = frozenset({"--api-server-count", "-asc", "--headless", "-dp", "-dpl", "-dpr", "-dpa", "-dpp", "-dpb"})
+
+
 def needs_serve(flags: EngineFlags) -> bool:
     """Whether these flags need vLLM's `serve` command (data parallelism, several API servers, a headless engine),
     rather than its API server module alone."""
@@ -91,9 +95,6 @@ def needs_serve(flags: EngineFlags) -> bool:
     return (flags.data_parallel_size or 1) > 1 or any(
         name.startswith("--data-parallel") or name in SERVE_ONLY for name in named
     )
-
-
-SERVE_ONLY = frozenset({"--api-server-count", "-asc", "--headless", "-dp", "-dpl", "-dpr", "-dpa", "-dpp", "-dpb"})
 
 
 class Vllm(Engine):
