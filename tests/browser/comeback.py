@@ -72,6 +72,16 @@ class Frames:
             and data.get("id") == reply_id
         ]
 
+    def first_at(self, event: str, since: int = 0) -> float | None:
+        """When the first `event` after `since` came (time.monotonic()), or None."""
+        return next((at for at, name, _ in self.events[since:] if name == event), None)
+
+    def ended_at(self, reply_id: str, since: int = 0) -> float | None:
+        """When the finished reply (its last full update) came after `since`, or None."""
+        ends = [at for at, event, data in self.events[since:] if event in ("update_message", "new_message")
+                and isinstance(data, dict) and data.get("id") == reply_id]  # fmt: skip
+        return ends[-1] if ends else None
+
     def final(self, reply_id: str, since: int = 0) -> dict[str, Any] | None:
         """The reply's last full update after `since` (the finished reply, with its metadata)."""
         found = [data for _, event, data in self.events[since:] if event in ("update_message", "new_message")]

@@ -320,11 +320,21 @@ async def test_two_tabs_on_one_thread_both_see_the_reply(site: Site, browser: An
     # The second tab is logged in before the question: a login while the reply is written (seconds on 2 busy
     # cores) could outlast a reply the demo model ends early, and the tab would open a finished thread.
     second, second_frames = await log_in(browser, site.app, "zh-CN")
-    first, first_frames, reply = await asked(browser, site, "zh-CN")
-    mark = second_frames.mark()
-    await second.goto(first.url)
-    await finished(second)
-    await finished(first)
+    for _ in range(3):
+        first, first_frames, reply = await asked(browser, site, "zh-CN")
+        mark = second_frames.mark()
+        await second.goto(first.url)
+        await finished(second)
+        await finished(first)
+        opened, ended = second_frames.first_at("resume_thread", mark), first_frames.ended_at(reply)
+        assert opened is not None and ended is not None, "the second tab opened the thread; the first got the end"
+        if ended > opened:
+            break
+        # The demo model ended its story before the second tab's thread was sent (a short one, on busy cores): the
+        # tab rightly showed the saved reply, and there was nothing live to follow. Another question.
+        await first.context.close()
+    else:
+        pytest.fail("three replies ended before a second tab could open their thread")
     assert the_whole_reply(second_frames, reply, mark) == the_whole_reply(first_frames, reply, 0)
     assert [e for _, e, _ in second_frames.pieces(reply, mark)].count("stream_token") >= 1, "live in the second tab"
 
