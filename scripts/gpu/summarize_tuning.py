@@ -1,6 +1,6 @@
-"""Summarise the rounds of scripts/gpu_tune.py: median (min-max) over rounds, and the keep-a-flag rule.
+"""Summarise the rounds of scripts/gpu/gpu_tune.py: median (min-max) over rounds, and the keep-a-flag rule.
 
-usage: python scripts/summarize_tuning.py OUT_DIR ROUNDS_DIR [ROUNDS_DIR ...] [--logs LOGS_DIR ...]
+usage: python scripts/gpu/summarize_tuning.py OUT_DIR ROUNDS_DIR [ROUNDS_DIR ...] [--logs LOGS_DIR ...]
   Each ROUNDS_DIR holds what one device call brought back: rounds.jsonl and machine-CALL.json.
   --logs: unpacked logs-CALL.tar.gz folders; their engine logs replace the excerpts in the rounds.
   Writes OUT_DIR/results.json (every round's figures, the machines, the medians and verdicts) and
@@ -13,6 +13,7 @@ round AND its median is better by more than the larger of the two min-max spread
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -167,7 +168,7 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
         out += [
             "",
             f"`{c}` against `{REFERENCE}` (ratio of medians; the verdict by the rule in "
-            "scripts/summarize_tuning.py: better only when its worst round beats the best reference round "
+            "scripts/gpu/summarize_tuning.py: better only when its worst round beats the best reference round "
             "and the medians differ by more than the larger spread):",
             "",
             "| users | " + " | ".join(FIGURES[k][0] for k in FIGURES) + " |",
@@ -281,12 +282,7 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    logs = [Path(a) for a in argv[argv.index("--logs") + 1 :]] if "--logs" in argv else []
-    plain = argv[: argv.index("--logs")] if "--logs" in argv else argv
-    out, dirs = Path(plain[0]), [Path(a) for a in plain[1:]]
+def main(out: Path, dirs: list[Path], logs: list[Path]) -> None:
     rounds, machines = load(dirs, logs)
     s = summarize(rounds)
     out.mkdir(parents=True, exist_ok=True)
@@ -298,4 +294,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="where results.json and summary.md go")
+    parser.add_argument("rounds", type=Path, nargs="+", metavar="ROUNDS_DIR", help="one device call's rounds")
+    parser.add_argument("--logs", type=Path, nargs="+", default=[], metavar="LOGS_DIR", help="unpacked engine logs")
+    args = parser.parse_args()
+    main(args.out, args.rounds, args.logs)

@@ -4,11 +4,11 @@ configuration, the engine this machine's kept tune chose), driven through its we
 (backend/benchmarks/loadtest.py), which takes each reply's first text where the page gets it (stream_start) and
 the engine's part of it from the reply's details (the app's request to the engine's first text).
 
-    .venv/bin/python scripts/measure_app_share.py [--rounds 3] [--max-tokens 64] [--out results/app-share/cpu]
+    .venv/bin/python results/app-share/measure_app_share.py [--rounds 3] [--max-tokens 64] [--out results/app-share/cpu]
         [--levels fresh:1:40,growing:1:90] [--app-dir CHECKOUT] [--python PYTHON]
 
 --python runs the app as `PYTHON -m chainlit run app.py` instead of the checkout's .venv/bin/chainlit (the lent GPU
-machine, where the app's packages come on PYTHONPATH: scripts/gpu_run.sh app-share).
+machine, where the app's packages come on PYTHONPATH: scripts/gpu/gpu_run.sh app-share).
 
 --app-dir starts the app of another checkout (a git worktree of an earlier commit, sharing .venv), for an A/B of
 two versions: run this once per version and round, alternating them, each with its own --out.
@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.benchmarks.loadtest import APP_SHARE, FIRST_TEXT, TAIL, Reply, run
 from backend.benchmarks.stats import percentile
 from backend.config import ROOT

@@ -1,6 +1,7 @@
 """Is the first reply after a start as fast as later ones? The warm-up (issue 26) measured, on or off, alternated.
 
-    .venv/bin/python scripts/measure_first_reply.py [--rounds 3] [--replies 10] [--out results/first-reply/cpu]
+    .venv/bin/python results/first-reply/measure_first_reply.py [--rounds 3] [--replies 10]
+        [--out results/first-reply/cpu]
 
 Each round starts the engine the way the app does (ChatService.from_config: the configured engine and model, the
 environment's ERNIE_* settings; on this machine the offline demo model on llama.cpp), once with the warm-up off
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, Text
 from backend.config import ROOT, load_config

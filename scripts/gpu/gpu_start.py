@@ -1,6 +1,6 @@
 """Issue 43: a fresh start on warm caches, before and after the start-time changes, alternated, on one GPU.
 
-usage: python scripts/gpu_start.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu_run.sh start`)
+usage: python scripts/gpu/gpu_start.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu/gpu_run.sh start`)
 
 The engine as the app starts it (its supervisor: backend.serving.launch.make_supervisor; profile START_PROFILE,
 default h200; random weights,
@@ -17,6 +17,7 @@ Everything is written to OUT_DIR/start.json as it is measured; each start's log 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpu_metrics import machine, wait_gpu_free
 from gpu_price import ms_logging
@@ -145,6 +146,8 @@ async def main(out: Path, model: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder")
+    parser.add_argument("model", help="the model folder whose architecture is measured")
+    args = parser.parse_args()
+    asyncio.run(main(args.out, args.model))

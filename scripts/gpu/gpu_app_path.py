@@ -1,7 +1,7 @@
 """The app's own streaming path against the engine on a GPU: one engine alone (vLLM defaults), each level measured
 straight at the server and then through the app's ChatClient, repeated in rounds (server, app, server, app ...).
 
-usage: python scripts/gpu_app_path.py OUT_DIR MODEL_DIR [ROUNDS]   (run by scripts/gpu_run.sh with TUNE_SCRIPT)
+usage: python scripts/gpu/gpu_app_path.py OUT_DIR MODEL_DIR [ROUNDS]   (run by scripts/gpu/gpu_run.sh with TUNE_SCRIPT)
 
 Per round and level: output tok/s and TTFT P50 of both paths and the client process's CPU time. The ratio app /
 server at 64 users and the TTFT difference at one user are what issue 17 asks to bring within 5 % and 2 ms.
@@ -9,6 +9,7 @@ server at 64 users and the TTFT difference at one user are what issue 17 asks to
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpu_tune import BENCH, OUTPUT_LEN, WARMUP, bench_level, gpu_state, machine, service, wait_gpu_free
 
@@ -30,7 +31,7 @@ from backend.config import load_config
 from backend.engines.base import engine_python
 
 LEVELS = [(1, 32), (64, 256)]
-if os.environ.get("TUNE_SMOKE"):  # a quick check of this script on a CPU (see scripts/gpu_tune.py)
+if os.environ.get("TUNE_SMOKE"):  # a quick check of this script on a CPU (see scripts/gpu/gpu_tune.py)
     LEVELS = [(1, 3), (4, 8)]
 
 
@@ -106,7 +107,10 @@ async def main(out: Path, model: str, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder (created)")
+    parser.add_argument("model", help="the model folder (random weights are loaded: --load-format dummy)")
+    parser.add_argument("rounds", type=int, nargs="?", default=3, help="server, app, server, app ... (default 3)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main(args.out, args.model, args.rounds))

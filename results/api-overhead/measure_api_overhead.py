@@ -1,6 +1,7 @@
 """What the app's OpenAI-compatible API adds over the engine alone (issue 28), measured on chat-shaped work.
 
-    .venv/bin/python scripts/measure_api_overhead.py [--model demo|ernie-random] [--rounds 3] [--levels 1,8]
+    .venv/bin/python results/api-overhead/measure_api_overhead.py [--model demo|ernie-random] [--rounds 3]
+        [--levels 1,8]
 
 One engine (llama.cpp, started here by the app's own supervisor, then left alone) is measured two ways,
 alternated A B A B: directly at its /v1/chat/completions, and through the app (`chainlit run app.py` with login
@@ -37,7 +38,7 @@ from typing import Any
 import httpx
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.service import ChatService
