@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.benchmarks.plan import MIN_REQUESTS
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
 from backend.serving.cputime import OtherWork
@@ -237,14 +237,12 @@ def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
                 if lv.get(f) is not None:
                     cell[f].append(lv[f])
 
-    def spread(values: list[float]) -> dict[str, float] | None:
-        if not values:
-            return None
-        return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    def figure(values: list[float]) -> dict[str, float] | None:
+        return {**spread(values).to_dict(), "n": len(values)} if values else None
 
     return {
         config: {
-            level: {f: v if f == "errors" else spread(v) for f, v in cell.items()} for level, cell in levels.items()
+            level: {f: v if f == "errors" else figure(v) for f, v in cell.items()} for level, cell in levels.items()
         }
         for config, levels in table.items()
     }

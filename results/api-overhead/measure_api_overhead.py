@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
 from backend.engines.base import bearer
@@ -216,7 +216,7 @@ async def main() -> None:
             for _, path in FIGURES:
                 values = [lv[path] for run in runs if run["target"] == name for lv in run["levels"]
                           if lv["users"] == users and lv[path] is not None]  # fmt: skip
-                cells[path] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+                cells[path] = spread(values).to_dict()
             per_level[users] = cells
         summary[name] = per_level
     meta = {

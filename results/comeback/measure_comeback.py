@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.stats import spread
 from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, READY, start_app
 from tests.browser.comeback import LONG_ASK, Frames
@@ -59,10 +59,6 @@ async def one_round(browser: Any, url: str) -> dict[str, float]:
     await page.context.close()
     return {"connected_s": connected - reloaded, "text_so_far_s": so_far - reloaded,
             "first_new_piece_s": streaming - reloaded}  # fmt: skip
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 async def measure(url: str, rounds: int) -> list[dict[str, float]]:
@@ -133,9 +129,9 @@ def main() -> int:
         if args.url is None
         else f"the running app at {args.url}",
         "runs": runs,
-        "connected_s": summary([r["connected_s"] for r in runs]),
-        "text_so_far_s": summary([r["text_so_far_s"] for r in runs]),
-        "first_new_piece_s": summary([r["first_new_piece_s"] for r in runs]),
+        "connected_s": spread([r["connected_s"] for r in runs]).to_dict(),
+        "text_so_far_s": spread([r["text_so_far_s"] for r in runs]).to_dict(),
+        "first_new_piece_s": spread([r["first_new_piece_s"] for r in runs]).to_dict(),
         "load_before": list(load_before),
         "load_after": list(load_after),
     }

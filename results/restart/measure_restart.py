@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "first-reply"))  # its start, measured the same way
-from measure_first_reply import one_start, spread
+from measure_first_reply import figure, one_start
 
 from backend.config import ROOT, load_config
 from backend.serving.hardware import cpu_model
@@ -71,10 +71,10 @@ async def main() -> None:
     for mode in ("adopt", "fresh"):
         mine = [run for run in runs if run["mode"] == mode]
         summary[mode] = {
-            "ready_s": spread([run["ready_s"] for run in mine]),
-            "warmup_s": spread([run["warmup_s"] or 0.0 for run in mine]),
-            "first_ms": spread([run["first_ms"] for run in mine]),
-            "later_median_ms": spread([run["later_median_ms"] for run in mine]),
+            "ready_s": figure([run["ready_s"] for run in mine]),
+            "warmup_s": figure([run["warmup_s"] or 0.0 for run in mine]),
+            "first_ms": figure([run["first_ms"] for run in mine]),
+            "later_median_ms": figure([run["later_median_ms"] for run in mine]),
         }
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "created": time.strftime("%Y-%m-%d %H:%M %Z"),
             "engine": cold["engine"], "rounds": args.rounds, "replies": args.replies, "load_start": load,

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gpu_tune import BENCH, OUTPUT_LEN, WARMUP, bench_level, gpu_state, machine, service, wait_gpu_free
 
 from backend.benchmarks.run import check_options, run
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.cli import build_parser
 from backend.config import load_config
@@ -61,11 +61,6 @@ async def both_paths(svc: ChatService, users: int, requests: int, seed: int) -> 
     return got
 
 
-def spread(values: list[float], digits: int) -> list[float]:
-    """[median, min, max]"""
-    return [round(statistics.median(values), digits), round(min(values), digits), round(max(values), digits)]
-
-
 async def main(out: Path, model: str, rounds: int) -> None:
     doc: dict[str, Any] = {"machine": machine(), "config": "defaults", "rounds": []}
     await wait_gpu_free()
@@ -94,12 +89,8 @@ async def main(out: Path, model: str, rounds: int) -> None:
         ratios = [r[str(users)]["app"]["tok_s"] / r[str(users)]["server"]["tok_s"] for r in doc["rounds"]]
         gaps = [r[str(users)]["app"]["ttft_p50_ms"] - r[str(users)]["server"]["ttft_p50_ms"] for r in doc["rounds"]]
         summary[str(users)] = {
-            "app_over_server_tok_s": [
-                round(statistics.median(ratios), 3),
-                round(min(ratios), 3),
-                round(max(ratios), 3),
-            ],
-            "ttft_p50_gap_ms": [round(statistics.median(gaps), 2), round(min(gaps), 2), round(max(gaps), 2)],
+            "app_over_server_tok_s": spread(ratios).to_list(3),  # [median, min, max]
+            "ttft_p50_gap_ms": spread(gaps).to_list(2),
         }
     doc["summary"] = summary
     (out / "app-path.json").write_text(json.dumps(doc, indent=1))

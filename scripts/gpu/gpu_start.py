@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gpu_metrics import machine, wait_gpu_free
 from gpu_price import ms_logging
 
+from backend.benchmarks.stats import spread
 from backend.config import load_config
 from backend.engines import vllm
 from backend.serving.launch import make_supervisor
@@ -139,7 +139,7 @@ async def main(out: Path, model: str) -> None:
     for variant in ("before", "after"):
         got = [s["ready_s"] for s in doc["starts"] if s["variant"] == variant and not s.get("cold") and s.get("ready")]
         if got:
-            summary[variant] = [round(statistics.median(got), 1), min(got), max(got)]
+            summary[variant] = spread(got).to_list(1)  # [median, min, max]
     doc["summary"] = summary
     (out / "start.json").write_text(json.dumps(doc, indent=1))
     print(f"[start] fresh start on warm caches, ready s (median, min, max): {summary}", flush=True)

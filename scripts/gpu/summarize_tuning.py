@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.stats import spread
 
 REFERENCE = "defaults"
 # figure: (label, path in a level record, higher is better, decimals)
@@ -47,8 +48,9 @@ def dig(record: dict[str, Any], path: tuple[str, ...]) -> float:
     return float(value)
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+def figure(values: list[float]) -> dict[str, float]:
+    """{median, min, max, n} over the rounds."""
+    return {**spread(values).to_dict(), "n": len(values)}
 
 
 def verdict(ref: dict[str, float], other: dict[str, float], higher: bool) -> str:
@@ -107,15 +109,15 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         table[c] = {}
         for lv in levels:
             recs = [r["levels"][str(lv)] for r in mine if str(lv) in r["levels"]]
-            row = {key: spread([dig(x, path) for x in recs]) for key, (_, path, _, _) in FIGURES.items()}
+            row = {key: figure([dig(x, path) for x in recs]) for key, (_, path, _, _) in FIGURES.items()}
             row["rounds"] = len(recs)
             row["errors"] = sum(x["errors"] for x in recs)
-            row["client_cpu_s"] = spread([x["client_cpu_s"] for x in recs])
-            phases = {"client_ttft_mean": spread([x["ttft_ms"]["mean"] for x in recs])}
+            row["client_cpu_s"] = figure([x["client_cpu_s"] for x in recs])
+            phases = {"client_ttft_mean": figure([x["ttft_ms"]["mean"] for x in recs])}
             for key, (_, metric) in PHASES.items():
                 values = [x["phases"][metric]["mean_ms"] for x in recs if metric and metric in x.get("phases", {})]
                 if values:
-                    phases[key] = spread(values)
+                    phases[key] = figure(values)
             row["phases"] = phases
             table[c][str(lv)] = row
     verdicts: dict[str, Any] = {}
@@ -233,15 +235,15 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
         if not recs or "time_to_first_token_seconds" not in recs[0].get("phases", {}):
             continue
         ph = [x["phases"] for x in recs]
-        client = spread([x["ttft_ms"]["mean"] for x in recs])
-        p99 = spread([x["ttft_ms"]["p99"] for x in recs])
-        server = spread([p["time_to_first_token_seconds"]["mean_ms"] for p in ph])
-        queue = spread([p["request_queue_time_seconds"]["mean_ms"] for p in ph])
-        prefill = spread([p["request_prefill_time_seconds"]["mean_ms"] for p in ph])
-        front = spread(
+        client = figure([x["ttft_ms"]["mean"] for x in recs])
+        p99 = figure([x["ttft_ms"]["p99"] for x in recs])
+        server = figure([p["time_to_first_token_seconds"]["mean_ms"] for p in ph])
+        queue = figure([p["request_queue_time_seconds"]["mean_ms"] for p in ph])
+        prefill = figure([p["request_prefill_time_seconds"]["mean_ms"] for p in ph])
+        front = figure(
             [x["ttft_ms"]["mean"] - p["time_to_first_token_seconds"]["mean_ms"] for x, p in zip(recs, ph, strict=True)]
         )
-        hand = spread(
+        hand = figure(
             [
                 p["time_to_first_token_seconds"]["mean_ms"]
                 - p["request_queue_time_seconds"]["mean_ms"]
