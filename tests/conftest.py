@@ -37,7 +37,7 @@ def build_tiny_model(python: str, arch: str = "tiny") -> Path:
     """Build (once, cached) the tiny random Ernie4_5 model, or the 0.3B architecture's config-only folder."""
     out = CACHE / ("tiny-ernie" if arch == "tiny" else "ernie-0.3b-arch")
     if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
-        cmd = [python, str(ROOT / "scripts" / "make_tiny_ernie.py"), str(out)]
+        cmd = [python, str(ROOT / "tests" / "make_tiny_ernie.py"), str(out)]
         if arch != "tiny":
             cmd += ["--arch", arch]
         subprocess.run(cmd, check=True, capture_output=True, timeout=600)
@@ -57,7 +57,7 @@ def spm_model(engine_py: str) -> Path:
     (from its own GGUF conversion) and starts in seconds, for tests that need a real engine but not a particular one."""
     out = CACHE / "tiny-ernie-spm2"  # 2: keeps newlines (identity normalization)
     if not (out / "model.safetensors").exists() or not (out / "generation_config.json").exists():
-        script = ROOT / "scripts" / "make_tiny_ernie_spm.py"
+        script = ROOT / "tests" / "make_tiny_ernie_spm.py"
         subprocess.run([engine_py, str(script), str(out)], check=True, capture_output=True, timeout=600)
     return out
 

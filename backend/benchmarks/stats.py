@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -150,12 +150,32 @@ class Spread:
 
         return at_most(self.low, other.high) and at_most(other.low, self.high)
 
+    def to_dict(self, digits: int | None = None) -> dict[str, float]:
+        """{median, min, max}, as a results file keeps a figure; rounded to `digits` where given."""
+        values = {"median": self.median, "min": self.low, "max": self.high}
+        return values if digits is None else {key: round(value, digits) for key, value in values.items()}
 
-def spread(values: Sequence[float]) -> Spread:
+    def to_list(self, digits: int) -> list[float]:
+        """[median, min, max], rounded to `digits`."""
+        return [round(self.median, digits), round(self.low, digits), round(self.high, digits)]
+
+    def text(self, digits: int = 1) -> str:
+        """'median (min-max)' with `digits` decimals, the range shown for one round too."""
+        return f"{self.median:.{digits}f} ({self.low:.{digits}f}-{self.high:.{digits}f})"
+
+
+def spread(values: Iterable[float]) -> Spread:
     """Median, min and max of a figure's values, one per round."""
-    if not values:
+    got = list(values)
+    if not got:
         raise ValueError("spread of no values")
-    return Spread(statistics.median(values), min(values), max(values), len(values))
+    return Spread(statistics.median(got), min(got), max(got), len(got))
+
+
+def spread_text(values: Iterable[float | None], digits: int = 1, missing: str = "-") -> str:
+    """'median (min-max)' of the values present (None left out), or `missing` where there are none."""
+    present = [v for v in values if v is not None]
+    return spread(present).text(digits) if present else missing
 
 
 def claim(a: Spread | None, b: Spread | None, text: Callable[[float, float], str]) -> str:

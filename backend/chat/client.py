@@ -129,7 +129,7 @@ class ChatStream:
     The request goes out on the one HTTP client the AsyncOpenAI client uses (same pool, timeouts and key), built
     here, and the server-sent events are read here, one `json.loads` per chunk: the SDK's request building costs
     ~2 ms before the first byte and its typed chunk objects ~4x the CPU per chunk, which capped what one app
-    process could stream (scripts/client_ceiling.py, results/gpu-h200/app-path)."""
+    process could stream (results/client-ceiling/client_ceiling.py, results/gpu-h200/app-path)."""
 
     def __init__(self, client: ChatClient, messages: list[Message], sampling: dict[str, Any]) -> None:
         self._client = client

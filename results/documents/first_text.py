@@ -39,6 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from backend.benchmarks.stats import spread_text  # noqa: E402
 from backend.chat.service import ChatService  # noqa: E402
 from backend.chat.turn import Done, Text  # noqa: E402
 from backend.config import load_config  # noqa: E402
@@ -144,10 +145,6 @@ async def one_round(number: int, questions: list[tuple[str, str]], work: Path) -
         await library.close()
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
-
-
 def report(rounds: list[dict[str, Any]]) -> str:
     """Medians over every chat of every round (min-max) of each turn's first text and tokens."""
     rows = []
@@ -156,9 +153,9 @@ def report(rounds: list[dict[str, Any]]) -> str:
             turns = [c["turns"][position] for r in rounds for c in r["chats"] if c["kind"] == kind]
             evaluated_tokens = [t["evaluated_tokens"] for t in turns if t["evaluated_tokens"] is not None]
             rows.append(
-                f"| {label} | {which} | {spread([t['first_text_ms'] for t in turns])} | "
-                f"{spread([t['prompt_tokens'] for t in turns])} | "
-                f"{spread(evaluated_tokens) if evaluated_tokens else '–'} | "
+                f"| {label} | {which} | {spread_text([t['first_text_ms'] for t in turns], 0)} | "
+                f"{spread_text([t['prompt_tokens'] for t in turns], 0)} | "
+                f"{spread_text(evaluated_tokens, 0, missing='–')} | "
                 f"{statistics.median(t['passages'] for t in turns):.0f} |"
             )
     ratios = [c["turns"][1]["first_text_ms"] / c["turns"][0]["first_text_ms"]
@@ -173,7 +170,7 @@ def report(rounds: list[dict[str, Any]]) -> str:
         *rows,
         "",
         f"Second question against the first about the same document (with documents), per chat: "
-        f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) of its first text.",
+        f"{spread_text(ratios, 2)} of its first text.",
         "",
         "Load average (1, 5, 15 min) before and after each round: "
         + "; ".join(f"{r['load_before']} → {r['load_after']}" for r in rounds)

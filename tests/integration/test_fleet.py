@@ -124,7 +124,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_py: str, postgres: Po
             "ERNIE_ENGINE__NAME": "external",
             "ERNIE_SERVER__BASE_URL": front.health_url.removesuffix("/health") + "/v1",
             "ERNIE_SERVER__API_KEY": key,
-            "ERNIE_SERVER__HEALTH_PATH": "/readiness",  # as compose.fleet.yaml: ready while one engine can serve
+            "ERNIE_SERVER__HEALTH_PATH": "/readiness",  # as deploy/compose.fleet.yaml: ready while one engine can serve
             "ERNIE_PATHS__PROMPTS_DIR": str(prompts),
             "ERNIE_TIMEOUTS__HEALTH_INTERVAL_S": "1",
             "ERNIE_API__QUOTAS__CONCURRENT": "0",

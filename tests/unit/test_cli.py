@@ -314,7 +314,7 @@ def test_doctor_looks_for_the_app_where_make_run_serves_it() -> None:
 
 
 def test_the_commands_load_without_the_chat_uis_packages() -> None:
-    """`python -m backend bench` and the GPU scripts (scripts/gpu_tune.py) run where only an engine is installed:
+    """`python -m backend bench` and the GPU scripts (scripts/gpu/gpu_tune.py) run where only an engine is installed:
     the Socket.IO client that only the `loadtest` command uses is imported when a chat socket is made."""
     code = "import sys; sys.modules['socketio'] = None; import backend.cli; backend.cli.build_parser()"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -20,7 +20,7 @@ import yaml
 
 from backend.config import APP_PORT, ROOT
 
-DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
+DOCKERFILES = ["Dockerfile", "deploy/Dockerfile.gpu"]  # built from the repository's root
 
 
 def instructions(name: str) -> list[tuple[str, str]]:
@@ -106,7 +106,7 @@ def named_images() -> dict[str, str]:
                     images[f"{name}: FROM {base}"] = base
                 stages.update(alias[-1:])
     for name in ("compose.gpu.yaml", "compose.fleet.yaml"):
-        compose = yaml.safe_load((ROOT / name).read_text(encoding="utf-8"))
+        compose = yaml.safe_load((ROOT / "deploy" / name).read_text(encoding="utf-8"))
         for service, spec in compose["services"].items():
             if "image" in spec and "build" not in spec:
                 images[f"{name}: {service}"] = spec["image"]
@@ -132,22 +132,24 @@ def test_the_image_checks_the_apps_health_on_its_port(name: str) -> None:
 def test_the_gpu_image_is_the_vllm_release_the_engine_pins() -> None:
     pinned = re.search(r"^vllm==(\S+)$", (ROOT / "requirements-engine-cuda.txt").read_text(), re.M)
     assert pinned is not None
-    base = dict(instructions("Dockerfile.gpu"))["FROM"]
+    base = dict(instructions("deploy/Dockerfile.gpu"))["FROM"]
     assert base == f"vllm/vllm-openai:v{pinned.group(1)}"
 
 
 def test_the_compose_example_builds_the_gpu_image_and_asks_for_a_gpu() -> None:
-    compose = yaml.safe_load((ROOT / "compose.gpu.yaml").read_text(encoding="utf-8"))
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.gpu.yaml").read_text(encoding="utf-8"))
     service = compose["services"]["ernie-chat"]
-    assert Path(service["build"]["dockerfile"]).name == "Dockerfile.gpu"
+    assert (ROOT / "deploy" / service["build"]["context"]).resolve() == ROOT, "built from the repository's root"
+    assert (ROOT / service["build"]["dockerfile"]) == ROOT / "deploy" / "Dockerfile.gpu"
     assert f"{APP_PORT}:{APP_PORT}" in service["ports"]
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
 
 
-# ----- compose.fleet.yaml: app x2, PostgreSQL, router, engines (docs/deployment.md) ------------------------------
+# ----- deploy/compose.fleet.yaml: app x2, PostgreSQL, router, engines (docs/deployment.md) ------------------------
 def fleet() -> dict[str, Any]:
-    services: dict[str, Any] = yaml.safe_load((ROOT / "compose.fleet.yaml").read_text(encoding="utf-8"))["services"]
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.fleet.yaml").read_text(encoding="utf-8"))
+    services: dict[str, Any] = compose["services"]
     return services
 
 
@@ -164,7 +166,8 @@ def test_the_fleet_has_every_part_and_the_images_the_project_pins() -> None:
     ]
     assert gpus[0] != gpus[1], "one GPU per engine"
     for name in ("app-1", "app-2", "router"):
-        assert Path(services[name]["build"]["dockerfile"]).name == "Dockerfile"
+        assert (ROOT / "deploy" / services[name]["build"]["context"]).resolve() == ROOT, "the repository's root"
+        assert (ROOT / services[name]["build"]["dockerfile"]) == ROOT / "Dockerfile"
     router_pin = re.search(r"^vllm-router==\S+$", (ROOT / "requirements-dev.txt").read_text(), re.M)
     assert router_pin and services["router"]["command"][0] == ".venv/bin/vllm-router", "installed by make setup"
     assert services["postgres"]["image"].startswith("postgres:") and services["proxy"]["image"].startswith("caddy:")
@@ -202,7 +205,7 @@ def test_the_app_processes_share_what_they_must_and_nothing_else() -> None:
     assert envs[0]["ERNIE_SERVER__BASE_URL"] == "http://router:8000/v1"
     mounts = [{m.split(":")[1]: m.split(":")[0] for m in app["volumes"]} for app in apps]
     prompts, data = envs[0]["ERNIE_PATHS__PROMPTS_DIR"], envs[0]["ERNIE_PATHS__DATA_DIR"]
-    assert mounts[0][prompts] == mounts[1][prompts] == "./prompts", "one prompts folder"
+    assert mounts[0][prompts] == mounts[1][prompts] == "../prompts", "one prompts folder"
     assert mounts[0][envs[0]["ERNIE_AUTH__USERS_FILE"]] == mounts[1][envs[0]["ERNIE_AUTH__USERS_FILE"]]
     volumes = [next(src for dst, src in m.items() if Path(data).is_relative_to(dst)) for m in mounts]
     assert volumes[0] != volumes[1], "each process its own data folder (logs, caches)"
@@ -220,7 +223,7 @@ def test_the_proxy_sticks_each_browser_to_one_app_process() -> None:
     assert f"reverse_proxy app-1:{APP_PORT} app-2:{APP_PORT}" in caddyfile
     assert "lb_policy cookie" in caddyfile and "health_uri /livez" in caddyfile
     mount = fleet()["proxy"]["volumes"][0]
-    assert mount.startswith("./deploy/Caddyfile:/etc/caddy/Caddyfile")
+    assert mount.startswith("./Caddyfile:/etc/caddy/Caddyfile"), "beside the compose file"
 
 
 def test_what_chainlit_writes_at_its_first_import_is_written_before_the_image_drops_root(tmp_path: Path) -> None:

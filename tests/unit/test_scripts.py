@@ -1,5 +1,7 @@
-"""The scripts under scripts/ are not collected by pytest: every name they import from the project exists (a
-refactor that moves a helper breaks a measurement script only when someone next runs it, otherwise)."""
+"""The scripts are not collected by pytest: the tools under scripts/ (scripts/gpu/ for the lent GPU machines) and the
+measurements kept beside their results (results/<name>/). Every name they import from the project exists (a refactor
+that moves a helper breaks a measurement script only when someone next runs it, otherwise), and every tool under
+scripts/ says what it does with --help."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "scripts").glob("*.py"))
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = sorted((ROOT / "scripts").rglob("*.py"))
+SCRIPTS = sorted([*TOOLS, *(ROOT / "results").rglob("*.py")])
 
 
 def _load(path: Path) -> object:
@@ -21,7 +25,7 @@ def _load(path: Path) -> object:
     return module
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_what_a_script_imports_from_the_project_exists(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(script.parent))  # as when it runs: its siblings import each other by name
     tree = ast.parse(script.read_text(), filename=str(script))
@@ -29,12 +33,38 @@ def test_what_a_script_imports_from_the_project_exists(script: Path, monkeypatch
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom) or not node.module:
             continue
-        sibling = script.parent / f"{node.module}.py"  # another script, imported by its name (scripts/ on the path)
+        sibling = script.parent / f"{node.module}.py"  # another script, imported by its name (its folder on the path)
         if node.module.split(".")[0] in ("backend", "tests") or sibling.is_file():
             module = importlib.import_module(node.module) if not sibling.is_file() else _load(sibling)
             missing += [f"{node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)]
     assert missing == []
 
 
+def _runs_as_main(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+
+
+def _parser_with_description(tree: ast.Module) -> bool:
+    return any(
+        isinstance(n, ast.Call)
+        and ast.unparse(n.func).endswith("ArgumentParser")
+        and any(k.arg == "description" for k in n.keywords)
+        for n in ast.walk(tree)
+    )
+
+
+@pytest.mark.parametrize("tool", TOOLS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_tool_answers_help(tool: Path) -> None:
+    """A tool runs under `if __name__ == "__main__"` with an argparse parser that has a description; a file without
+    one is a module its siblings import."""
+    tree = ast.parse(tool.read_text(), filename=str(tool))
+    if _runs_as_main(tree):
+        assert _parser_with_description(tree), f"{tool.name}: argparse with a description, for --help"
+    else:
+        siblings = [p.read_text() for p in tool.parent.glob("*.py") if p != tool]
+        assert any(f"from {tool.stem} import" in s or f"import {tool.stem}" in s for s in siblings), tool.name
+
+
 def test_the_scripts_are_found() -> None:
-    assert len(SCRIPTS) > 10 and any(p.name == "measure_comeback.py" for p in SCRIPTS)
+    names = {p.name for p in SCRIPTS}
+    assert len(TOOLS) > 10 and {"gpu_tune.py", "bench_cpu_engines.py", "measure_comeback.py"} <= names

@@ -16,6 +16,7 @@ from backend.benchmarks.stats import (
     percentile,
     ratio,
     spread,
+    spread_text,
     summarize,
 )
 
@@ -107,6 +108,16 @@ def _round(tok_s: float, ttft_p50: float | None, errors: int = 0, samples: tuple
         "memory_source": "RSS",
         "error_samples": list(samples),
     }
+
+
+def test_a_spread_as_a_results_file_and_a_table_show_it() -> None:
+    s = spread(iter([2.44, 1.01, 3.56]))  # any iterable, one value per round
+    assert s.to_dict() == {"median": 2.44, "min": 1.01, "max": 3.56}
+    assert s.to_dict(1) == {"median": 2.4, "min": 1.0, "max": 3.6} and s.to_list(1) == [2.4, 1.0, 3.6]
+    assert s.text() == "2.4 (1.0-3.6)" and s.text(2) == "2.44 (1.01-3.56)"
+    assert spread([7.0]).text(0) == "7 (7-7)", "one round shows its range too"
+    assert spread_text([None, 4.0, 2.0, None]) == "3.0 (2.0-4.0)", "missing values left out"
+    assert spread_text([None]) == "-" and spread_text([], missing="–") == "–"
 
 
 def test_rounds_combine_into_medians_with_ranges_and_keep_each_round() -> None:

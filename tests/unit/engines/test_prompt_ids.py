@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backend.config import ROOT
 from backend.models.prompt_ids import SAMPLES, PromptIds
 
 tokenizers = pytest.importorskip("tokenizers", reason="requirements.txt installs it (make setup)")
-sys.path.insert(0, str(ROOT / "scripts"))
-import make_tiny_ernie  # noqa: E402  (the tests' tiny ERNIE: its byte-level BPE and chat template)
+from tests import make_tiny_ernie  # noqa: E402  (the tests' tiny ERNIE: its byte-level BPE and chat template)
 
 WORDS = "the of 我们 今天 model data\n code  é 👍 <s> </s> <|end_of_sentence|>x".split(" ")
 

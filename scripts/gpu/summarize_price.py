@@ -1,14 +1,18 @@
-"""The tables of results/gpu-*/issue43-price/README.md from a price.json of scripts/gpu_price.py.
+"""The tables of results/gpu-*/issue43-price/README.md from a price.json of scripts/gpu/gpu_price.py.
 
-usage: python scripts/summarize_price.py PRICE_JSON   (median (min-max) over the rounds; Markdown to stdout)
+usage: python scripts/gpu/summarize_price.py PRICE_JSON   (median (min-max) over the rounds; Markdown to stdout)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import statistics
 import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.stats import spread_text
 
 WAYS = {
     "chat": "vLLM alone: /v1/chat/completions",
@@ -16,10 +20,6 @@ WAYS = {
     "app": "the app's ChatClient, messages",
     "app-ids": "the app's ChatClient, its own token ids",
 }
-
-
-def span(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
 def vllm_ms(level: dict[str, Any], phase: str) -> float:
@@ -41,11 +41,11 @@ def engines(doc: dict[str, Any]) -> None:
             tok = [x["output_tokens_per_s"] for x in ls]
             tpot = [x["tpot_ms"]["p50"] for x in ls]
             cells = [
-                span(tok),
+                spread_text(tok),
                 " / ".join(f"{v:.0f}" for v in tok),
-                span([x["ttft_ms"]["p50"] for x in ls]),
-                span([x["ttft_ms"]["p99"] for x in ls]),
-                span(tpot),
+                spread_text([x["ttft_ms"]["p50"] for x in ls]),
+                spread_text([x["ttft_ms"]["p99"] for x in ls]),
+                spread_text(tpot),
                 " / ".join(f"{v:.2f}" for v in tpot),
                 str(sum(x["errors"] for x in ls)),
             ]
@@ -91,12 +91,12 @@ def main(path: str) -> None:
         if not ls:
             continue
         cells = [
-            span([x["output_tokens_per_s"] for x in ls]),
-            span([x["ttft_ms"]["p50"] for x in ls]),
-            span([x["ttft_ms"]["p99"] for x in ls]),
-            span([vllm_ms(x, "time_to_first_token_seconds") for x in ls]),
-            span([vllm_ms(x, "request_prefill_time_seconds") for x in ls]),
-            span([x["tpot_ms"]["p50"] for x in ls]),
+            spread_text([x["output_tokens_per_s"] for x in ls]),
+            spread_text([x["ttft_ms"]["p50"] for x in ls]),
+            spread_text([x["ttft_ms"]["p99"] for x in ls]),
+            spread_text([vllm_ms(x, "time_to_first_token_seconds") for x in ls]),
+            spread_text([vllm_ms(x, "request_prefill_time_seconds") for x in ls]),
+            spread_text([x["tpot_ms"]["p50"] for x in ls]),
         ]
         print(f"| {users} | " + " | ".join(cells) + " |")
     print("\n### The first token at 16 users, the same 64 prompts four ways, alternated (order reversed each round)\n")
@@ -109,11 +109,11 @@ def main(path: str) -> None:
         own = [vllm_ms(x, "time_to_first_token_seconds") for x in ls]
         mean = [x["ttft_ms"]["mean"] for x in ls]
         cells = [
-            span([x["ttft_ms"]["p50"] for x in ls]),
-            span([x["ttft_ms"]["p99"] for x in ls]),
-            span(mean),
-            span(own),
-            span([a - b for a, b in zip(mean, own, strict=True)]),
+            spread_text([x["ttft_ms"]["p50"] for x in ls]),
+            spread_text([x["ttft_ms"]["p99"] for x in ls]),
+            spread_text(mean),
+            spread_text(own),
+            spread_text([a - b for a, b in zip(mean, own, strict=True)]),
             " / ".join(f"{x['ttft_ms']['p99']:.1f}" for x in ls),
         ]
         print(f"| {label} | " + " | ".join(cells) + " |")
@@ -130,9 +130,9 @@ def main(path: str) -> None:
                 x["phases"]["prefix_cache_queries"] for x in ls
             )
             cells = [
-                span(mean),
-                span(own),
-                span([a - b for a, b in zip(mean, own, strict=True)]),
+                spread_text(mean),
+                spread_text(own),
+                spread_text([a - b for a, b in zip(mean, own, strict=True)]),
                 " / ".join(f"{m:.1f}" for m in mean),
                 f"{hits:.3f}",
             ]
@@ -140,6 +140,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("price_json", help="price.json of gpu_price.py")
+    main(parser.parse_args().price_json)

@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: install the offline vLLM bundle (../shared/gpu/README.md) and the wheels in
-# .whl, then run scripts/gpu_tune.py: one engine alone on the GPU per round, the configurations in the
+# .whl, then run scripts/gpu/gpu_tune.py: one engine alone on the GPU per round, the configurations in the
 # order given (alternate them: A B A B ...). Results go straight to $OUT (rounds.jsonl grows round by
 # round, so a call cut short keeps its whole rounds), the engine logs to $OUT/logs-CALL.tar.gz.
-# usage: BUDGET_S=500 bash scripts/gpu_run.sh CALL_LABEL CONFIG...
-#        bash scripts/gpu_run.sh app-path [ROUNDS]   (the app's client against the server: scripts/gpu_app_path.py)
-#        bash scripts/gpu_run.sh first-reply [ROUNDS]  (a cold start, then warm-up off/on alternated: measure_first_reply)
-#        bash scripts/gpu_run.sh restart [ROUNDS]      (a cold start, then the kept engine adopted / a fresh start on
+# usage: BUDGET_S=500 bash scripts/gpu/gpu_run.sh CALL_LABEL CONFIG...
+#        bash scripts/gpu/gpu_run.sh app-path [ROUNDS]   (the app's client against the server: scripts/gpu/gpu_app_path.py)
+#        bash scripts/gpu/gpu_run.sh first-reply [ROUNDS]  (a cold start, then warm-up off/on alternated: measure_first_reply)
+#        bash scripts/gpu/gpu_run.sh restart [ROUNDS]      (a cold start, then the kept engine adopted / a fresh start on
 #             warm caches, alternated: measure_restart)
-#        bash scripts/gpu_run.sh app-share [PROFILE]   (the same app, scripts/measure_app_share.py: what the app adds to
+#        bash scripts/gpu/gpu_run.sh app-share [PROFILE]   (the same app, results/app-share/measure_app_share.py: what the app adds to
 #             the first text in fresh and growing chats; env APP_SHARE_LEVELS, APP_SHARE_ROUNDS; as `chat`, after `setup`)
-#        bash scripts/gpu_run.sh price                 (issue 43: FP8 priced against bf16 and the first token's split at
-#             16 users and in long chats, engines at once on one GPU: scripts/gpu_price.py; env PRICE_CONFIGS, PRICE_ROUNDS,
+#        bash scripts/gpu/gpu_run.sh price                 (issue 43: FP8 priced against bf16 and the first token's split at
+#             16 users and in long chats, engines at once on one GPU: scripts/gpu/gpu_price.py; env PRICE_CONFIGS, PRICE_ROUNDS,
 #             PRICE_EXTRAS=0 for the engines' levels alone)
-#        bash scripts/gpu_run.sh start                 (issue 43: a fresh start on warm caches, vLLM's `serve` command
-#             against its API server module, alternated: scripts/gpu_start.py; env START_ROUNDS, START_PROFILE)
-#        bash scripts/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu_supervise.py)
-#        bash scripts/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
-#             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu_appsite.py.
+#        bash scripts/gpu/gpu_run.sh start                 (issue 43: a fresh start on warm caches, vLLM's `serve` command
+#             against its API server module, alternated: scripts/gpu/gpu_start.py; env START_ROUNDS, START_PROFILE)
+#        bash scripts/gpu/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu/gpu_supervise.py)
+#        bash scripts/gpu/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
+#             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu/gpu_appsite.py.
 #             Bundle and app site do not fit one call's carry together: run it right after another call, while the
 #             machine is warm, carrying .gpu/app and .whl only; it reuses the vLLM that call installed.
-#             `bash scripts/gpu_run.sh setup` only installs, for that)
+#             `bash scripts/gpu/gpu_run.sh setup` only installs, for that)
 #   BUDGET_S: seconds from now by which the last round must have ended (keep it under the call's limit;
 #   a round is started only when the longest start, measurement and stop seen so far still fit).
-#   Configurations: see CONFIGS in scripts/gpu_tune.py (defaults, h200, ...).
+#   Configurations: see CONFIGS in scripts/gpu/gpu_tune.py (defaults, h200, ...).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export TUNE_DEADLINE=$(( $(date +%s) + ${BUDGET_S:-500} ))
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LABEL="${1:?usage: gpu_run.sh CALL_LABEL CONFIG...}"; shift
@@ -42,7 +42,7 @@ if [ ! -d "$SITE/vllm" ]; then
     "$W"/gpubundle/wheels/*.whl .whl/*.whl || exit 4
   cp -a "$W"/gpubundle/vllm_stripped/. "$SITE"/
 fi
-# The app's own packages (scripts/gpu_appsite.py), where carried: for the app (`chat`, `app-share`), and beneath
+# The app's own packages (scripts/gpu/gpu_appsite.py), where carried: for the app (`chat`, `app-share`), and beneath
 # the bundle's for gpu_tune.py, whose project modules need some the bundle lacks (sqlalchemy).
 APPSITE=/tmp/appsite
 if [ -f .gpu/app/appsite.tar.xz ]; then
@@ -60,7 +60,7 @@ if [ "$LABEL" = setup ]; then  # only the installation above, for a `chat` call 
   exit 0
 fi
 if [ "$LABEL" = chat ] || [ "$LABEL" = app-share ]; then  # the app itself (Chainlit) starting the engine on the GPU
-  [ -d "$APPSITE/chainlit" ] || { echo "no app packages here: carry .gpu/app (scripts/gpu_appsite.py)"; exit 6; }
+  [ -d "$APPSITE/chainlit" ] || { echo "no app packages here: carry .gpu/app (scripts/gpu/gpu_appsite.py)"; exit 6; }
   # The engine runs in vLLM's environment, the app in its own (app packages first, the bundle's beneath them).
   printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$SITE:$PWD" > /tmp/enginepy && chmod +x /tmp/enginepy
   export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=/tmp/enginepy ERNIE_ENGINE__PROFILE="${1:-h200}"
@@ -69,7 +69,7 @@ if [ "$LABEL" = chat ] || [ "$LABEL" = app-share ]; then  # the app itself (Chai
 fi
 if [ "$LABEL" = app-share ]; then  # the app's share of the first text, fresh and growing chats (measure_app_share.py)
   # APP_SHARE_LEVELS, APP_SHARE_ROUNDS: as the script's --levels and --rounds; replies of 256 tokens at most.
-  PYTHONPATH="$APPSITE:$SITE:$PWD" python3 scripts/measure_app_share.py --python python3 \
+  PYTHONPATH="$APPSITE:$SITE:$PWD" python3 results/app-share/measure_app_share.py --python python3 \
     --rounds "${APP_SHARE_ROUNDS:-3}" --max-tokens 256 --levels "${APP_SHARE_LEVELS:-fresh:1:30,growing:1:75}" \
     --out "$OUT/app-share" 2>&1 | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
   for f in /tmp/app-share-*/logs/engine.log; do tail -c 200000 "$f" > "$OUT/app-share/engine-log-tail.txt"; done
@@ -115,23 +115,23 @@ elif [ "$LABEL" = first-reply ] || [ "$LABEL" = restart ]; then  # the engine as
   export ERNIE_ENGINE__NAME=vllm ERNIE_ENGINE__PYTHON=python3 ERNIE_ENGINE__PROFILE=h200
   export ERNIE_ENGINE__FLAGS__EXTRA_ARGS='["--attention-backend", "TRITON_ATTN"]'
   export ERNIE_MODEL__ID="$W/gpubundle/ernie03b" ERNIE_MODEL__LOAD_FORMAT=dummy ERNIE_PATHS__CACHE_DIR=/tmp/ernie-cache
-  if [ "$LABEL" = restart ]; then  # the kept engine adopted against a fresh start (scripts/measure_restart.py)
-    python3 scripts/measure_restart.py --rounds "${1:-3}" --replies 10 --out "$OUT/restart" 2>&1 \
+  if [ "$LABEL" = restart ]; then  # the kept engine adopted against a fresh start (results/restart/measure_restart.py)
+    python3 results/restart/measure_restart.py --rounds "${1:-3}" --replies 10 --out "$OUT/restart" 2>&1 \
       | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
     for f in /tmp/restart-*/logs/engine.log; do cp "$f" "$OUT/restart/engine.log" 2>/dev/null; done
     du -sh /tmp/ernie-cache/* 2>/dev/null
     exit 0
   fi
-  # the warm-up and the compile caches (scripts/measure_first_reply.py)
-  python3 scripts/measure_first_reply.py --prime --rounds "${1:-2}" --replies 10 --out "$OUT/first-reply" 2>&1 \
+  # the warm-up and the compile caches (results/first-reply/measure_first_reply.py)
+  python3 results/first-reply/measure_first_reply.py --prime --rounds "${1:-2}" --replies 10 --out "$OUT/first-reply" 2>&1 \
     | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
   for f in /tmp/first-reply-*/*/logs/engine.log; do  # each start's engine log: where its seconds went
     d=$(basename "$(dirname "$(dirname "$f")")"); cp "$f" "$OUT/first-reply/engine-$d.log" 2>/dev/null
   done
   du -sh /tmp/ernie-cache/* 2>/dev/null
   exit 0
-elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first token's split (scripts/gpu_price.py)
-  python3 scripts/gpu_price.py "$OUT" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
+elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first token's split (scripts/gpu/gpu_price.py)
+  python3 scripts/gpu/gpu_price.py "$OUT" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" | tee "$OUT/console-$LABEL.txt"
   (cd "$OUT" && ls engine-*.log >/dev/null 2>&1 && tar czf "engine-logs-$LABEL.tar.gz" engine-*.log && rm -f engine-*.log)
   # What importing each entry point costs (vLLM's CLI `serve`, and its api_server module), one after the other.
   TIMEFORMAT="%R s"
@@ -146,17 +146,17 @@ elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first 
   done
   ls -l "$OUT"; exit 0
 elif [ "$LABEL" = supervise ]; then
-  python3 scripts/gpu_supervise.py "$OUT" "$W/gpubundle/ernie03b" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
+  python3 scripts/gpu/gpu_supervise.py "$OUT" "$W/gpubundle/ernie03b" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 elif [ "$LABEL" = start ]; then  # a fresh start on warm caches: `serve` against the API server module (gpu_start.py)
-  python3 scripts/gpu_start.py "$OUT/start" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" \
+  python3 scripts/gpu/gpu_start.py "$OUT/start" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" \
     | tee "$OUT/console-$LABEL.txt"
   (cd "$OUT/start" && tar czf ../start-logs.tar.gz start-*.log && rm -f start-*.log)
   du -sh /tmp/start/cache/* 2>/dev/null; ls -l "$OUT" "$OUT/start"; exit 0
-elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu_app_path.py)
-  python3 scripts/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
+elif [ "$LABEL" = app-path ]; then  # the app's client against the server, one engine (scripts/gpu/gpu_app_path.py)
+  python3 scripts/gpu/gpu_app_path.py "$OUT" "$W/gpubundle/ernie03b" "${1:-3}" 2>&1 | tee "$OUT/console-$LABEL.txt"
 else
   [ -d "$APPSITE/chainlit" ] && export PYTHONPATH="$SITE:$APPSITE:$PWD"
-  python3 scripts/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
+  python3 scripts/gpu/gpu_tune.py "$OUT" "$W/gpubundle/ernie03b" "$LABEL" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 fi
 echo "gpu_tune exit ${PIPESTATUS[0]}"
 # At most 8 files come back from a call: py-spy's profiles (TUNE_PROFILE=1) travel as one archive.

@@ -1,6 +1,7 @@
 """Measure what a user sees: time to first token and tokens/s in a real browser, against a running app.
 
-usage: .venv/bin/python scripts/measure_browser.py [--url http://127.0.0.1:8501] [--runs 5] [--out results/browser]
+usage: .venv/bin/python results/browser/measure_browser.py [--url http://127.0.0.1:8501] [--runs 5]
+           [--out results/browser]
 
 Timing is taken inside the page (performance.now() from a MutationObserver) from the moment Enter is
 pressed to the first reply text, and from the first to the last text update. Token counts come from
@@ -20,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY

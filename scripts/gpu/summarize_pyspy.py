@@ -1,6 +1,6 @@
-"""Where a process's samples went, from py-spy's collapsed stacks (scripts/gpu_tune.py, TUNE_PROFILE=1).
+"""Where a process's samples went, from py-spy's collapsed stacks (scripts/gpu/gpu_tune.py, TUNE_PROFILE=1).
 
-usage: python scripts/summarize_pyspy.py FILE [FILE ...] [--top 25]
+usage: python scripts/gpu/summarize_pyspy.py FILE [FILE ...] [--top 25]
 
 For each file (one process, sampled at a known rate, `--threads`): the samples per thread, and per thread the
 functions that held the most samples, self (the innermost frame) and inclusive (anywhere on the stack, each function

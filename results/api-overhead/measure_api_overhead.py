@@ -1,6 +1,7 @@
 """What the app's OpenAI-compatible API adds over the engine alone (issue 28), measured on chat-shaped work.
 
-    .venv/bin/python scripts/measure_api_overhead.py [--model demo|ernie-random] [--rounds 3] [--levels 1,8]
+    .venv/bin/python results/api-overhead/measure_api_overhead.py [--model demo|ernie-random] [--rounds 3]
+        [--levels 1,8]
 
 One engine (llama.cpp, started here by the app's own supervisor, then left alone) is measured two ways,
 alternated A B A B: directly at its /v1/chat/completions, and through the app (`chainlit run app.py` with login
@@ -26,7 +27,6 @@ import asyncio
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,9 +37,10 @@ from typing import Any
 import httpx
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.config import ROOT, load_config
 from backend.engines.base import bearer
@@ -215,7 +216,7 @@ async def main() -> None:
             for _, path in FIGURES:
                 values = [lv[path] for run in runs if run["target"] == name for lv in run["levels"]
                           if lv["users"] == users and lv[path] is not None]  # fmt: skip
-                cells[path] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+                cells[path] = spread(values).to_dict()
             per_level[users] = cells
         summary[name] = per_level
     meta = {

@@ -1,10 +1,10 @@
 """The app's supervisor on a GPU machine: readiness, a dead GPU process, and a stop that leaves the GPUs empty.
 
-usage: python scripts/gpu_supervise.py OUT_DIR MODEL_DIR CONFIG [CONFIG ...]
-   e.g. python scripts/gpu_supervise.py $OUT /tmp/gpub/gpubundle/ernie03b h200        (one GPU)
-        python scripts/gpu_supervise.py $OUT /tmp/gpub/gpubundle/ernie03b tp2 dp2     (nvidia-h200-x2, issue 18)
+usage: python scripts/gpu/gpu_supervise.py OUT_DIR MODEL_DIR CONFIG [CONFIG ...]
+   e.g. python scripts/gpu/gpu_supervise.py $OUT /tmp/gpub/gpubundle/ernie03b h200        (one GPU)
+        python scripts/gpu/gpu_supervise.py $OUT /tmp/gpub/gpubundle/ernie03b tp2 dp2     (nvidia-h200-x2, issue 18)
 
-For each CONFIG (the names of scripts/gpu_tune.py: a profile of config/backend.yaml plus vLLM flags) the engine
+For each CONFIG (the names of scripts/gpu/gpu_tune.py: a profile of config/backend.yaml plus vLLM flags) the engine
 is started as the app starts it (ChatService.from_config, the project's supervisor), and then:
   1. ready: the supervisor says READY, a streamed reply of 16 tokens (ignore_eos) ends by length with 16 tokens;
   2. one GPU process killed: of the engine's processes that nvidia-smi lists on a GPU, a vLLM worker (else its
@@ -19,6 +19,7 @@ printed; the exit status is 1 when any check failed. Nothing here is timed for s
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_tune import CONFIGS, gpu_state, machine, service, sh, wait_gpu_free
@@ -180,9 +181,11 @@ async def main(out: Path, model: str, names: list[str]) -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    if len(sys.argv) < 4 or any(n not in CONFIGS for n in sys.argv[3:]):
-        sys.exit(__doc__)
-    out_dir = Path(sys.argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "machine-supervise.json").write_text(json.dumps(machine(), indent=1))
-    sys.exit(asyncio.run(main(out_dir, sys.argv[2], sys.argv[3:])))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder (created)")
+    parser.add_argument("model", help="the model folder (random weights are loaded: --load-format dummy)")
+    parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS), metavar="CONFIG", help="names of gpu_tune.py")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "machine-supervise.json").write_text(json.dumps(machine(), indent=1))
+    sys.exit(asyncio.run(main(args.out, args.model, args.configs)))

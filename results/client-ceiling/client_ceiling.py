@@ -4,7 +4,8 @@ A stub server (its own process) streams vLLM-shaped chat chunks as fast as it ca
 them with N concurrent streams. Measured: chunks per second of wall time, and the app process's CPU time per
 chunk (less sensitive than wall time to whatever else runs on the machine). Client variants alternate A B A B.
 
-usage: python scripts/client_ceiling.py OUT.json [--streams 1,16,64] [--chunks 256] [--rounds 3] [--variants sdk,app]
+usage: python results/client-ceiling/client_ceiling.py OUT.json [--streams 1,16,64] [--chunks 256] [--rounds 3]
+           [--variants sdk,app]
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import multiprocessing
 import os
 import platform
 import socket
-import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from backend.benchmarks.stats import spread
 from backend.chat.client import ChatClient
 from backend.engines.base import Endpoint
 from backend.serving.hardware import cpu_model
@@ -151,14 +152,7 @@ def main() -> int:
                 print(f"round {round_no + 1} {variant} streams {streams}: {got}", flush=True)
     server.terminate()
     summary = {
-        label: {
-            key: {
-                "median": statistics.median(r[key] for r in runs),
-                "min": min(r[key] for r in runs),
-                "max": max(r[key] for r in runs),
-            }
-            for key in ("chunks_per_s", "cpu_us_per_chunk")
-        }
+        label: {key: spread(r[key] for r in runs).to_dict() for key in ("chunks_per_s", "cpu_us_per_chunk")}
         for label, runs in results.items()
     }
     doc = {

@@ -1,7 +1,7 @@
 """The app's own streaming path against the engine on a GPU: one engine alone (vLLM defaults), each level measured
 straight at the server and then through the app's ChatClient, repeated in rounds (server, app, server, app ...).
 
-usage: python scripts/gpu_app_path.py OUT_DIR MODEL_DIR [ROUNDS]   (run by scripts/gpu_run.sh with TUNE_SCRIPT)
+usage: python scripts/gpu/gpu_app_path.py OUT_DIR MODEL_DIR [ROUNDS]   (run by scripts/gpu/gpu_run.sh with TUNE_SCRIPT)
 
 Per round and level: output tok/s and TTFT P50 of both paths and the client process's CPU time. The ratio app /
 server at 64 users and the TTFT difference at one user are what issue 17 asks to bring within 5 % and 2 ms.
@@ -9,28 +9,29 @@ server at 64 users and the TTFT difference at one user are what issue 17 asks to
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpu_tune import BENCH, OUTPUT_LEN, WARMUP, bench_level, gpu_state, machine, service, wait_gpu_free
 
 from backend.benchmarks.run import check_options, run
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.cli import build_parser
 from backend.config import load_config
 from backend.engines.base import engine_python
 
 LEVELS = [(1, 32), (64, 256)]
-if os.environ.get("TUNE_SMOKE"):  # a quick check of this script on a CPU (see scripts/gpu_tune.py)
+if os.environ.get("TUNE_SMOKE"):  # a quick check of this script on a CPU (see scripts/gpu/gpu_tune.py)
     LEVELS = [(1, 3), (4, 8)]
 
 
@@ -58,11 +59,6 @@ async def both_paths(svc: ChatService, users: int, requests: int, seed: int) -> 
             "errors": level["errors"],
         }
     return got
-
-
-def spread(values: list[float], digits: int) -> list[float]:
-    """[median, min, max]"""
-    return [round(statistics.median(values), digits), round(min(values), digits), round(max(values), digits)]
 
 
 async def main(out: Path, model: str, rounds: int) -> None:
@@ -93,12 +89,8 @@ async def main(out: Path, model: str, rounds: int) -> None:
         ratios = [r[str(users)]["app"]["tok_s"] / r[str(users)]["server"]["tok_s"] for r in doc["rounds"]]
         gaps = [r[str(users)]["app"]["ttft_p50_ms"] - r[str(users)]["server"]["ttft_p50_ms"] for r in doc["rounds"]]
         summary[str(users)] = {
-            "app_over_server_tok_s": [
-                round(statistics.median(ratios), 3),
-                round(min(ratios), 3),
-                round(max(ratios), 3),
-            ],
-            "ttft_p50_gap_ms": [round(statistics.median(gaps), 2), round(min(gaps), 2), round(max(gaps), 2)],
+            "app_over_server_tok_s": spread(ratios).to_list(3),  # [median, min, max]
+            "ttft_p50_gap_ms": spread(gaps).to_list(2),
         }
     doc["summary"] = summary
     (out / "app-path.json").write_text(json.dumps(doc, indent=1))
@@ -106,7 +98,10 @@ async def main(out: Path, model: str, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder (created)")
+    parser.add_argument("model", help="the model folder (random weights are loaded: --load-format dummy)")
+    parser.add_argument("rounds", type=int, nargs="?", default=3, help="server, app, server, app ... (default 3)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main(args.out, args.model, args.rounds))

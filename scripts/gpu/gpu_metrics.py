@@ -1,6 +1,6 @@
 """What the GPU scripts read off the machine and the engine, without the app's chat service: the GPU's memory and
 processes, an engine's process tree and CPU use, vLLM's per-phase histograms (/metrics), the lines of an engine log
-that say what it ran with. Imported by scripts/gpu_tune.py, gpu_price.py, gpu_start.py and the others.
+that say what it ran with. Imported by scripts/gpu/gpu_tune.py, gpu_price.py, gpu_start.py and the others.
 """
 
 from __future__ import annotations

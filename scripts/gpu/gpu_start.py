@@ -1,6 +1,6 @@
 """Issue 43: a fresh start on warm caches, before and after the start-time changes, alternated, on one GPU.
 
-usage: python scripts/gpu_start.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu_run.sh start`)
+usage: python scripts/gpu/gpu_start.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu/gpu_run.sh start`)
 
 The engine as the app starts it (its supervisor: backend.serving.launch.make_supervisor; profile START_PROFILE,
 default h200; random weights,
@@ -17,22 +17,23 @@ Everything is written to OUT_DIR/start.json as it is measured; each start's log 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpu_metrics import machine, wait_gpu_free
 from gpu_price import ms_logging
 
+from backend.benchmarks.stats import spread
 from backend.config import load_config
 from backend.engines import vllm
 from backend.serving.launch import make_supervisor
@@ -138,13 +139,15 @@ async def main(out: Path, model: str) -> None:
     for variant in ("before", "after"):
         got = [s["ready_s"] for s in doc["starts"] if s["variant"] == variant and not s.get("cold") and s.get("ready")]
         if got:
-            summary[variant] = [round(statistics.median(got), 1), min(got), max(got)]
+            summary[variant] = spread(got).to_list(1)  # [median, min, max]
     doc["summary"] = summary
     (out / "start.json").write_text(json.dumps(doc, indent=1))
     print(f"[start] fresh start on warm caches, ready s (median, min, max): {summary}", flush=True)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder")
+    parser.add_argument("model", help="the model folder whose architecture is measured")
+    args = parser.parse_args()
+    asyncio.run(main(args.out, args.model))

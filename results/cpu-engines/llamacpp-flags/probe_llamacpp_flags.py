@@ -1,7 +1,8 @@
 """Screen llama-server flags for chat: start it with the given flags, hold chats, compare the client's and the
 server's pace (results/cpu-engines/llamacpp-flags/screening.jsonl came from this).
 
-usage: .venv/bin/python scripts/probe_llamacpp_flags.py GGUF VARIANT LABEL [llama-server flags...]
+usage: .venv/bin/python results/cpu-engines/llamacpp-flags/probe_llamacpp_flags.py GGUF VARIANT LABEL
+           [llama-server flags...]
        environment: LEVELS=1,8 (users), REQS=4 (turns at one user), TURNS=2, REPLY=64-128 (tokens)
 
 A quick screen, one engine alone, no answer check: the figures that decide go through scripts/bench_cpu_engines.py
@@ -13,6 +14,7 @@ cached tokens.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -27,7 +29,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from backend.benchmarks.chat_workload import SYSTEM, ChatShape, conversations, tag
 from backend.engines.llamacpp import DEFAULT_PREFIX
 
@@ -113,8 +115,7 @@ async def level(users: int, requests: int, shape: ChatShape) -> dict[str, Any]:
             "cache_n": med("cache_n")}  # fmt: skip
 
 
-def main() -> None:
-    gguf, variant, label, *flags = sys.argv[1:]
+def main(gguf: str, variant: str, label: str, flags: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "GGML_"))}
     env["GGML_BACKEND_PATH"] = str(DEFAULT_PREFIX / "bin" / "cpu" / f"libggml-cpu-{variant}.so")
     argv = [str(DEFAULT_PREFIX / "bin" / "llama-server"), "--model", gguf, "--alias", "m", "--host", "127.0.0.1",
@@ -141,4 +142,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("gguf", help="the model file")
+    parser.add_argument("variant", help="the CPU kernels: libggml-cpu-VARIANT.so (haswell, zen4 ...)")
+    parser.add_argument("label", help="the name each printed line carries")
+    parser.add_argument("flags", nargs=argparse.REMAINDER, help="llama-server's own flags")
+    args = parser.parse_args()
+    main(args.gguf, args.variant, args.label, args.flags)

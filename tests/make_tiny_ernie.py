@@ -1,6 +1,6 @@
 """Build a tiny random-weight Ernie4_5ForCausalLM (hidden 64, 2 layers) with an offline-trained tokenizer.
 
-usage: python scripts/make_tiny_ernie.py OUT_DIR [--arch 0.3b]
+usage: python tests/make_tiny_ernie.py OUT_DIR [--arch 0.3b]
 Run with the engine's interpreter (needs tokenizers, torch, transformers). With --arch 0.3b it writes
 the exact ERNIE-4.5-0.3B-PT architecture's config.json without weights instead (serve it with vLLM's
 --load-format dummy); the tokenizer is then padded to the real vocabulary size (103424) so every id
@@ -9,8 +9,8 @@ a random model samples decodes. The chat template is the real ERNIE 4.5 one (pla
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 SPECIAL = ["<unk>", "<s>", "</s>", "<|begin_of_sentence|>", "<|end_of_sentence|>", "<mask:0>", "<mask:1>"]
@@ -153,6 +153,8 @@ def main(out: Path, arch: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        raise SystemExit(__doc__)
-    main(Path(sys.argv[1]), sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--arch" else "tiny")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the model folder to write")
+    parser.add_argument("--arch", choices=["tiny", "0.3b"], default="tiny", help="0.3b: the real shape, config only")
+    args = parser.parse_args()
+    main(args.out, args.arch)

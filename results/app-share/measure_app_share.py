@@ -4,11 +4,11 @@ configuration, the engine this machine's kept tune chose), driven through its we
 (backend/benchmarks/loadtest.py), which takes each reply's first text where the page gets it (stream_start) and
 the engine's part of it from the reply's details (the app's request to the engine's first text).
 
-    .venv/bin/python scripts/measure_app_share.py [--rounds 3] [--max-tokens 64] [--out results/app-share/cpu]
+    .venv/bin/python results/app-share/measure_app_share.py [--rounds 3] [--max-tokens 64] [--out results/app-share/cpu]
         [--levels fresh:1:40,growing:1:90] [--app-dir CHECKOUT] [--python PYTHON]
 
 --python runs the app as `PYTHON -m chainlit run app.py` instead of the checkout's .venv/bin/chainlit (the lent GPU
-machine, where the app's packages come on PYTHONPATH: scripts/gpu_run.sh app-share).
+machine, where the app's packages come on PYTHONPATH: scripts/gpu/gpu_run.sh app-share).
 
 --app-dir starts the app of another checkout (a git worktree of an earlier commit, sharing .venv), for an A/B of
 two versions: run this once per version and round, alternating them, each with its own --out.
@@ -27,7 +27,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,9 +36,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.benchmarks.loadtest import APP_SHARE, FIRST_TEXT, TAIL, Reply, run
-from backend.benchmarks.stats import percentile
+from backend.benchmarks.stats import percentile, spread_text
 from backend.config import ROOT
 from backend.serving.hardware import cpu_model
 
@@ -120,13 +119,6 @@ def level_figures(replies: list[Reply]) -> dict[str, Any]:
     }
 
 
-def spread(values: list[float | None]) -> str:
-    got = [v for v in values if v is not None]
-    if not got:
-        return "-"
-    return f"{statistics.median(got):.1f} ({min(got):.1f}-{max(got):.1f})"
-
-
 def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "| chats | sessions | replies per run | first text P50 ms | engine's P50 ms | app's share P50 ms | P90 | P99 |"
@@ -138,20 +130,20 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if not mine:
             continue
         row = [
-            chats, str(sessions), spread([f["replies"] for f in mine]),
-            spread([f["first_text_ms"]["p50"] for f in mine]), spread([f["engine_first_text_ms"]["p50"] for f in mine]),
-            spread([f["app_share_ms"]["p50"] for f in mine]), spread([f["app_share_ms"]["p90"] for f in mine]),
-            spread([f["app_share_ms"]["p99"] for f in mine]),
+            chats, str(sessions), spread_text([f["replies"] for f in mine]),
+            spread_text([f["first_text_ms"]["p50"] for f in mine]),
+            spread_text([f["engine_first_text_ms"]["p50"] for f in mine]),
+            *(spread_text([f["app_share_ms"][p] for f in mine]) for p in ("p50", "p90", "p99")),
         ]  # fmt: skip
         if chats == "growing":
             row += [
-                spread([f["long_prompt_tokens_min"] for f in mine]),
-                spread([f["long_app_share_ms"]["p50"] for f in mine]),
-                spread([f["long_app_share_ms"]["p99"] for f in mine]),
+                spread_text([f["long_prompt_tokens_min"] for f in mine]),
+                spread_text([f["long_app_share_ms"]["p50"] for f in mine]),
+                spread_text([f["long_app_share_ms"]["p99"] for f in mine]),
             ]
         else:
             row += ["", "", ""]
-        row += [spread([f["tail_ms"]["p50"] for f in mine]), spread([f["tail_ms"]["p90"] for f in mine])]
+        row += [spread_text([f["tail_ms"]["p50"] for f in mine]), spread_text([f["tail_ms"]["p90"] for f in mine])]
         lines.append("| " + " | ".join(row) + " |")
     gpu = f"; GPU: {meta['gpu']}" if meta.get("gpu") else ""
     head = (

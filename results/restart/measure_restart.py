@@ -1,7 +1,7 @@
 """How soon does the chat serve again after the app restarts? An engine kept running and adopted (engine.keep_running,
 backend/serving/kept.py) against a fresh start on warm caches (issue 26), alternated.
 
-    .venv/bin/python scripts/measure_restart.py [--rounds 3] [--replies 10] [--out results/restart/cpu]
+    .venv/bin/python results/restart/measure_restart.py [--rounds 3] [--replies 10] [--out results/restart/cpu]
 
 All starts share one data and cache folder and run with engine.keep_running on, the way the app does
 (ChatService.from_config with the environment's ERNIE_* settings). A first start (cold: it fills the compile caches)
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_first_reply import one_start, spread
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "first-reply"))  # its start, measured the same way
+from measure_first_reply import figure, one_start
 
 from backend.config import ROOT, load_config
 from backend.serving.hardware import cpu_model
@@ -71,10 +71,10 @@ async def main() -> None:
     for mode in ("adopt", "fresh"):
         mine = [run for run in runs if run["mode"] == mode]
         summary[mode] = {
-            "ready_s": spread([run["ready_s"] for run in mine]),
-            "warmup_s": spread([run["warmup_s"] or 0.0 for run in mine]),
-            "first_ms": spread([run["first_ms"] for run in mine]),
-            "later_median_ms": spread([run["later_median_ms"] for run in mine]),
+            "ready_s": figure([run["ready_s"] for run in mine]),
+            "warmup_s": figure([run["warmup_s"] or 0.0 for run in mine]),
+            "first_ms": figure([run["first_ms"] for run in mine]),
+            "later_median_ms": figure([run["later_median_ms"] for run in mine]),
         }
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "created": time.strftime("%Y-%m-%d %H:%M %Z"),
             "engine": cold["engine"], "rounds": args.rounds, "replies": args.replies, "load_start": load,

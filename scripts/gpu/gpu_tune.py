@@ -1,7 +1,7 @@
 """A/B benchmark of engine configurations on a GPU, one engine alone on the GPU at a time.
 
-usage: python scripts/gpu_tune.py OUT_DIR MODEL_DIR CALL_LABEL CONFIG [CONFIG ...]
-   e.g. python scripts/gpu_tune.py $OUT /tmp/gpub/gpubundle/ernie03b call1 defaults h200 defaults h200 defaults h200
+usage: python scripts/gpu/gpu_tune.py OUT_DIR MODEL_DIR CALL_LABEL CONFIG [CONFIG ...]
+   e.g. python scripts/gpu/gpu_tune.py $OUT /tmp/gpub/gpubundle/ernie03b call1 defaults h200 defaults h200 defaults h200
 
 Each CONFIG in the list is one round: its engine is started through the project's own supervisor
 (ChatService.from_config, as the app starts it), waited for, warmed up, measured at 1 / 16 / 64 users by
@@ -15,7 +15,7 @@ Every round is appended to OUT_DIR/rounds.jsonl as soon as it ends (a call cut s
 measured): the engine's command line and the lines of its log that say what it ran with, the GPU's
 processes and memory while it was measured, every level's figures as the tool wrote them, the client's
 CPU use, and the change of vLLM's per-phase histograms (/metrics) over each level.
-scripts/summarize_tuning.py turns one or more such files into results.json and summary.md.
+scripts/gpu/summarize_tuning.py turns one or more such files into results.json and summary.md.
 
 Measured on the H200 (2026-12-01, vLLM 0.26): a start takes 87-125 s, the second of a configuration too
 (vLLM's torch.compile cache directory gets a new hash at every start, so it compiles again), and a round's
@@ -24,6 +24,7 @@ warm-up and levels 42-49 s: a 10-minute call holds three rounds. Alternate acros
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -36,7 +37,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpu_metrics import (  # noqa: F401  (others import them from here too)
     COUNTERS,
@@ -349,6 +350,11 @@ async def main(out: Path, model: str, label: str, order: list[str]) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    if len(sys.argv) < 5 or any(n not in CONFIGS for n in sys.argv[4:]):
-        sys.exit(__doc__)
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder: rounds.jsonl grows round by round")
+    parser.add_argument("model", help="the model folder (random weights are loaded: --load-format dummy)")
+    parser.add_argument("label", help="this device call's name (machine-LABEL.json)")
+    parser.add_argument("configs", nargs="+", choices=sorted(CONFIGS), metavar="CONFIG",
+                        help=f"one round each, in this order: {', '.join(sorted(CONFIGS))}")  # fmt: skip
+    args = parser.parse_args()
+    asyncio.run(main(args.out, args.model, args.label, args.configs))

@@ -1,6 +1,6 @@
 """Issue 43 on one GPU, one device call: FP8 priced against bf16, and where the first token's time goes at 16 users.
 
-usage: python scripts/gpu_price.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu_run.sh price`)
+usage: python scripts/gpu/gpu_price.py OUT_DIR MODEL_DIR   (run by `bash scripts/gpu/gpu_run.sh price`)
 
 1. Random but real weights of the model folder's architecture (transformers `from_config`, seed 0, saved in
    bfloat16), so the answer check has a reference on the same weights (`--load-format dummy` has none).
@@ -29,6 +29,7 @@ vLLM 0.26 needs compressed-tensors (and loguru) for any --quantization: carry th
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -42,7 +43,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import itertools
 
@@ -474,7 +475,9 @@ def _tree(root: int) -> list[int]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder")
+    parser.add_argument("model", help="the model folder whose architecture is measured")
+    args = parser.parse_args()
+    asyncio.run(main(args.out, args.model))
     print("[price] summary:", json.dumps({k: v for k, v in doc.items() if k in ("start_s", "weights_s")}), flush=True)

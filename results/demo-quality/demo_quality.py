@@ -4,11 +4,11 @@ The demo model (SmolLM2-135M-Instruct, see backend/child/demo_model.py) answers 
 6 English and 6 Simplified Chinese, under several chat configurations; every answer is scored with the
 simple heuristics below and the means are compared. Runs with the app's interpreter (httpx, yaml):
 
-    .venv/bin/python scripts/demo_quality.py run --engine llama.cpp --threads 1   # configurations a-f, w1
-    .venv/bin/python scripts/demo_quality.py run --engine vllm-bf16 --configs f --questions precision
-    .venv/bin/python scripts/demo_quality.py run --engine vllm-fp32 --configs f --questions precision
-    .venv/bin/python scripts/demo_quality.py report --recommended f [--conclusion FILE.md]
-    .venv/bin/python scripts/demo_quality.py run --threads 1 --configs f2,r0,r1,rx,z1,app   # templates on the demo
+    .venv/bin/python results/demo-quality/demo_quality.py run --engine llama.cpp --threads 1   # configurations a-f, w1
+    .venv/bin/python results/demo-quality/demo_quality.py run --engine vllm-bf16 --configs f --questions precision
+    .venv/bin/python results/demo-quality/demo_quality.py run --engine vllm-fp32 --configs f --questions precision
+    .venv/bin/python results/demo-quality/demo_quality.py report --recommended f [--conclusion FILE.md]
+    .venv/bin/python results/demo-quality/demo_quality.py run --threads 1 --configs f2,r0,r1,rx,z1,app  # templates
 
 Configurations r0, r1, rx and app send each question as the chat itself would on the demo model: the app's own decision
 (backend.chat.decision.decide: routing, the template's system text and sampling, the demo's defaults where the template
@@ -62,14 +62,14 @@ from typing import Any
 import httpx
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.chat.decision import decide  # the app's own decision, for the "route" configurations
 from backend.chat.request import UserSettings
 from backend.config import AppConfig, load_config
 from backend.prompts.store import TemplateStore
 from backend.serving.hardware import cpu_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "results" / "demo-quality"
 RESULTS = OUT_DIR / "results.json"
 REPORT = OUT_DIR / "report.md"
@@ -781,7 +781,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         "# Demo model answer quality: precision, system prompt and sampling defaults",
         "",
         "Model: SmolLM2-135M-Instruct (the offline demo model). CPU: lscpu's model name is given with each run below. "
-        "Made by `scripts/demo_quality.py`; every answer with its scores is in `results.json`.",
+        "Made by `results/demo-quality/demo_quality.py`; every answer with its scores is in `results.json`.",
         "",
     ]
     for name, e in sorted(res.get("engines", {}).items()):

@@ -2,7 +2,7 @@
 log-probability canary against HF transformers float32 on the same weights, with a fresh verdict folder (no cached
 verdict stands in).
 
-usage: .venv/bin/python scripts/format_quality.py [--out results/cpu-engines]
+usage: .venv/bin/python results/cpu-engines/format_quality.py [--out results/cpu-engines]
 
 Models: the offline demo model (SmolLM2-135M-Instruct, a real instruction model) as shipped (Q4_1) and requantized by
 llama-quantize into q8_0, q4_k_m and bf16 (each file's reference is its own dequantized weights in float32), and
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from backend.config import ROOT, load_config
 from backend.engines.base import engine_python
 from backend.engines.llamacpp import demo_gguf, quantize_binary
@@ -73,7 +73,7 @@ def table(rows: list[dict[str, Any]], cpu: str) -> str:
     lines = [
         "# The quality price of each format (log-probabilities against HF transformers float32, same weights)",
         "",
-        f"CPU: {cpu}; {time.strftime('%Y-%m-%d')}; `scripts/format_quality.py`, the app's own answer check "
+        f"CPU: {cpu}; {time.strftime('%Y-%m-%d')}; `results/cpu-engines/format_quality.py`, the app's own answer check "
         "(backend/serving/answers/: five English and Chinese chat prompts, teacher-forced along 16 tokens), "
         "with a fresh verdict folder. |Δ| in nats over the tokens both list in the reference's window.",
         "",

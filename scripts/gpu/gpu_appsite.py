@@ -1,17 +1,18 @@
 """The app's own packages for the lent GPU machine's Python 3.12, as one folder to unpack beside the vLLM bundle.
 
-usage: .venv/bin/python scripts/gpu_appsite.py [OUT_TAR]     (default .gpu/app/appsite.tar.xz)
+usage: .venv/bin/python scripts/gpu/gpu_appsite.py [OUT_TAR]     (default .gpu/app/appsite.tar.xz)
 
 The packages are those requirements.txt brings into this checkout's .venv, at the versions installed there (the
 ones the app's tests ran with), followed through their dependencies as Python 3.12 on Linux would install them.
 A pure-Python package is copied from .venv as installed; a compiled one is downloaded from the package index as
 the cp312 manylinux wheel of the same version (run this here: the GPU machine has no network). Left out: the
 plotting library (benchmark plots only) and what the vLLM bundle already has (.gpu/gpubundle.tar.xz: the app
-finds those on the path after its own folder). Used by `bash scripts/gpu_run.sh chat`.
+finds those on the path after its own folder). Used by `bash scripts/gpu/gpu_run.sh chat`.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LEFT_OUT = {"matplotlib"}
 TARGET_ENV = default_environment() | {"python_version": "3.12", "python_full_version": "3.12.3"}
 PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
@@ -104,4 +105,8 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".gpu" / "app" / "appsite.tar.xz")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "out", type=Path, nargs="?", default=ROOT / ".gpu" / "app" / "appsite.tar.xz", help="the archive"
+    )
+    main(parser.parse_args().out)

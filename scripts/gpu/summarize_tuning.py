@@ -1,6 +1,6 @@
-"""Summarise the rounds of scripts/gpu_tune.py: median (min-max) over rounds, and the keep-a-flag rule.
+"""Summarise the rounds of scripts/gpu/gpu_tune.py: median (min-max) over rounds, and the keep-a-flag rule.
 
-usage: python scripts/summarize_tuning.py OUT_DIR ROUNDS_DIR [ROUNDS_DIR ...] [--logs LOGS_DIR ...]
+usage: python scripts/gpu/summarize_tuning.py OUT_DIR ROUNDS_DIR [ROUNDS_DIR ...] [--logs LOGS_DIR ...]
   Each ROUNDS_DIR holds what one device call brought back: rounds.jsonl and machine-CALL.json.
   --logs: unpacked logs-CALL.tar.gz folders; their engine logs replace the excerpts in the rounds.
   Writes OUT_DIR/results.json (every round's figures, the machines, the medians and verdicts) and
@@ -13,14 +13,16 @@ round AND its median is better by more than the larger of the two min-max spread
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.stats import spread
 
 REFERENCE = "defaults"
 # figure: (label, path in a level record, higher is better, decimals)
@@ -46,8 +48,9 @@ def dig(record: dict[str, Any], path: tuple[str, ...]) -> float:
     return float(value)
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+def figure(values: list[float]) -> dict[str, float]:
+    """{median, min, max, n} over the rounds."""
+    return {**spread(values).to_dict(), "n": len(values)}
 
 
 def verdict(ref: dict[str, float], other: dict[str, float], higher: bool) -> str:
@@ -106,15 +109,15 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         table[c] = {}
         for lv in levels:
             recs = [r["levels"][str(lv)] for r in mine if str(lv) in r["levels"]]
-            row = {key: spread([dig(x, path) for x in recs]) for key, (_, path, _, _) in FIGURES.items()}
+            row = {key: figure([dig(x, path) for x in recs]) for key, (_, path, _, _) in FIGURES.items()}
             row["rounds"] = len(recs)
             row["errors"] = sum(x["errors"] for x in recs)
-            row["client_cpu_s"] = spread([x["client_cpu_s"] for x in recs])
-            phases = {"client_ttft_mean": spread([x["ttft_ms"]["mean"] for x in recs])}
+            row["client_cpu_s"] = figure([x["client_cpu_s"] for x in recs])
+            phases = {"client_ttft_mean": figure([x["ttft_ms"]["mean"] for x in recs])}
             for key, (_, metric) in PHASES.items():
                 values = [x["phases"][metric]["mean_ms"] for x in recs if metric and metric in x.get("phases", {})]
                 if values:
-                    phases[key] = spread(values)
+                    phases[key] = figure(values)
             row["phases"] = phases
             table[c][str(lv)] = row
     verdicts: dict[str, Any] = {}
@@ -167,7 +170,7 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
         out += [
             "",
             f"`{c}` against `{REFERENCE}` (ratio of medians; the verdict by the rule in "
-            "scripts/summarize_tuning.py: better only when its worst round beats the best reference round "
+            "scripts/gpu/summarize_tuning.py: better only when its worst round beats the best reference round "
             "and the medians differ by more than the larger spread):",
             "",
             "| users | " + " | ".join(FIGURES[k][0] for k in FIGURES) + " |",
@@ -232,15 +235,15 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
         if not recs or "time_to_first_token_seconds" not in recs[0].get("phases", {}):
             continue
         ph = [x["phases"] for x in recs]
-        client = spread([x["ttft_ms"]["mean"] for x in recs])
-        p99 = spread([x["ttft_ms"]["p99"] for x in recs])
-        server = spread([p["time_to_first_token_seconds"]["mean_ms"] for p in ph])
-        queue = spread([p["request_queue_time_seconds"]["mean_ms"] for p in ph])
-        prefill = spread([p["request_prefill_time_seconds"]["mean_ms"] for p in ph])
-        front = spread(
+        client = figure([x["ttft_ms"]["mean"] for x in recs])
+        p99 = figure([x["ttft_ms"]["p99"] for x in recs])
+        server = figure([p["time_to_first_token_seconds"]["mean_ms"] for p in ph])
+        queue = figure([p["request_queue_time_seconds"]["mean_ms"] for p in ph])
+        prefill = figure([p["request_prefill_time_seconds"]["mean_ms"] for p in ph])
+        front = figure(
             [x["ttft_ms"]["mean"] - p["time_to_first_token_seconds"]["mean_ms"] for x, p in zip(recs, ph, strict=True)]
         )
-        hand = spread(
+        hand = figure(
             [
                 p["time_to_first_token_seconds"]["mean_ms"]
                 - p["request_queue_time_seconds"]["mean_ms"]
@@ -281,12 +284,7 @@ def markdown(rounds: list[dict[str, Any]], machines: dict[str, Any], s: dict[str
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    logs = [Path(a) for a in argv[argv.index("--logs") + 1 :]] if "--logs" in argv else []
-    plain = argv[: argv.index("--logs")] if "--logs" in argv else argv
-    out, dirs = Path(plain[0]), [Path(a) for a in plain[1:]]
+def main(out: Path, dirs: list[Path], logs: list[Path]) -> None:
     rounds, machines = load(dirs, logs)
     s = summarize(rounds)
     out.mkdir(parents=True, exist_ok=True)
@@ -298,4 +296,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="where results.json and summary.md go")
+    parser.add_argument("rounds", type=Path, nargs="+", metavar="ROUNDS_DIR", help="one device call's rounds")
+    parser.add_argument("--logs", type=Path, nargs="+", default=[], metavar="LOGS_DIR", help="unpacked engine logs")
+    args = parser.parse_args()
+    main(args.out, args.rounds, args.logs)

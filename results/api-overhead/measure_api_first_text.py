@@ -1,13 +1,14 @@
 """Where the API's first text goes (issue 28): one conversation of four turns sent 24 times at one user,
 alternated, straight to the engine and through the app's API (the offline demo model on llama.cpp, started as
-scripts/measure_api_overhead.py starts it); timed to the API's opening chunk (the app's own work before the
+results/api-overhead/measure_api_overhead.py starts it); timed to the API's opening chunk (the app's own work before the
 engine: the key, the quota, the template, the count) and to the first text.
 
-    .venv/bin/python scripts/measure_api_first_text.py   -> results/api-overhead/demo/first-text.json
+    .venv/bin/python results/api-overhead/measure_api_first_text.py   -> results/api-overhead/demo/first-text.json
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -17,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 import measure_api_overhead as m
@@ -103,4 +104,6 @@ async def main() -> None:
         await s.stop()
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    asyncio.run(main())

