@@ -53,6 +53,11 @@ class StreamStats:
     def ttft_s(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.started
 
+    def tokens(self, counted_prompt: int) -> tuple[int | None, int | None]:
+        """(prompt, reply) tokens: the engine's usage figures; the prompt, where the engine gave none, as the request
+        counted it (`counted_prompt`); None where not known."""
+        return self.prompt_tokens or counted_prompt or None, self.completion_tokens
+
 
 def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE)

@@ -150,6 +150,12 @@ class Done:
     counted_by: str = ""  # the model and engine those counts are of (ChatService.counter_id)
     sources: tuple[Source, ...] = ()  # the passages of the user's documents the model was given
 
+    @property
+    def usage(self) -> tuple[int | None, int | None]:
+        """(prompt, reply) tokens of the turn, as its details show them and the quota and the metrics count them:
+        the engine's usage, else the prompt as the request counted it (None: not known)."""
+        return self.stats.tokens(self.prompt_tokens) if self.stats else (self.prompt_tokens or None, None)
+
 
 @dataclass(frozen=True)
 class Serving:
