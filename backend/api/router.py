@@ -140,8 +140,7 @@ class ClosingStream(StreamingResponse):
 
 def tokens_used(stream: ChatStream, prepared: Prepared) -> tuple[int, int]:
     """(prompt, reply) tokens: the engine's usage, else the app's own count of the prompt and the streamed chunks."""
-    prompt, reply = stream.stats.tokens(prepared.request.prompt_tokens)
-    return prompt or 0, reply or stream.stats.chunks
+    return stream.stats.counted(prepared.request.prompt_tokens)
 
 
 class KeyName(BaseModel):

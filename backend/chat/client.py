@@ -58,6 +58,12 @@ class StreamStats:
         counted it (`counted_prompt`); None where not known."""
         return self.prompt_tokens or counted_prompt or None, self.completion_tokens
 
+    def counted(self, counted_prompt: int) -> tuple[int, int]:
+        """(prompt, reply) tokens as the quotas and the metrics count them: tokens(), with the streamed chunks for a
+        reply the engine gave no usage of (one stopped or broken before its end)."""
+        prompt, reply = self.tokens(counted_prompt)
+        return prompt or 0, reply or self.chunks
+
 
 def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE)

@@ -84,7 +84,7 @@ class ChatQuota:
                     if lease is not None and isinstance(event, Started):
                         lease.asked = True
                     if lease is not None and isinstance(event, Done):
-                        lease.record(*event.usage)
+                        lease.record(*event.counted)
                     yield event
         except QuotaError as exc:
             self.observe("chat", "over_quota", 0, 0)

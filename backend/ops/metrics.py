@@ -119,8 +119,7 @@ class AppMetrics:
         failure = asyncio.CancelledError() if done.ending == "stopped" else done.error
         if done.stats is not None:
             self.reply_finished(done.stats, failure)
-        prompt, reply = done.usage
-        self.request_finished("chat", done.ending, prompt or 0, reply or 0)
+        self.request_finished("chat", done.ending, *done.counted)
 
     def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None:
         """Count one chat turn or API request (backend.api's Observer) and the tokens it used."""

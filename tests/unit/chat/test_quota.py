@@ -77,6 +77,18 @@ async def test_a_finished_turn_counts_the_engines_tokens_or_the_requests_estimat
     assert seen == [], "a turn that ran is counted in the metrics by the service that ran it (ChatService.reply)"
 
 
+async def test_a_reply_stopped_before_the_engines_usage_counts_its_streamed_chunks_as_the_api_does() -> None:
+    """A stop closes the stream before the engine's usage arrives: the reply's tokens are its streamed chunks (as an
+    API request's, backend.api.router.tokens_used), not nothing; its details still show no reply count."""
+    stopped = Done("one two three", "default", Reason("default"), "q", "stopped", stats=StreamStats(chunks=5),
+                   prompt_tokens=7)  # fmt: skip
+    quotas = FakeQuotas()
+    assert [e async for e in ChatQuota(quotas).turn("alice", events_of([Started("q"), stopped]))][-1] is stopped
+    (lease,) = quotas.released
+    assert (lease.prompt_tokens, lease.reply_tokens) == (7, 5)
+    assert stopped.usage == (7, None)
+
+
 async def test_a_chat_message_refused_before_its_reply_was_asked_for_is_not_counted() -> None:
     """Refused before the engine was asked (empty, too long, an unknown template, no room): its place and its count in
     the minute are taken back (Quotas.withdraw); a reply that was asked for counts, whatever its end."""

@@ -95,7 +95,7 @@ def test_a_chat_turn_is_recorded_once_as_a_reply_and_as_a_chat_request() -> None
     m = AppMetrics()
     finished = Done("x", "default", Reason("default"), "q", stats=StreamStats(started=0.0, first_token=0.5,
                     finished=1.0, prompt_tokens=12, completion_tokens=30), prompt_tokens=99)  # fmt: skip
-    stopped = Done("", "default", Reason("default"), "q", "stopped", stats=StreamStats(), prompt_tokens=7)
+    stopped = Done("one", "default", Reason("default"), "q", "stopped", stats=StreamStats(chunks=2), prompt_tokens=7)
     failed = Done("", "default", Reason("default"), "q", "failed", BackendError.of("backend.timeout"), StreamStats())
     for done in (finished, stopped, failed):
         m.turn_finished(done)
@@ -108,7 +108,7 @@ def test_a_chat_turn_is_recorded_once_as_a_reply_and_as_a_chat_request() -> None
     for outcome in ("finished", "stopped", "failed"):
         assert value(m, "ernie_requests_total", route="chat", outcome=outcome) == 1
     assert value(m, "ernie_usage_tokens_total", route="chat", kind="prompt") == 12 + 7  # the engine's, else the count
-    assert value(m, "ernie_usage_tokens_total", route="chat", kind="reply") == 30
+    assert value(m, "ernie_usage_tokens_total", route="chat", kind="reply") == 30 + 2  # a stopped reply: its chunks
 
 
 def test_error_kinds() -> None:
