@@ -9,15 +9,15 @@ import sys
 from backend.accounts.login import Accounts
 from backend.accounts.users import name_problem
 from backend.api.keys import KeyStore
-from backend.api.quotas import Quotas
 from backend.api.sso_accounts import SsoAccounts
-from backend.api.store import ApiDatabase
 from backend.config import AppConfig
 from backend.errors import ServiceError
+from backend.storage.quotas import Quotas
+from backend.storage.shared import SharedDatabase
 
 
 async def _run(cfg: AppConfig, action: str, user: str | None, name: str | None, key_id: str | None) -> int:
-    db = ApiDatabase.from_config(cfg)
+    db = SharedDatabase.from_config(cfg)
     try:
         await db.prepare()
         keys = KeyStore(db)
@@ -67,7 +67,7 @@ async def _link(cfg: AppConfig, name: str, email: str) -> int:
     if name not in Accounts.from_config(cfg).password_names():
         print(f"link-account: there is no password account {name!r} in the users file.", file=sys.stderr)
         return 2
-    db = ApiDatabase.from_config(cfg)
+    db = SharedDatabase.from_config(cfg)
     try:
         await db.prepare()
         await SsoAccounts(db).link(name, email)

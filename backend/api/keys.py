@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from backend.api.store import ApiDatabase
 from backend.errors import ApiError
+from backend.storage.shared import SharedDatabase
 
 KEY_PREFIX = "ek-"  # tells our keys apart from others in a tool's settings
 SHOWN_CHARS = 10  # how much of a key a list shows ("ek-AbCdEfG…")
@@ -69,7 +69,7 @@ def _info(row: Any) -> KeyInfo:
 class KeyStore:
     """The api_keys table."""
 
-    def __init__(self, db: ApiDatabase) -> None:
+    def __init__(self, db: SharedDatabase) -> None:
         self.db = db
 
     async def create(self, user: str, name: str) -> tuple[str, KeyInfo]:

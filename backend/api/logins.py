@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
-from backend.api.store import ApiDatabase
 from backend.config import LoginThrottle
 from backend.errors import LoginThrottledError, StorageError
+from backend.storage.shared import SharedDatabase
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Logins:
     """Failed logins per name and per address, and ended sessions, in the app's database."""
 
     def __init__(
-        self, db: ApiDatabase, throttle: LoginThrottle, session_s: float, clock: Callable[[], float] = time.time
+        self, db: SharedDatabase, throttle: LoginThrottle, session_s: float, clock: Callable[[], float] = time.time
     ) -> None:
         self.db = db
         self.throttle = throttle

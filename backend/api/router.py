@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +32,12 @@ from backend.api.protocol import (
     models_json,
     usage_chunk_json,
 )
-from backend.api.quotas import Lease, Quotas, Route
 from backend.api.serving import ApiServing, Prepared, detached
-from backend.api.store import ApiDatabase
 from backend.chat.admission import Ticket
 from backend.chat.client import ChatStream
+from backend.chat.quota import Lease, Observer
 from backend.chat.service import ChatService
 from backend.chat.sources import user_owner
-from backend.chat.turn import Done, Event, Refused, Started
 from backend.documents.library import Library
 from backend.errors import (
     ApiError,
@@ -54,6 +51,8 @@ from backend.errors import (
     ServiceError,
     StorageError,
 )
+from backend.storage.quotas import Quotas
+from backend.storage.shared import SharedDatabase
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,6 @@ PAGE = "/api-keys"
 PAGE_API = PAGE + "/api"
 STATIC = Path(__file__).resolve().parent / "static"
 HEARTBEAT_S = 1.0  # a whole reply writes a blank this often while it waits: a gone client is found out then
-# route ("chat" or "api"), outcome (ok, stopped, error, refused, over_quota), prompt tokens, reply tokens
-Observer = Callable[[str, str, int, int], None]
 
 STATUS = {
     "api.off": 403, "api.remote": 403, "api.no_key": 401, "api.bad_key": 401, "api.login_needed": 401,
@@ -143,8 +140,7 @@ class ClosingStream(StreamingResponse):
 
 def tokens_used(stream: ChatStream, prepared: Prepared) -> tuple[int, int]:
     """(prompt, reply) tokens: the engine's usage, else the app's own count of the prompt and the streamed chunks."""
-    stats = stream.stats
-    return stats.prompt_tokens or prepared.request.prompt_tokens, stats.completion_tokens or stats.chunks
+    return stream.stats.counted(prepared.request.prompt_tokens)
 
 
 class KeyName(BaseModel):
@@ -164,7 +160,8 @@ class Held:
 
 
 class Gateway:
-    """The API and the quotas, with what they work on: the chat service, the database's keys, quotas and usage."""
+    """The API, with what it works on: the chat service, the database's keys, and the quotas and usage it shares with
+    the chat (backend.storage.quotas; the chat's own turns take their places in backend.chat.quota)."""
 
     def __init__(
         self,
@@ -182,7 +179,7 @@ class Gateway:
         self.problem = problem  # why there are no keys and quotas (the database could not be opened)
         self.serving = ApiServing(service)
         self.observe = observe
-        self.db: ApiDatabase | None = None
+        self.db: SharedDatabase | None = None
         self.library: Library | None = None  # the users' documents, when the app has them (backend.api.documents)
 
     @classmethod
@@ -195,7 +192,7 @@ class Gateway:
         keys, quotas, problem, db = None, None, None, None
         if cfg.auth.enabled or api_enabled(cfg):
             try:
-                db = ApiDatabase.from_config(cfg)
+                db = SharedDatabase.from_config(cfg)
                 await db.prepare()
             except StorageError as exc:
                 problem = exc
@@ -216,52 +213,6 @@ class Gateway:
             await self.quotas.close()
         if self.db is not None:
             await self.db.close()
-
-    # ----- quotas, for the chat too ---------------------------------------------------------------------------
-    @asynccontextmanager
-    async def turn(self, user: str | None, route: Route = "chat") -> AsyncIterator[Lease | None]:
-        """A quota place for one chat turn of `user` (none without login, or while the database fails: the chat
-        goes on); QuotaError when the user is over a quota."""
-        lease: Lease | None = None
-        if self.quotas is not None and user is not None:
-            try:
-                lease = await self.quotas.admit(user, route)
-            except StorageError as exc:
-                log.error("Quotas not checked for a chat turn: %s", exc)
-        try:
-            yield lease
-        finally:
-            if lease is not None and self.quotas is not None:
-                await self.quotas.release_soon(lease, counted=lease.asked)
-
-    def chat_finished(self, lease: Lease | None, outcome: str, prompt: int | None, reply: int | None) -> None:
-        """Note a chat turn's tokens (on its lease, released when the turn's block ends) and its outcome."""
-        if lease is not None:
-            lease.record(prompt, reply)
-        self.observe("chat", outcome, int(prompt or 0), int(reply or 0))
-
-    def count_turn(self, lease: Lease | None, event: Event) -> Event:
-        """Note a finished chat turn's tokens against the user's quota (and in the metrics); pass `event` on."""
-        if isinstance(event, Done):
-            stats = event.stats
-            prompt = (stats.prompt_tokens if stats else None) or event.prompt_tokens
-            self.chat_finished(lease, event.ending, prompt, stats.completion_tokens if stats else None)
-        return event
-
-    async def chat_turn(self, user: str | None, events: AsyncIterator[Event]) -> AsyncGenerator[Event, None]:
-        """A chat turn's events within the user's quota (shared with their API requests), its tokens counted
-        against it as it ends (count_turn); over a quota, why and until when."""
-        try:
-            async with self.turn(user) as lease:
-                if lease is not None:
-                    lease.asked = False  # a message refused before its reply was asked for is not counted
-                async for event in events:
-                    if isinstance(event, Started) and lease is not None:
-                        lease.asked = True
-                    yield self.count_turn(lease, event)
-        except QuotaError as exc:
-            self.chat_finished(None, "over_quota", 0, 0)
-            yield Refused(exc)
 
     # ----- completions ----------------------------------------------------------------------------------------
     async def complete(self, request: Request) -> Response:

@@ -19,8 +19,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from backend.accounts.oidc import Identity
-from backend.api.store import ApiDatabase
 from backend.errors import SignInError, StorageError
+from backend.storage.shared import SharedDatabase
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class Account:
 class SsoAccounts:
     """Sign-ins of the organisation's users, their names and roles, and the admins' links."""
 
-    def __init__(self, db: ApiDatabase, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: SharedDatabase, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
 

@@ -53,6 +53,17 @@ class StreamStats:
     def ttft_s(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.started
 
+    def tokens(self, counted_prompt: int) -> tuple[int | None, int | None]:
+        """(prompt, reply) tokens: the engine's usage figures; the prompt, where the engine gave none, as the request
+        counted it (`counted_prompt`); None where not known."""
+        return self.prompt_tokens or counted_prompt or None, self.completion_tokens
+
+    def counted(self, counted_prompt: int) -> tuple[int, int]:
+        """(prompt, reply) tokens as the quotas and the metrics count them: tokens(), with the streamed chunks for a
+        reply the engine gave no usage of (one stopped or broken before its end)."""
+        prompt, reply = self.tokens(counted_prompt)
+        return prompt or 0, reply or self.chunks
+
 
 def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, RETRYABLE)

@@ -83,18 +83,17 @@ def reply_details(event: Done) -> dict[str, Any]:
     """The reply's details as numbers (kept in its metadata): template, reason, time to first token, speed, tokens."""
     stats = event.stats
     ttft = stats.ttft_s if stats else None
-    output = stats.completion_tokens if stats else None
+    prompt, output = event.usage
     speed = None
     if stats and output and stats.first_token is not None and stats.finished is not None:
         decoding = stats.finished - stats.first_token
         speed = round(output / decoding, 1) if decoding > 0 else None
-    prompt = stats.prompt_tokens if stats and stats.prompt_tokens is not None else event.prompt_tokens
     return {
         "template": event.template,
         "reason": event.reason.saved(),
         "ttft_s": None if ttft is None else round(ttft, 3),
         "tokens_per_s": speed,
-        "prompt_tokens": prompt or None,
+        "prompt_tokens": prompt,
         "completion_tokens": output,
     }
 

@@ -3,7 +3,8 @@
 `ChatService.reply(session, text)` does the whole turn: clean the message, wait for the engine, route it to a
 template and fit the conversation into the context window, stream the reply through the one client, record it
 (metrics, the session's history). It yields events (backend.chat.turn) that the UI renders, and decides nothing
-the UI would have to know.
+the UI would have to know. `ChatService.answer(user, session, text)` is the same turn within the user's quota
+(backend.chat.quota): what the page asks.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.chat.admission import Admission, Ticket
-from backend.chat.client import ChatClient, Message, StreamStats
+from backend.chat.client import ChatClient, Message
 from backend.chat.context import Accounting, Counts, Fitted, Frame, estimate_tokens, fit, head_of
 from backend.chat.decision import Decision, decide
 from backend.chat.pacing import paced
+from backend.chat.quota import ChatQuota
 from backend.chat.request import SETTING_KEYS, ChatRequest, UserSettings, clean_input
 from backend.chat.saved import asked_ids, counts_from_thread, history_from_thread, notices
 from backend.chat.sources import Finder, Source, with_sources, within
@@ -68,7 +70,9 @@ class Recorder(Protocol):
 
     def record_error(self, error: BaseException | str) -> str: ...
 
-    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None: ...
+    def turn_finished(self, done: Done) -> None: ...
+
+    def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None: ...
 
 
 class NoRecorder:
@@ -77,7 +81,10 @@ class NoRecorder:
     def record_error(self, error: BaseException | str) -> str:
         return ""
 
-    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None:
+    def turn_finished(self, done: Done) -> None:
+        return None
+
+    def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None:
         return None
 
 
@@ -107,6 +114,8 @@ class ChatService:
         # so that a drain for a restart waits for them too and refuses newcomers as the line does.
         self.unlined = Admission(UNLINED_PLACES, a.queue_max, a.max_wait_s, a.reply_s) if a.enabled else None
         self.finder: Finder | None = None  # the users' documents (backend.documents.library), when the app has them
+        # The users' quotas, shared with their API requests (its store set by the app once the database is open).
+        self.quota = ChatQuota(None, self.recorder.request_finished)
 
     @classmethod
     def from_config(
@@ -227,6 +236,13 @@ class ChatService:
         return Notice("template_problems", items=tuple(problems)) if news else None
 
     # ----- one turn ---------------------------------------------------------------------------
+    def answer(
+        self, user: str | None, session: ChatSession, text: str, command: str | None = None, message_id: str = ""
+    ) -> AsyncGenerator[Event, None]:
+        """One chat turn of `user` (None: no login, no quota) within their quota: reply()'s events, or Refused over a
+        quota; its tokens are counted against the quota as it ends."""
+        return self.quota.turn(user, self.reply(session, text, command, message_id))
+
     async def reply(
         self, session: ChatSession, text: str, command: str | None = None, message_id: str = ""
     ) -> AsyncIterator[Event]:
@@ -291,7 +307,6 @@ class ChatService:
             parts: list[str] = []
             ending: Ending = "finished"
             error: ServiceError | None = None
-            failure: BaseException | None = None
             stream = self.client.stream(request.messages, **request.sampling)
             yield Started(request.user_text)
             try:
@@ -301,13 +316,12 @@ class ChatService:
                     async for piece in pieces:
                         parts.append(piece)
                         yield Text(piece)
-            except asyncio.CancelledError as exc:
+            except asyncio.CancelledError:
                 # The stop button: the stream is closed above (the engine aborts the request); keep what arrived.
-                failure, ending = exc, "stopped"
+                ending = "stopped"
             except ServiceError as exc:
                 log.warning("Reply failed: %s", exc)
-                failure, error, ending = exc, exc, ("interrupted" if parts else "failed")
-            self.recorder.reply_finished(stream.stats, failure)
+                error, ending = exc, ("interrupted" if parts else "failed")
             text = "".join(parts)
             reply_count: int | None = None  # a reply that did not finish: counted with its turn at the next message
             if text and ending == "finished":
@@ -317,7 +331,7 @@ class ChatService:
             if text:
                 tokens = (request.user_tokens, reply_count)
                 session.add_turn(request.user_text, text, message_id, tokens)
-            yield Done(
+            done = Done(
                 text,
                 request.template,
                 request.reason,
@@ -330,6 +344,8 @@ class ChatService:
                 session.counted_by,
                 tuple(request.sources),
             )
+            self.recorder.turn_finished(done)  # the one record of the turn in the metrics
+            yield done
         finally:
             if ticket is not None:
                 ticket.leave()

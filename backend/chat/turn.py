@@ -150,6 +150,18 @@ class Done:
     counted_by: str = ""  # the model and engine those counts are of (ChatService.counter_id)
     sources: tuple[Source, ...] = ()  # the passages of the user's documents the model was given
 
+    @property
+    def usage(self) -> tuple[int | None, int | None]:
+        """(prompt, reply) tokens of the turn as its details show them: the engine's usage, else the prompt as the
+        request counted it (None: not known)."""
+        return self.stats.tokens(self.prompt_tokens) if self.stats else (self.prompt_tokens or None, None)
+
+    @property
+    def counted(self) -> tuple[int, int]:
+        """(prompt, reply) tokens of the turn as the user's quota and the metrics count them (StreamStats.counted, as
+        the API counts a request's)."""
+        return self.stats.counted(self.prompt_tokens) if self.stats else (self.prompt_tokens, 0)
+
 
 @dataclass(frozen=True)
 class Serving:

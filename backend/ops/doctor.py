@@ -19,8 +19,6 @@ import httpx
 from sqlalchemy.engine import make_url
 
 from backend.api.access import api_enabled
-from backend.api.quotas import Quotas, utc_day
-from backend.api.store import ApiDatabase
 from backend.config import AppConfig
 from backend.engines.base import LaunchSpec
 from backend.engines.registry import configured_engine
@@ -30,6 +28,8 @@ from backend.ops.prometheus_text import sample_totals
 from backend.ops.signatures import Severity, latest_start, scan
 from backend.serving.state_file import read_state
 from backend.storage.persistence import database_url
+from backend.storage.quotas import Quotas, utc_day
+from backend.storage.shared import SharedDatabase
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 LABELS = {OK: "[ OK ]", WARN: "[WARN]", FAIL: "[FAIL]", SKIP: "[SKIP]"}
@@ -242,14 +242,14 @@ def check_log(path: Path, whole: bool, engine_up: bool) -> list[Check]:
 
 
 async def check_usage(cfg: AppConfig, now: float | None = None) -> Check:
-    """Today's usage (UTC) by route, from the database the quotas count in (backend.api.quotas)."""
+    """Today's usage (UTC) by route, from the database the quotas count in (backend.storage.quotas)."""
     if not (cfg.auth.enabled or api_enabled(cfg)):
         return Check("usage", SKIP, "no quotas or API without login (api.enabled is off).")
     url = database_url(cfg)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and not await asyncio.to_thread(Path(parsed.database or "").exists):
         return Check("usage", SKIP, f"no database yet ({parsed.database}).")
-    db = ApiDatabase(url)
+    db = SharedDatabase(url)
     try:
         rows = await Quotas(db, cfg.api).usage(since_day=utc_day(time.time() if now is None else now))
     except ServiceError as exc:

@@ -1,6 +1,7 @@
 """The app's Prometheus metrics: engine state and restarts, open chats, TTFT and reply time as the app sees
 them, replies by outcome and errors by kind. They live in their own registry (never the process-wide
-default one), so a reload or a test never registers a name twice. backend.web.hooks calls the module functions."""
+default one), so a reload or a test never registers a name twice. backend.web.hooks calls the module functions; the
+chat service records each turn once as it ends (turn_finished), the API each request (request_finished)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
 from backend.chat.client import StreamStats
+from backend.chat.turn import Done
 from backend.errors import ServiceError
 from backend.serving.supervisor import State, Status, Supervisor
 
@@ -110,6 +112,14 @@ class AppMetrics:
         else:
             self.replies.labels(outcome="error").inc()
             self.record_error(error)
+
+    def turn_finished(self, done: Done) -> None:
+        """Record one chat turn that asked the engine for a reply, once: the reply (reply_finished) and the request
+        with the tokens it used (request_finished, outcome the turn's ending)."""
+        failure = asyncio.CancelledError() if done.ending == "stopped" else done.error
+        if done.stats is not None:
+            self.reply_finished(done.stats, failure)
+        self.request_finished("chat", done.ending, *done.counted)
 
     def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None:
         """Count one chat turn or API request (backend.api's Observer) and the tokens it used."""

@@ -106,7 +106,8 @@ INDEXES = [
 ]
 
 
-# The API's keys, the quotas' running counts and the usage per user and day (backend.api): schema version 2.
+# The API's keys, the quotas' running counts and the usage per user and day (backend.api.keys,
+# backend.storage.quotas): schema version 2.
 # A key is kept as its SHA-256 only; `prefix` is its first characters, to tell keys apart in a list.
 API_TABLES: dict[str, list[str]] = {
     "api_keys": [

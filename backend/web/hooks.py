@@ -1,7 +1,8 @@
-"""What app.py's Chainlit hooks do: ChatApp holds the process's chat service, API gateway, live replies and
-documents, and each hook forwards to one of its methods. They render what backend.chat.ChatService does, and decide
-nothing; made at the import of app.py, it drops Chainlit's pauses, puts the guard around its app and reads the ways
-in (Chainlit asks whether a login page is needed right after importing app.py)."""
+"""What app.py's Chainlit hooks do: ChatApp holds the process's chat service (a message's turn, within its user's
+quota), the API gateway, live replies and documents, and each hook forwards to one of its methods. They render what
+backend.chat.ChatService does, and decide nothing; made at the import of app.py, it drops Chainlit's pauses, puts the
+guard around its app and reads the ways in (Chainlit asks whether a login page is needed right after importing
+app.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class ChatApp:
         without_chainlit_pauses()  # Chainlit's 1 ms sleeps per message and step, and before on_message (pauses.py)
         self.guard = guard.install()  # every request passes it: origin, body size, ended sessions, headers (guard.py)
         self.service: ChatService | None = None
-        self.gateway: Gateway | None = None  # the API for tools, and the quotas the chat shares with it
+        self.gateway: Gateway | None = None  # the API for tools; it opens the database of keys and quotas
         self.startup_error: ConfigError | None = None
         self.replies: Replies | None = None  # the replies being written, which pages follow (backend.web.replies)
         self.library: Library | None = None  # the users' documents (backend.documents), when documents are on
@@ -90,6 +91,7 @@ class ChatApp:
         page.own_files_folder(service.cfg.paths.data / "files")  # not <project>/.files, shared by every process there
         await self.persistence.open(service.cfg, login=self.accounts is not None)
         self.gateway = await Gateway.open(service, self.accounts, metrics.METRICS.request_finished, identify=login_user)
+        service.quota.store = self.gateway.quotas  # the chat's turns count in the quotas of their users' API requests
         self.sign_in = await sign_in.open_sign_in(service.cfg, self.gateway)
         routes.install_routes(service, api=self.gateway, guard=self.guard, sign_in=self.sign_in)
         page.install_page(service)
@@ -225,10 +227,10 @@ class ChatApp:
 
     async def _answer(self, session: ChatSession, text: str, command: str | None, message_id: str) -> None:
         """One turn, in a task of its own (backend.web.replies): this page shows it, as can any other of its owner."""
-        assert self.service is not None and self.replies is not None and self.gateway is not None
+        assert self.service is not None and self.replies is not None
         ws = cl.context.session
         user = ws.user.identifier if self.accounts is not None and ws.user else None
-        turn = self.gateway.chat_turn(user, self.service.reply(session, text, command, message_id))
+        turn = self.service.answer(user, session, text, command, message_id)
         view = await self.replies.answer(session, turn, message_id, _lang())
         if view.finished:
             await offer_actions(view.reply, view.lang)

@@ -118,9 +118,7 @@ def install_routes(
         APIRoute("/livez", livez, methods=["GET"]),
         APIRoute("/metrics", app_metrics, methods=["GET"]),
         APIRoute("/metrics/engine", proxied_engine_metrics, methods=["GET"]),
-        *workshop_routes(
-            service, login_user, api.turn if api is not None else None, api.access.accounts if api else None
-        ),
+        *workshop_routes(service, login_user, service.quota.place, api.access.accounts if api else None),
         *(api.routes() if api is not None else []),
         *taken_over(service, api, guard, sign_in),
         *(sign_in.routes() if sign_in is not None else []),

@@ -32,9 +32,9 @@ from backend.accounts.login import SECRET_ENV, Accounts, login_metadata
 from backend.accounts.oidc import START_S, Identity, OidcClient, groups_of, identity_of, role_for, seal, unseal
 from backend.api.router import Gateway
 from backend.api.sso_accounts import SsoAccounts
-from backend.api.store import ApiDatabase
 from backend.config import AppConfig, AuthSettings, load_config
 from backend.errors import ConfigError, SignInError, StorageError, lang_of
+from backend.storage.shared import SharedDatabase
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,9 @@ def _failed(request: Request, exc: SignInError, status: int = 400) -> HTMLRespon
 class SignIn:
     """The organisation's sign-in: its routes, its accounts, the roles every process knows."""
 
-    def __init__(self, cfg: AppConfig, accounts: Accounts, db: ApiDatabase, client: OidcClient | None = None) -> None:
+    def __init__(
+        self, cfg: AppConfig, accounts: Accounts, db: SharedDatabase, client: OidcClient | None = None
+    ) -> None:
         self.auth = cfg.auth
         self.accounts = accounts
         self.store = SsoAccounts(db)

@@ -144,8 +144,9 @@ def _version_json(version: Version) -> dict[str, Any]:
             "note": version.note, "action": version.action}  # fmt: skip
 
 
-# A quota place for one reply of a user (None without login), as the chat takes one (backend.api.router.Gateway.turn):
-# it raises QuotaError when the user is over a quota, and counts the reply's tokens recorded on what it yields.
+# A quota place for one reply of a user (None without login), as the chat takes one (backend.chat.quota's
+# ChatQuota.place): it raises QuotaError when the user is over a quota, and counts the reply's tokens recorded on what
+# it yields.
 Admit = Callable[[str | None], AbstractAsyncContextManager[Any]]
 
 

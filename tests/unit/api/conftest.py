@@ -1,30 +1,7 @@
-"""What the API's database tests share: the app's database (SQLite and PostgreSQL, migrated) and a clock they move."""
+"""The API's database tests use the shared database's fixtures (tests/unit/storage/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from tests.unit.storage.conftest import db
 
-import pytest_asyncio
-
-from backend.api.store import ApiDatabase
-
-NOON = datetime(2026, 1, 1, 12, tzinfo=UTC).timestamp()
-
-
-class Clock:
-    """A clock a test moves by hand (`clock.now += 61`)."""
-
-    def __init__(self) -> None:
-        self.now = NOON
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest_asyncio.fixture
-async def db(db_url: str) -> AsyncIterator[ApiDatabase]:
-    database = ApiDatabase(db_url)
-    await database.prepare()
-    yield database
-    await database.close()
+__all__ = ["db"]

@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import text
 
 from backend.api.keys import KEY_PREFIX, KeyStore, key_hash
-from backend.api.store import ApiDatabase
 from backend.errors import ApiError
+from backend.storage.shared import SharedDatabase
 
 
 @pytest.fixture
 async def keys(db_url: str):  # type: ignore[no-untyped-def]
-    db = ApiDatabase(db_url)
+    db = SharedDatabase(db_url)
     await db.prepare()
     yield KeyStore(db)
     await db.close()
@@ -69,7 +69,7 @@ async def test_a_key_needs_a_name(keys: KeyStore, name: str) -> None:
 async def test_two_processes_check_keys_at_once(db_url: str) -> None:
     """Checking a key reads, then notes its use: on SQLite two processes doing so at once must wait for each
     other, not fail with "database is locked"."""
-    dbs = [ApiDatabase(db_url) for _ in range(2)]
+    dbs = [SharedDatabase(db_url) for _ in range(2)]
     await dbs[0].prepare()
     stores = [KeyStore(db) for db in dbs]
     key, _ = await stores[0].create("alice", "k")

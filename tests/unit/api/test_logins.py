@@ -9,10 +9,10 @@ import asyncio
 import pytest
 
 from backend.api.logins import Logins, wait_s
-from backend.api.store import ApiDatabase
 from backend.config import LoginThrottle
 from backend.errors import LoginThrottledError
-from tests.unit.api.conftest import Clock
+from backend.storage.shared import SharedDatabase
+from tests.unit.storage.conftest import Clock
 
 THROTTLE = LoginThrottle(per_name=3, per_address=5, max_wait_s=8, window_s=900)
 
@@ -23,7 +23,7 @@ def test_the_wait_doubles_from_one_second_up_to_its_bound() -> None:
     assert wait_s([0.0, 5.0, 6.0], free=3, max_wait_s=8, now=6.5) == 0.5, "counted from the last attempt"
 
 
-async def test_failures_of_one_name_make_its_next_attempts_wait_a_bounded_time(db: ApiDatabase) -> None:
+async def test_failures_of_one_name_make_its_next_attempts_wait_a_bounded_time(db: SharedDatabase) -> None:
     clock = Clock()
     logins = Logins(db, THROTTLE, 3600, clock)
     for n in range(3):
@@ -42,7 +42,7 @@ async def test_failures_of_one_name_make_its_next_attempts_wait_a_bounded_time(d
     await logins.admit("bob", "10.0.0.200")  # another name is not held up
 
 
-async def test_a_success_clears_the_names_count_and_is_not_a_failure_of_its_address(db: ApiDatabase) -> None:
+async def test_a_success_clears_the_names_count_and_is_not_a_failure_of_its_address(db: SharedDatabase) -> None:
     clock = Clock()
     logins = Logins(db, THROTTLE, 3600, clock)
     for _ in range(2):
@@ -63,7 +63,7 @@ async def test_a_success_clears_the_names_count_and_is_not_a_failure_of_its_addr
 async def test_attempts_at_once_are_counted_at_once(db_url: str) -> None:
     """Two app processes (two engines on one database) and many attempts at the same moment: only the free ones get a
     password check."""
-    dbs = [ApiDatabase(db_url) for _ in range(2)]
+    dbs = [SharedDatabase(db_url) for _ in range(2)]
     await dbs[0].prepare()
     clock = Clock()
     sides = [Logins(db, THROTTLE, 3600, clock) for db in dbs]
@@ -77,7 +77,7 @@ async def test_attempts_at_once_are_counted_at_once(db_url: str) -> None:
 
 
 async def test_an_ended_session_is_refused_by_every_process(db_url: str) -> None:
-    dbs = [ApiDatabase(db_url) for _ in range(2)]
+    dbs = [SharedDatabase(db_url) for _ in range(2)]
     await dbs[0].prepare()
     here, there = (Logins(db, THROTTLE, 3600) for db in dbs)
     assert not await here.ended("a.b.c") and not await there.ended("a.b.c")

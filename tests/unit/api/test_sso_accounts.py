@@ -11,8 +11,8 @@ import pytest
 from backend.accounts.login import Accounts
 from backend.accounts.oidc import Identity
 from backend.api.sso_accounts import SsoAccounts
-from backend.api.store import ApiDatabase
 from backend.errors import SignInError
+from backend.storage.shared import SharedDatabase
 
 ISSUER = "https://sso.example.org"
 
@@ -22,7 +22,7 @@ def who(subject: str, name: str, email: str | None = None, verified: bool = True
 
 
 async def test_the_first_sign_in_makes_the_account_and_later_ones_keep_its_name_and_set_its_role(
-    db: ApiDatabase,
+    db: SharedDatabase,
 ) -> None:
     store = SsoAccounts(db)
     first = await store.sign_in(who("1", "alice"), "editor", set())
@@ -33,7 +33,7 @@ async def test_the_first_sign_in_makes_the_account_and_later_ones_keep_its_name_
     assert await store.roles() == {"alice": None}
 
 
-async def test_a_name_another_account_holds_is_refused(db: ApiDatabase) -> None:
+async def test_a_name_another_account_holds_is_refused(db: SharedDatabase) -> None:
     store = SsoAccounts(db)
     await store.sign_in(who("1", "alice"), "user", set())
     with pytest.raises(SignInError) as caught:
@@ -44,7 +44,7 @@ async def test_a_name_another_account_holds_is_refused(db: ApiDatabase) -> None:
     assert await store.roles() == {"alice": "user"}
 
 
-async def test_an_admins_link_lets_a_verified_email_into_the_password_account_once(db: ApiDatabase) -> None:
+async def test_an_admins_link_lets_a_verified_email_into_the_password_account_once(db: SharedDatabase) -> None:
     store = SsoAccounts(db)
     await store.link("carol", "Carol@Example.org")
     with pytest.raises(SignInError):  # an email the provider did not verify does not use the link
@@ -57,8 +57,8 @@ async def test_an_admins_link_lets_a_verified_email_into_the_password_account_on
     assert (again.name, again.linked) == ("carol", True)
 
 
-async def test_one_new_user_signed_in_by_two_processes_at_once_gets_one_account(db: ApiDatabase) -> None:
-    stores = [SsoAccounts(db), SsoAccounts(ApiDatabase(db.url))]
+async def test_one_new_user_signed_in_by_two_processes_at_once_gets_one_account(db: SharedDatabase) -> None:
+    stores = [SsoAccounts(db), SsoAccounts(SharedDatabase(db.url))]
     try:
         accounts = await asyncio.gather(*(s.sign_in(who("7", "dora"), "user", set()) for s in stores * 4))
     finally:
@@ -67,7 +67,7 @@ async def test_one_new_user_signed_in_by_two_processes_at_once_gets_one_account(
     assert await stores[0].roles() == {"dora": "user"}
 
 
-async def test_the_roles_read_back_are_what_accounts_answer(db: ApiDatabase, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_the_roles_read_back_are_what_accounts_answer(db: SharedDatabase, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = SsoAccounts(db)
     await store.sign_in(who("1", "alice"), "editor", set())
     await store.sign_in(who("2", "bob"), None, set())
@@ -77,7 +77,7 @@ async def test_the_roles_read_back_are_what_accounts_answer(db: ApiDatabase, tmp
     assert (accounts.role("alice"), accounts.role("bob"), accounts.role("nobody")) == ("editor", None, None)
 
 
-async def test_a_process_that_has_not_heard_of_a_new_account_reads_it_at_once(db: ApiDatabase, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_process_that_has_not_heard_of_a_new_account_reads_it_at_once(db: SharedDatabase, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from backend.config import AppConfig
     from backend.web.sign_in import SignIn
 

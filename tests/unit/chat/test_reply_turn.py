@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 
 from backend.chat import service as service_module
-from backend.chat.client import StreamStats
-from backend.chat.service import ChatService
+from backend.chat.service import ChatService, Recorder
 from backend.chat.turn import ChatSession, Done, EngineWait, Event, Refused, Started, Text
 from backend.config import AppConfig
 from backend.errors import BackendError, EngineStartError
+from backend.ops.metrics import AppMetrics
 from backend.serving.process import free_port
 from backend.serving.supervisor import State
 from tests.conftest import MakeConfig
+from tests.unit.chat.test_quota import FakeQuotas
 
 STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
 SERVED = "stub-model"
@@ -97,14 +98,18 @@ class ListRecorder:
 
     def __init__(self) -> None:
         self.errors: list[BaseException | str] = []
-        self.finished: list[tuple[StreamStats, BaseException | None]] = []
+        self.finished: list[Done] = []
+        self.requests: list[tuple[str, str, int, int]] = []
 
     def record_error(self, error: BaseException | str) -> str:
         self.errors.append(error)
         return ""
 
-    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None:
-        self.finished.append((stats, error))
+    def turn_finished(self, done: Done) -> None:
+        self.finished.append(done)
+
+    def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None:
+        self.requests.append((route, outcome, prompt_tokens, reply_tokens))
 
 
 @pytest.fixture
@@ -136,7 +141,7 @@ def config(make_config: MakeConfig, prompts: Path) -> Callable[..., AppConfig]:
 
 
 @asynccontextmanager
-async def running(cfg: AppConfig, recorder: ListRecorder, wait: bool = True) -> AsyncIterator[ChatService]:
+async def running(cfg: AppConfig, recorder: Recorder, wait: bool = True) -> AsyncIterator[ChatService]:
     svc = ChatService.from_config(cfg, recorder=recorder)
     svc.start()
     try:
@@ -203,9 +208,9 @@ async def test_a_reply_streams_then_finishes_and_is_recorded(
             {"role": "user", "content": "Hello there"},
             {"role": "assistant", "content": REPLY},
         ]
-        assert len(recorder.finished) == 1 and recorder.errors == []
-        stats, error = recorder.finished[0]
-        assert error is None and stats.finish_reason == "stop" and stats.completion_tokens == len(REPLY.split())
+        assert recorder.finished == [done] and recorder.errors == []
+        stats = done.stats
+        assert stats is not None and stats.finish_reason == "stop" and stats.completion_tokens == len(REPLY.split())
         assert stub.chat_requests() == 1
 
         _, again = split(await turn(svc, session, "And again"))  # the next turn adds to the history
@@ -226,7 +231,7 @@ async def test_a_reply_broken_mid_stream_is_interrupted_and_keeps_what_arrived(
     assert texts and done.text == "".join(t.text for t in texts)
     assert "Hello from ".startswith(done.text), done.text
     assert stub.chat_requests() == 1, "part of the reply was shown: it is not asked again"
-    assert len(recorder.finished) == 1 and recorder.finished[0][1] is done.error
+    assert recorder.finished == [done]
     # What the user saw stays in the conversation (as before the reorganisation: app.py kept partial replies).
     assert session.history == [
         {"role": "user", "content": "Hello there"},
@@ -247,7 +252,7 @@ async def test_a_reply_that_breaks_before_any_text_fails_after_the_retries_and_a
     assert isinstance(done.error, BackendError) and done.error.code == "backend.broken_external"  # not ours to restart
     assert stub.chat_requests() == 2, "restart.request_retries=1: one retry before the first token"
     assert session.history == []
-    assert len(recorder.finished) == 1 and recorder.finished[0][1] is done.error
+    assert recorder.finished == [done]
 
 
 async def test_a_stop_mid_reply_ends_it_as_stopped_and_keeps_what_arrived(
@@ -281,7 +286,7 @@ async def test_a_stop_mid_reply_ends_it_as_stopped_and_keeps_what_arrived(
         {"role": "user", "content": "Hello there"},
         {"role": "assistant", "content": texts},
     ]
-    assert len(recorder.finished) == 1 and isinstance(recorder.finished[0][1], asyncio.CancelledError)
+    assert recorder.finished == [done]
 
 
 async def test_an_interrupted_reply_keeps_all_the_text_that_arrived(
@@ -292,6 +297,35 @@ async def test_an_interrupted_reply_keeps_all_the_text_that_arrived(
         _, done = split(await turn(svc, svc.new_session(), "Hello there"))
     assert done.ending == "interrupted"
     assert done.text == "Hello from the "
+
+
+async def test_a_users_turn_within_their_quota_is_counted_once_in_the_metrics(
+    start_stub: StartStub, config: Callable[..., AppConfig]
+) -> None:
+    """The page's turn (ChatService.answer: reply() within the user's quota) is recorded once: one reply, one chat
+    request with its tokens, one quota place counted with the same tokens."""
+    stub = start_stub()
+    metrics = AppMetrics()
+    quotas = FakeQuotas()
+    async with running(config(stub.base_url), metrics) as svc:
+        svc.quota.store = quotas
+        _, done = split([e async for e in svc.answer("alice", svc.new_session(), "Hello there")])
+    assert done.ending == "finished"
+    prompt, reply = done.usage
+    assert prompt and reply == len(REPLY.split())
+
+    def counted(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    assert counted("ernie_requests_total", route="chat", outcome="finished") == 1
+    assert sum(counted("ernie_replies_total", outcome=o) for o in ("ok", "stopped", "error")) == 1
+    assert counted("ernie_replies_total", outcome="ok") == 1
+    assert counted("ernie_reply_seconds_count") == 1
+    assert counted("ernie_reply_tokens_total") == reply
+    assert counted("ernie_usage_tokens_total", route="chat", kind="prompt") == prompt
+    assert counted("ernie_usage_tokens_total", route="chat", kind="reply") == reply
+    (lease,) = quotas.released
+    assert quotas.counted == [True] and (lease.prompt_tokens, lease.reply_tokens) == (prompt, reply)
 
 
 # ----- waiting for the engine ----------------------------------------------------------------------------

@@ -206,14 +206,14 @@ def test_command_reports_a_broken_configuration(tmp_path: Path, capsys: pytest.C
 
 
 async def test_the_doctor_shows_today_s_usage_by_route(make_config: MakeConfig) -> None:
-    from backend.api.quotas import Quotas
-    from backend.api.store import ApiDatabase
     from backend.ops.doctor import OK, SKIP, check_usage
+    from backend.storage.quotas import Quotas
+    from backend.storage.shared import SharedDatabase
 
     assert (await check_usage(make_config())).status == SKIP, "no login, no API: no quotas"
     cfg = make_config(auth__enabled="true")
     assert (await check_usage(cfg)).status == SKIP, "no database yet"
-    db = ApiDatabase.from_config(cfg)
+    db = SharedDatabase.from_config(cfg)
     await db.prepare()
     quotas = Quotas(db, cfg.api)
     lease = await quotas.admit("alice", "api")

@@ -12,9 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.chat.client import StreamStats
 from backend.chat.service import ChatService
+from backend.chat.turn import Done
 from backend.config import AppConfig
 from backend.errors import BackendError, PromptTooLongError
 from backend.ops.metrics import AppMetrics, error_kind
+from backend.prompts.schema import Reason
 from backend.serving.supervisor import State, Status
 from backend.web import routes
 
@@ -86,6 +88,27 @@ def test_replies_timings_and_outcomes() -> None:
     assert value(m, "ernie_replies_total", outcome="stopped") == 1
     assert value(m, "ernie_replies_total", outcome="error") == 1
     assert value(m, "ernie_errors_total", kind="backend") == 1
+
+
+def test_a_chat_turn_is_recorded_once_as_a_reply_and_as_a_chat_request() -> None:
+    """turn_finished is the one record of a chat turn: each of its counters goes up once per turn, with its tokens."""
+    m = AppMetrics()
+    finished = Done("x", "default", Reason("default"), "q", stats=StreamStats(started=0.0, first_token=0.5,
+                    finished=1.0, prompt_tokens=12, completion_tokens=30), prompt_tokens=99)  # fmt: skip
+    stopped = Done("one", "default", Reason("default"), "q", "stopped", stats=StreamStats(chunks=2), prompt_tokens=7)
+    failed = Done("", "default", Reason("default"), "q", "failed", BackendError.of("backend.timeout"), StreamStats())
+    for done in (finished, stopped, failed):
+        m.turn_finished(done)
+    assert value(m, "ernie_replies_total", outcome="ok") == 1
+    assert value(m, "ernie_replies_total", outcome="stopped") == 1
+    assert value(m, "ernie_replies_total", outcome="error") == 1
+    assert value(m, "ernie_errors_total", kind="timeout") == 1
+    assert value(m, "ernie_reply_seconds_count") == 1
+    assert value(m, "ernie_reply_tokens_total") == 30
+    for outcome in ("finished", "stopped", "failed"):
+        assert value(m, "ernie_requests_total", route="chat", outcome=outcome) == 1
+    assert value(m, "ernie_usage_tokens_total", route="chat", kind="prompt") == 12 + 7  # the engine's, else the count
+    assert value(m, "ernie_usage_tokens_total", route="chat", kind="reply") == 30 + 2  # a stopped reply: its chunks
 
 
 def test_error_kinds() -> None:

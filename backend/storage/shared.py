@@ -1,4 +1,6 @@
-"""The API's own connection to the app's database (the one conversations use), migrated like it on start.
+"""A connection of its own to the app's database (the one conversations use), migrated like it on start, for what
+every app process must see at once: the API's keys, the quotas and usage (backend.storage.quotas, counted for the chat
+and the API alike), logins and the organisation's accounts.
 
 Keys, quotas and usage live there, so every app process on one database sees the same counts. On PostgreSQL a
 transaction about one user first takes an advisory lock on that user: two processes admit them one at a time."""
@@ -26,7 +28,7 @@ def user_lock_key(user: str) -> int:
     return int.from_bytes(hashlib.sha256(user.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-class ApiDatabase:
+class SharedDatabase:
     """An async engine on the app's database, with one transaction per call."""
 
     def __init__(self, url: str) -> None:
@@ -38,11 +40,11 @@ class ApiDatabase:
         self.closed = False
 
     @classmethod
-    def from_config(cls, cfg: AppConfig) -> ApiDatabase:
+    def from_config(cls, cfg: AppConfig) -> SharedDatabase:
         return cls(app_database_url(cfg))
 
     async def prepare(self) -> int:
-        """Bring the schema up to date (the API's tables are schema version 2); raise StorageError."""
+        """Bring the schema up to date (the API's keys and the quotas are schema version 2); raise StorageError."""
         return await migrate_database(self.engine, self.where)
 
     @asynccontextmanager
@@ -64,4 +66,4 @@ class ApiDatabase:
         await self.engine.dispose()
 
 
-__all__ = ["ApiDatabase", "StorageError"]
+__all__ = ["SharedDatabase", "StorageError"]

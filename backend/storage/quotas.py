@@ -1,5 +1,6 @@
 """Quotas per user, chat and API together: replies at once, requests per minute, tokens per UTC day; and the usage
-they are counted from (prompt and reply tokens per user, day and route).
+they are counted from (prompt and reply tokens per user, day and route). The store the chat's quota
+(backend.chat.quota) and the API (backend.api.router) take their places from.
 
 Every count is in the database, changed in one transaction per request: the request is written first and then
 counted, so two app processes admitting the same user at once cannot both take the last place (SQLite lets one
@@ -19,17 +20,17 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import text
 
-from backend.api.store import ApiDatabase
+from backend.chat.quota import Lease, Route
 from backend.config import ApiSettings
 from backend.errors import QuotaError, ServiceError
+from backend.storage.shared import SharedDatabase
 
 log = logging.getLogger(__name__)
 
-Route = Literal["chat", "api"]
 WINDOW_S = 60.0
 BUSY_RETRY_S = 5  # Retry-After when all of a user's places are taken (replies usually take seconds)
 REFRESHES = 3  # a held place is refreshed this many times per api.lease_s
@@ -43,22 +44,6 @@ def seconds_to_midnight(at: float) -> int:
     now = datetime.fromtimestamp(at, UTC)
     midnight = datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
     return max(1, math.ceil((midnight - now).total_seconds()))
-
-
-@dataclass
-class Lease:
-    """One admitted request: release it with the tokens it used (Quotas.hold does)."""
-
-    id: str
-    user: str
-    route: Route
-    prompt_tokens: int = 0
-    reply_tokens: int = 0
-    at: float = 0.0  # when it was admitted (its row in the minute's requests)
-    asked: bool = True  # the engine was asked for a reply; else the request is taken back, not counted (withdraw)
-
-    def record(self, prompt_tokens: int | None, reply_tokens: int | None) -> None:
-        self.prompt_tokens, self.reply_tokens = int(prompt_tokens or 0), int(reply_tokens or 0)
 
 
 @dataclass(frozen=True)
@@ -77,7 +62,7 @@ class UsageRow:
 class Quotas:
     """Admits requests within each user's limits (ApiSettings.limits) and records what they used."""
 
-    def __init__(self, db: ApiDatabase, settings: ApiSettings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: SharedDatabase, settings: ApiSettings, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.settings = settings
         self.clock = clock

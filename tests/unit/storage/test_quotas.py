@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from backend.api.quotas import BUSY_RETRY_S, Quotas, seconds_to_midnight, utc_day
-from backend.api.store import ApiDatabase
 from backend.config import ApiSettings, QuotaLimits
 from backend.errors import QuotaError
-from tests.unit.api.conftest import NOON, Clock
+from backend.storage.quotas import BUSY_RETRY_S, Quotas, seconds_to_midnight, utc_day
+from backend.storage.shared import SharedDatabase
+from tests.unit.storage.conftest import NOON, Clock
 
 
 def settings(**limits: int) -> ApiSettings:
@@ -30,7 +30,7 @@ def test_an_override_changes_only_its_keys() -> None:
     assert cfg.limits("bob") == cfg.quotas
 
 
-async def test_concurrent_replies_are_limited_per_user(db: ApiDatabase) -> None:
+async def test_concurrent_replies_are_limited_per_user(db: SharedDatabase) -> None:
     quotas = Quotas(db, settings(concurrent=2), Clock())
     first, second = await quotas.admit("alice", "api"), await quotas.admit("alice", "chat")
     with pytest.raises(QuotaError) as over:
@@ -43,7 +43,7 @@ async def test_concurrent_replies_are_limited_per_user(db: ApiDatabase) -> None:
         await quotas.release(lease)
 
 
-async def test_requests_per_minute_with_the_seconds_to_wait(db: ApiDatabase) -> None:
+async def test_requests_per_minute_with_the_seconds_to_wait(db: SharedDatabase) -> None:
     clock = Clock()
     quotas = Quotas(db, settings(requests_per_minute=2), clock)
     await quotas.release(await quotas.admit("alice", "api"))
@@ -58,7 +58,7 @@ async def test_requests_per_minute_with_the_seconds_to_wait(db: ApiDatabase) -> 
     await quotas.release(await quotas.admit("alice", "api"))
 
 
-async def test_tokens_per_day_count_chat_and_api_together_until_midnight(db: ApiDatabase) -> None:
+async def test_tokens_per_day_count_chat_and_api_together_until_midnight(db: SharedDatabase) -> None:
     clock = Clock()
     quotas = Quotas(db, settings(tokens_per_day=100), clock)
     async with quotas.hold("alice", "chat") as lease:
@@ -78,7 +78,7 @@ async def test_tokens_per_day_count_chat_and_api_together_until_midnight(db: Api
     await quotas.admit("alice", "api")
 
 
-async def test_a_refused_request_takes_no_place(db: ApiDatabase) -> None:
+async def test_a_refused_request_takes_no_place(db: SharedDatabase) -> None:
     quotas = Quotas(db, settings(concurrent=1, requests_per_minute=5), Clock())
     lease = await quotas.admit("alice", "api")
     for _ in range(3):
@@ -88,7 +88,7 @@ async def test_a_refused_request_takes_no_place(db: ApiDatabase) -> None:
     await quotas.admit("alice", "api")  # 2 requests counted in the minute, not 5
 
 
-async def test_a_dead_process_s_lease_goes_stale(db: ApiDatabase) -> None:
+async def test_a_dead_process_s_lease_goes_stale(db: SharedDatabase) -> None:
     clock = Clock()
     quotas = Quotas(db, settings(concurrent=1).model_copy(update={"lease_s": 60}), clock)
     await quotas.admit("alice", "api")  # never released
@@ -102,7 +102,7 @@ async def test_a_dead_process_s_lease_goes_stale(db: ApiDatabase) -> None:
 async def test_two_processes_cannot_double_a_share(db_url: str) -> None:
     """Two app processes are two connections (engines) on one database: of many admissions at once, exactly the
     limit gets through."""
-    dbs = [ApiDatabase(db_url) for _ in range(2)]
+    dbs = [SharedDatabase(db_url) for _ in range(2)]
     await dbs[0].prepare()
     clock = Clock()
     sides = [Quotas(db, settings(concurrent=3), clock) for db in dbs]
@@ -114,7 +114,7 @@ async def test_two_processes_cannot_double_a_share(db_url: str) -> None:
         await db.close()
 
 
-async def test_a_withdrawn_request_frees_its_place_and_its_minute_and_adds_no_usage(db: ApiDatabase) -> None:
+async def test_a_withdrawn_request_frees_its_place_and_its_minute_and_adds_no_usage(db: SharedDatabase) -> None:
     """A request refused before the engine was asked for a reply (Gateway: an unknown template, a message too long)."""
     quotas = Quotas(db, settings(concurrent=1, requests_per_minute=1), Clock())
     await quotas.withdraw(await quotas.admit("alice", "api"))
@@ -124,7 +124,7 @@ async def test_a_withdrawn_request_frees_its_place_and_its_minute_and_adds_no_us
     await quotas.close()
 
 
-async def test_retry_after_waits_for_a_dead_process_s_place_and_not_for_a_live_one(db: ApiDatabase) -> None:
+async def test_retry_after_waits_for_a_dead_process_s_place_and_not_for_a_live_one(db: SharedDatabase) -> None:
     """A live process refreshes its places (every third of lease_s): while one holds a place, a few seconds may free
     it; a place no one refreshed is a dead process's, and frees itself lease_s after its last refresh."""
     clock = Clock()
