@@ -253,7 +253,8 @@ def describe(meta: dict[str, Any]) -> str:
     if meta["workload"] == "chat":
         chat = meta["chat"]
         return (
-            f"{max(MIN_REQUESTS, meta['requests'])} turns per level in conversations of {chat['turns']} turns whose "
+            f"{max(MIN_REQUESTS, meta['requests'])} turns per level (at least one conversation per user) in "
+            f"conversations of {chat['turns']} turns whose "
             f"history grows, new messages of about {chat['message_tokens']} tokens, replies of "
             f"{chat['reply_tokens']} tokens (ignore_eos), seed {chat['seed']}, the users starting at once; "
             'temperature 0. "First text" is the time to the first streamed chunk carrying text; decode tok/s is '

@@ -88,9 +88,11 @@ def _chat_shape(args: argparse.Namespace) -> ChatShape:
         ) from exc
 
 
-def chat_turns(level: int, per_user: int, fixed: int | None = None) -> int:
-    """Turns one chat level holds in one round: as requests_per_level, but never fewer than MIN_REQUESTS."""
-    return max(MIN_REQUESTS, requests_per_level(level, per_user, fixed))
+def chat_turns(level: int, per_user: int, fixed: int | None = None, turns_each: int = 1) -> int:
+    """Turns one chat level holds in one round: as requests_per_level, but never fewer than MIN_REQUESTS, nor fewer
+    than one whole conversation of `turns_each` turns per user (a user without a conversation sends nothing: 16 users
+    holding 32 turns of 4-turn conversations would be 8 users at once)."""
+    return max(MIN_REQUESTS, requests_per_level(level, per_user, fixed), level * turns_each)
 
 
 def check_options(args: argparse.Namespace) -> argparse.Namespace:
@@ -191,7 +193,7 @@ async def measure_chat_level(
 ) -> dict[str, Any]:
     """Hold one level of the chat workload with a memory sampler; return its JSON record."""
     ep = server.endpoint
-    turns = chat_turns(users, args.per_user, args.requests)
+    turns = chat_turns(users, args.per_user, args.requests, args.chat_shape.turns)
     load_before = os.getloadavg()
     async with PeakSampler(server.memory) as sampler:
         level = await run_chat_level(

@@ -53,6 +53,9 @@ def test_turns_per_level_are_never_fewer_than_the_floor() -> None:
     assert benchmark.chat_turns(16, 4) == 64
     assert benchmark.chat_turns(1, 4, fixed=8) == MIN_REQUESTS
     assert benchmark.chat_turns(1, 4, fixed=40) == 40
+    # every user holds a whole conversation: 16 users in 4-turn conversations need 64 turns, whatever --requests says
+    assert benchmark.chat_turns(16, 4, fixed=32, turns_each=4) == 64
+    assert benchmark.chat_turns(8, 4, fixed=32, turns_each=4) == 32
 
 
 def test_a_chat_run_is_written_as_a_table_per_level(stub_engine: str, tmp_path: Path) -> None:
