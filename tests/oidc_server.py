@@ -149,11 +149,13 @@ class OidcProvider:
         full_name: str | None = None,
     ) -> None:
         """Create or change a user: password, e-mail (default NAME@example.test), groups (replaced), full name."""
-        args = ["users", "set", name, "--password", password, "--groups", ",".join(groups)]
+        # --option=value: a value may begin with "-" (secrets.token_urlsafe does, 1 time in 32), which argparse would
+        # take for an option of its own
+        args = ["users", "set", name, f"--password={password}", f"--groups={','.join(groups)}"]
         if email is not None:
-            args += ["--email", email]
+            args.append(f"--email={email}")
         if full_name is not None:
-            args += ["--full-name", full_name]
+            args.append(f"--full-name={full_name}")
         self.admin(*args)
 
     def set_groups(self, name: str, groups: Iterable[str]) -> None:
