@@ -30,7 +30,7 @@ from backend.config import APP_PORT, AppConfig, load_config, print_config
 from backend.engines.base import Api, engine_python
 from backend.engines.llamacpp import quantize_binary
 from backend.engines.registry import GENERIC_API, engine
-from backend.engines.trtllm import build_trt_engine_command
+from backend.engines.trtllm import Trtllm, build_trt_engine_command
 from backend.errors import ConfigError
 from backend.logs import setup_logging
 from backend.models.gguf import QUANTS, convert_gguf_command
@@ -103,7 +103,7 @@ def _check_flags(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 def _build_trt_engine(cfg: AppConfig, args: argparse.Namespace) -> int:
     gpus = detect_gpus()
-    flags = effective_flags(cfg, choose_profile(cfg, engine("trtllm"), gpus))  # the profile sizes the engine
+    flags = effective_flags(cfg, choose_profile(cfg, engine(Trtllm.name), gpus))  # the profile sizes the engine
     smallest_cc = min((gpu.compute_capability or (0, 0) for gpu in gpus), default=None)  # picks the dtype
     return build_trt_engine_command(cfg, engine_python(cfg), flags, smallest_cc)
 

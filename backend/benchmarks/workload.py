@@ -196,7 +196,7 @@ class SyntheticWorkload:
             probe = await self.count_tokens(_messages(text(guess)))
             if probe is None:
                 self._can_count = False
-                log.warning("The server cannot count tokens (/tokenize): synthetic prompt lengths are estimates.")
+                log.warning("The server cannot count tokens: synthetic prompt lengths are estimates.")
         if not self._can_count:
             return BenchRequest(_messages(text(guess)), self.output_len, "synthetic")
 

@@ -330,7 +330,7 @@ class ChatClient:
         return ChatStream(self, messages, {k: v for k, v in sampling.items() if v is not None})
 
     async def count_tokens(self, messages: list[Message]) -> int | None:
-        """Count the prompt tokens of `messages` with the chat template applied (the server's /tokenize).
+        """Count the prompt tokens of `messages` with the chat template applied (the dialect's token counter).
 
         None when the server has no such endpoint; the caller then estimates."""
         try:
@@ -347,28 +347,30 @@ class ChatClient:
             return None
         if resp.status_code != 200:
             raise BackendError.of("backend.count_failed", status=resp.status_code, detail=resp.text[:200])
-        data = resp.json()
-        count = int(data["count"]) if "count" in data else len(data["tokens"])
+        count = self._counter().count_of(resp.json())
         # No tokens for a conversation: a server that read another body shape (llama-server's /tokenize wants
         # "content", and a router passes it a chat): as good as no endpoint, so the caller estimates.
         return None if count == 0 and messages else count
 
     async def _count_request(self, messages: list[Message]) -> httpx.Response:
         """The request(s) that count `messages` in the endpoint's dialect: /tokenize's response, or a 404."""
+        response: httpx.Response = await self._counter().request(messages)
+        return response
+
+    def _counter(self) -> TokenCounter:
+        """The token counter of the dialect the endpoint speaks now (made once per dialect)."""
         api = self.endpoint.api
         if api not in self._counters:
             self._counters[api] = dialect(api).counter(self.http, self.endpoint)
-        response: httpx.Response = await self._counters[api].request(messages)
-        return response
+        return self._counters[api]
 
     async def engine_ids(self, messages: list[Message]) -> list[int] | None:
-        """The token ids the engine's own chat template gives `messages` (its /tokenize); None where it cannot say."""
+        """The token ids the engine's own chat template gives `messages` (its counter's); None where it cannot say."""
         try:
             resp = await self._count_request(messages)
-            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            return self._counter().ids_of(resp.json()) if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
             return None
-        return [int(t) for t in tokens] if isinstance(tokens, list) else None
 
     def forget_templates(self) -> None:
         """Drop what the counters learned of the chat template (another model, another template, answers now)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,31 @@ class Api(enum.StrEnum):
 
     VLLM = "vllm"  # vLLM and servers like it: /tokenize takes messages, prompt_logprobs (engines/vllm.py)
     LLAMACPP = "llama.cpp"  # llama-server: /apply-template then /tokenize, /completion's n_probs (engines/llamacpp.py)
+
+
+class Severity(enum.StrEnum):
+    """How bad a failure found in an engine's log is (backend.ops.doctor)."""
+
+    ERROR = "error"  # the engine cannot serve: exit code 1
+    WARNING = "warning"  # it serves, under strain
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known failure in an engine's log: the patterns that reveal it and what to do (the engine declares it)."""
+
+    name: str
+    title: str
+    severity: Severity
+    patterns: tuple[re.Pattern[str], ...]
+    cause: str  # may name {detail}: the text the pattern's group `detail` found
+    fix: str
+    fallback: bool = False  # reported only when no specific error was found
+
+
+def patterns(*sources: str) -> tuple[re.Pattern[str], ...]:
+    """A signature's patterns, compiled."""
+    return tuple(re.compile(p) for p in sources)
 
 
 @dataclass
@@ -154,6 +180,8 @@ class Engine:
     flag_for: ClassVar[Mapping[str, str]] = {}  # EngineFlags field -> the flag it becomes (for messages naming keys)
     # CPU flags of which one must be present for an FP8 KV cache (None: no such limit)
     fp8_kv_cpu_flags: ClassVar[frozenset[str] | None] = None
+    # The failures its log reveals, each with its cause and fix (the doctor scans the engine log for them)
+    log_signatures: ClassVar[tuple[Signature, ...]] = ()
 
     def installed(self, cfg: AppConfig, python: str) -> bool:
         """Whether it can start here (for engine.name auto, which skips engines that are not installed)."""

@@ -1,9 +1,10 @@
 """An engine's dialect: what its server says beside the OpenAI API, where servers differ.
 
 How a server counts a conversation's prompt tokens (the chat's context window), gives the log-probabilities of
-fixed token ids (the answer check, backend.serving.answers) and is recognised when it runs outside the app (the
-benchmark). The engine module whose server speaks a dialect defines it (engines/vllm.py, engines/llamacpp.py);
-backend.engines.registry maps `Api` to it, so callers never ask which server they talk to.
+fixed token ids (the answer check, backend.serving.answers), is recognised when it runs outside the app (the
+benchmark) and names its load on /metrics (the doctor). The engine module whose server speaks a dialect defines it
+(engines/vllm.py, engines/llamacpp.py); backend.engines.registry maps `Api` to it, so callers never ask which
+server they talk to.
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ class LogprobSource:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class LoadMetrics:
+    """The Prometheus sample names of a server's load on its /metrics (the doctor reads them)."""
+
+    running: str  # replies being computed
+    waiting: str  # replies waiting for a place
+    cache_usage: str  # the KV cache's use, 0-1
+    preemptions: str  # replies preempted so far (a counter)
+
+
 class TokenCounter:
     """How one client asks a server for a conversation's prompt tokens (it may keep what it learns: `forget`)."""
 
@@ -107,6 +118,20 @@ class TokenCounter:
     def forget(self) -> None:
         """Drop what was learned about the chat template (another model or template answers now)."""
 
+    def count_of(self, data: Any) -> int:
+        """The token count in a 200 answer of `request` (KeyError, TypeError or ValueError where it holds none).
+
+        Both shapes servers answer with: {"count": n, ...} (vLLM's /tokenize), or only {"tokens": [...]}."""
+        return int(data["count"]) if "count" in data else len(data["tokens"])
+
+    def ids_of(self, data: Any) -> list[int] | None:
+        """The token ids in a 200 answer of `request` ({"tokens": [...]}); None where it holds none."""
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        try:
+            return [int(t) for t in tokens] if isinstance(tokens, list) else None
+        except (TypeError, ValueError):
+            return None
+
 
 class Dialect:
     """One server dialect; subclasses set `api`, their token counter and their log-probability source."""
@@ -117,6 +142,11 @@ class Dialect:
     takes_ids: ClassVar[bool] = False
     counter_type: ClassVar[type[TokenCounter]]
     logprobs_type: ClassVar[type[LogprobSource]]
+    # Its own endpoints and request fields beside the OpenAI API: only its module says them (tests/unit/engines)
+    words: ClassVar[frozenset[str]] = frozenset()
+    # The prefix of its own Prometheus metrics on /metrics ("vllm:"), and those that tell its load (None: none read)
+    metric_prefix: ClassVar[str | None] = None
+    load_metrics: ClassVar[LoadMetrics | None] = None
 
     def counter(self, http: Http, endpoint: Endpoint) -> TokenCounter:
         """A token counter for one client (`http` carries no key: requests carry `endpoint.headers`)."""

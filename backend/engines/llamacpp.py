@@ -405,6 +405,8 @@ class LlamaCppDialect(Dialect):
     api = Api.LLAMACPP
     counter_type = LlamaCppCounter
     logprobs_type = LlamaCppLogprobs
+    words = frozenset({"/apply-template", "/tokenize", "/completion", "/props", "n_probs"})
+    metric_prefix = "llamacpp:"  # with --metrics; the doctor reads none of them yet
 
     async def recognizes(self, http: Http, root: str, headers: Mapping[str, str]) -> bool:
         props = await http.get(root + "/props", headers=headers)  # vLLM answers 404

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from backend.config import AppConfig, EngineName
-from backend.engines.base import Api, Engine
-from backend.engines.dialect import Dialect, Http
+from backend.engines.base import Api, Engine, Signature
+from backend.engines.dialect import Dialect, Http, LoadMetrics
 from backend.engines.external import External
 from backend.engines.llamacpp import LlamaCpp, LlamaCppDialect
 from backend.engines.trtllm import Trtllm
@@ -85,3 +85,20 @@ async def detect_api(http: Http, root: str, headers: Mapping[str, str]) -> Api:
         if await found.recognizes(http, root, headers):
             return found.api
     return GENERIC_API
+
+
+def load_metrics(samples: Mapping[str, float]) -> LoadMetrics | None:
+    """The load metrics of the dialect whose server wrote `samples` (a /metrics page's totals), or None."""
+    for found in DIALECTS.values():
+        if found.load_metrics is not None and found.load_metrics.running in samples:
+            return found.load_metrics
+    return None
+
+
+def log_signatures() -> tuple[Signature, ...]:
+    """Every engine's known log failures, each once (vLLM's two builds share theirs), in the engines' order."""
+    found: dict[str, Signature] = {}
+    for each in ENGINES.values():
+        for signature in each.log_signatures:
+            found.setdefault(signature.name, signature)
+    return tuple(found.values())

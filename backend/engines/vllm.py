@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from backend.config import AppConfig, EngineFlags, EngineName
-from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Target
+from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Severity, Signature, Target, patterns
 from backend.engines.dialect import (
     ANSWER_HINT,
     Dialect,
     EngineAnswerError,
+    LoadMetrics,
     LogprobSource,
     Position,
     TokenCounter,
@@ -97,6 +98,121 @@ def needs_serve(flags: EngineFlags) -> bool:
     )
 
 
+# Known failures in vLLM's log (0.32): provoked with the real engine (unknown flag, missing model, port in use, KV
+# cache too small for max_model_len) or read from its source (out of memory, preemption in the periodic stats line,
+# time-outs, a dead engine core). tests/unit/data/engine_logs holds real samples.
+LOG_SIGNATURES: tuple[Signature, ...] = (
+    Signature(
+        "unknown_flag",
+        "Unknown engine flag",
+        Severity.ERROR,
+        patterns(
+            r"error: unrecognized arguments: (?P<detail>.+)", r"error: argument (?P<detail>--[\w-]+.*: invalid .+)"
+        ),
+        "The engine was started with a flag (or value) this vLLM version does not accept: {detail}.",
+        "Remove or correct it in engine.flags.extra_args (config/backend.yaml or ERNIE_ENGINE__FLAGS__EXTRA_ARGS); "
+        "`.venv-engine/bin/python -m vllm.entrypoints.openai.api_server --help` lists the valid flags.",
+    ),
+    Signature(
+        "port_in_use",
+        "Port already in use",
+        Severity.ERROR,
+        patterns(r"\[Errno 98\] (?P<detail>[Aa]ddress already in use)"),
+        "Another program already listens on the engine's port.",
+        "Stop that program (`ss -ltnp` shows it), or set server.port to another port "
+        "(ERNIE_SERVER__PORT; 0 picks a free one).",
+    ),
+    Signature(
+        "missing_model",
+        "Model not found",
+        Severity.ERROR,
+        patterns(
+            r"Invalid repository ID or local directory specified: '(?P<detail>[^']+)'",
+            r"HFValidationError: Repo id must be in the form .*: '(?P<detail>[^']+)'",
+            r"(?P<detail>LocalEntryNotFoundError): Cannot find an appropriate cached snapshot folder",
+            r"(?P<detail>RepositoryNotFoundError|GatedRepoError)",
+            r"OSError: (?P<detail>.*does not appear to have a file named.*)",
+        ),
+        "The engine cannot find the model ({detail}): there is no folder with a config.json at that path "
+        "and no copy in the local hub cache, and the hub cannot be reached.",
+        "Set model.id (ERNIE_MODEL__ID) to a folder that holds config.json, the weights and the tokenizer; "
+        "`python -m backend prepare-model` shows what the app would serve.",
+    ),
+    Signature(
+        "kv_cache_insufficient",
+        "KV cache too small",
+        Severity.ERROR,
+        patterns(
+            r"\((?P<detail>[\d.]+ GiB KV cache is needed, which is larger than the available KV cache memory "
+            r"\([\d.]+ GiB\)\.(?: Based on the available memory, the estimated maximum model length is \d+\.)?)",
+            r"(?P<detail>No available memory for the cache blocks)",
+            r"(?P<detail>Available memory on node \d+ .* is less than requested memory for kv .*?\))",
+        ),
+        "The KV cache cannot hold even one request of max_model_len tokens: {detail}",
+        "Lower engine.flags.max_model_len (below the estimate vLLM prints), or raise "
+        "engine.flags.cpu_kvcache_space_gib (VLLM_CPU_KVCACHE_SPACE) if the machine has the memory.",
+    ),
+    Signature(
+        "out_of_memory",
+        "Out of memory",
+        Severity.ERROR,
+        patterns(
+            r"(?P<detail>DefaultCPUAllocator: can't allocate memory.*)",
+            r"(?P<detail>(?:torch\.)?OutOfMemoryError.*|CUDA out of memory.*)",
+            r"(?:^|\s)(?P<detail>MemoryError\b.*)$",
+            r"(?P<detail>\[Errno 12\] Cannot allocate memory)",
+            r"(?P<detail>died (?:with exit code -9|unexpectedly \(exit code: -9\)))",
+        ),
+        "The engine ran out of memory ({detail}); a process killed with signal 9 is usually the kernel's OOM killer.",
+        "Lower engine.flags.cpu_kvcache_space_gib, max_num_seqs or max_model_len, stop other memory-hungry "
+        "programs, and check `dmesg | grep -i oom`.",
+    ),
+    Signature(
+        "request_timeout",
+        "Time-out",
+        Severity.ERROR,
+        patterns(
+            r"(?P<detail>Timed out waiting for (?:new )?engine core processes to start)",
+            r"(?P<detail>RPC call to \w+ timed out)",
+            r"(?P<detail>TimeoutError: .+)",
+        ),
+        "Part of the engine did not answer in time: {detail}. The machine is overloaded, or starting is slow.",
+        "Keep other work off the machine; raise VLLM_ENGINE_READY_TIMEOUT_S for slow starts, and "
+        "timeouts.read_s / timeouts.startup_s in config/backend.yaml for slow replies.",
+    ),
+    Signature(
+        "preemption",
+        "Requests preempted",
+        Severity.WARNING,
+        patterns(r"Preemptions: (?P<detail>[1-9]\d*)"),
+        "The KV cache filled up under load and the engine preempted running requests ({detail} in one "
+        "stats interval); they are recomputed later, so replies slow down.",
+        "Raise engine.flags.cpu_kvcache_space_gib, or lower engine.flags.max_num_seqs so fewer requests run at once.",
+    ),
+    Signature(
+        "kv_cache_full",
+        "KV cache nearly full",
+        Severity.WARNING,
+        patterns(r"KV cache usage: (?P<detail>(?:9\d|100)\.\d)%"),
+        "The KV cache was {detail} % full: new requests wait and running ones may be preempted.",
+        "Raise engine.flags.cpu_kvcache_space_gib, or lower max_num_seqs / max_model_len.",
+    ),
+    Signature(
+        "engine_crashed",
+        "Engine crashed",
+        Severity.ERROR,
+        patterns(
+            r"(?P<detail>Engine core initialization failed)",
+            r"(?P<detail>EngineCore encountered (?:a fatal error|an issue))",
+            r"(?P<detail>Engine core process \S+ died unexpectedly)",
+        ),
+        "The engine core stopped: {detail}.",
+        "Read the traceback just above this line in the log for the root cause.",
+        fallback=True,
+    ),
+)
+
+
 class Vllm(Engine):
     """vLLM on an NVIDIA GPU: its API server module, one server and one engine; the `serve` command where the flags
     ask for data parallelism or several API servers (only it runs those). `serve` imports every subcommand of vLLM's
@@ -107,6 +223,7 @@ class Vllm(Engine):
     on_gpu = True
     flag_parser = VLLM_PARSER
     flag_for = VLLM_FLAGS
+    log_signatures = LOG_SIGNATURES
     entry: ClassVar[list[str]] = ["vllm.entrypoints.openai.api_server", "--model"]
     serve_entry: ClassVar[list[str]] = ["vllm.entrypoints.cli.main", "serve"]
     skipped_flags: ClassVar[frozenset[str]] = frozenset()  # EngineFlags fields this build has no flag for
@@ -277,3 +394,11 @@ class VllmDialect(Dialect):
     takes_ids = True
     counter_type = VllmCounter
     logprobs_type = VllmLogprobs
+    words = frozenset({"/tokenize", "prompt_logprobs"})
+    metric_prefix = "vllm:"
+    load_metrics = LoadMetrics(
+        running="vllm:num_requests_running",
+        waiting="vllm:num_requests_waiting",
+        cache_usage="vllm:kv_cache_usage_perc",
+        preemptions="vllm:num_preemptions_total",
+    )

@@ -1,9 +1,9 @@
 """`python -m backend doctor`: is the app up, is its engine up, how loaded is it, and what does its log say.
 
 Finds the engine through the state file the supervisor writes (<data_dir>/engine.json) unless told
-(--engine-url, --log); reads vLLM's /metrics; scans the engine log's latest start for known failure
-signatures (backend.ops.signatures) and prints the cause and the fix of each. Exit code 1 when something
-is wrong (with --strict, warnings count too).
+(--engine-url, --log); reads the engine's load on /metrics (the names its dialect declares); scans the engine
+log's latest start for the engines' known failure signatures (backend.ops.signatures) and prints the cause and
+the fix of each. Exit code 1 when something is wrong (with --strict, warnings count too).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from sqlalchemy.engine import make_url
 
 from backend.api.access import api_enabled
 from backend.config import AppConfig
-from backend.engines.base import LaunchSpec
-from backend.engines.registry import configured_engine
+from backend.engines.base import LaunchSpec, Severity
+from backend.engines.registry import configured_engine, load_metrics
 from backend.errors import ServiceError
 from backend.ops.baseline_history import read_history, regression
 from backend.ops.prometheus_text import sample_totals
-from backend.ops.signatures import Severity, latest_start, scan
+from backend.ops.signatures import latest_start, scan
 from backend.serving.state_file import read_state
 from backend.storage.persistence import database_url
 from backend.storage.quotas import Quotas, utc_day
@@ -184,12 +184,13 @@ async def check_metrics(http: httpx.AsyncClient, target: Target) -> Check:
         totals = sample_totals(resp.text) if resp.status_code == 200 else {}
     except (httpx.HTTPError, ValueError) as exc:
         return Check("engine metrics", WARN, f"/metrics could not be read ({type(exc).__name__}).")
-    if "vllm:num_requests_running" not in totals:
-        return Check("engine metrics", SKIP, "the server exports no vLLM metrics.")
-    running = int(totals["vllm:num_requests_running"])
-    waiting = int(totals.get("vllm:num_requests_waiting", 0))
-    kv = totals.get("vllm:kv_cache_usage_perc", 0.0)
-    preemptions = int(totals.get("vllm:num_preemptions_total", 0))
+    names = load_metrics(totals)
+    if names is None:
+        return Check("engine metrics", SKIP, "the server exports no load metrics the doctor reads.")
+    running = int(totals[names.running])
+    waiting = int(totals.get(names.waiting, 0))
+    kv = totals.get(names.cache_usage, 0.0)
+    preemptions = int(totals.get(names.preemptions, 0))
     summary = f"{running} running, {waiting} waiting, KV cache {kv * 100:.1f} % used, {preemptions} preemption(s)."
     if kv >= KV_WARN or preemptions:
         return Check(

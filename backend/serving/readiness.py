@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import httpx
 
+from backend.engines.base import LaunchSpec
 
-async def is_healthy(http: httpx.AsyncClient, health_path: str = "/health") -> bool:
+
+async def is_healthy(http: httpx.AsyncClient, health_path: str = LaunchSpec.health_path) -> bool:
     """Whether the server answers its health check with 200."""
     try:
         return (await http.get(health_path)).status_code == 200
@@ -14,7 +16,7 @@ async def is_healthy(http: httpx.AsyncClient, health_path: str = "/health") -> b
 
 
 async def is_ready(
-    http: httpx.AsyncClient, headers: dict[str, str], served_name: str, health_path: str = "/health"
+    http: httpx.AsyncClient, headers: dict[str, str], served_name: str, health_path: str = LaunchSpec.health_path
 ) -> bool:
     """Whether the server is healthy and lists `served_name` among its models (it can answer chats)."""
     if not await is_healthy(http, health_path):
