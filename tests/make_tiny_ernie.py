@@ -142,14 +142,19 @@ def main(out: Path, arch: str) -> None:
     config = model_config(shape, ids, real)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     if not real:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
-        model.save_pretrained(out)
+        write_random_weights(out, 0)
     write_generation_config(out, ids)
     print(f"wrote {out}")
+
+
+def write_random_weights(out: Path, seed: int) -> None:
+    """Random bfloat16 weights (drawn from `seed`) for the config.json in `out`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    model.save_pretrained(out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_ernie import CHAT_TEMPLATE, CORPUS, REAL_03B, TINY, model_config, write_generation_config
+from make_tiny_ernie import (
+    CHAT_TEMPLATE,
+    CORPUS,
+    REAL_03B,
+    TINY,
+    model_config,
+    write_generation_config,
+    write_random_weights,
+)
 
 USER_SYMBOLS = ["<|begin_of_sentence|>", "<|end_of_sentence|>", "<mask:0>", "<mask:1>"]
 
@@ -88,12 +96,7 @@ def main(out: Path, arch: str, seed: int) -> None:
     config = model_config(shape, ids, real)
     config["max_position_embeddings"] = 131072 if real else 4096
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
-    model.save_pretrained(out)
+    write_random_weights(out, seed)
     write_generation_config(out, ids)
     print(f"wrote {out}")
 
