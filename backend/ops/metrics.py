@@ -5,12 +5,10 @@ chat service records each turn once as it ends (turn_finished), the API each req
 
 from __future__ import annotations
 
-import asyncio
-
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
 from backend.chat.client import StreamStats
-from backend.chat.turn import Done
+from backend.chat.turn import Done, Ending
 from backend.errors import ServiceError
 from backend.serving.supervisor import State, Status, Supervisor
 
@@ -97,28 +95,29 @@ class AppMetrics:
         self.errors.labels(kind=kind).inc()
         return kind
 
-    def reply_finished(self, stats: StreamStats, error: BaseException | None = None) -> None:
-        """Record one reply: its timings when it had text, and its outcome (a cancellation is 'stopped')."""
+    def reply_finished(
+        self, stats: StreamStats, ending: Ending = "finished", error: BaseException | None = None
+    ) -> None:
+        """Record one reply: its timings when it had text, and its outcome by how it ended (ok, stopped, or error:
+        interrupted or failed, `error` counted by its kind)."""
         if stats.ttft_s is not None:
             self.ttft.observe(stats.ttft_s)
             if stats.finished is not None:
                 self.reply_time.observe(stats.finished - stats.started)
         if stats.completion_tokens:
             self.reply_tokens.inc(stats.completion_tokens)
-        if error is None:
-            self.replies.labels(outcome="ok").inc()
-        elif isinstance(error, asyncio.CancelledError):
-            self.replies.labels(outcome="stopped").inc()
+        if ending in ("finished", "stopped"):
+            self.replies.labels(outcome="ok" if ending == "finished" else "stopped").inc()
         else:
             self.replies.labels(outcome="error").inc()
-            self.record_error(error)
+            if error is not None:
+                self.record_error(error)
 
     def turn_finished(self, done: Done) -> None:
         """Record one chat turn that asked the engine for a reply, once: the reply (reply_finished) and the request
         with the tokens it used (request_finished, outcome the turn's ending)."""
-        failure = asyncio.CancelledError() if done.ending == "stopped" else done.error
         if done.stats is not None:
-            self.reply_finished(done.stats, failure)
+            self.reply_finished(done.stats, done.ending, done.error)
         self.request_finished("chat", done.ending, *done.counted)
 
     def request_finished(self, route: str, outcome: str, prompt_tokens: int, reply_tokens: int) -> None:
@@ -160,11 +159,6 @@ def chat_ended(session_id: str) -> None:
 def record_error(error: BaseException | str) -> str:
     """An error reached the chat (before or instead of a reply)."""
     return METRICS.record_error(error)
-
-
-def reply_finished(stats: StreamStats, error: BaseException | None = None) -> None:
-    """A reply ended: normally, stopped by the user (CancelledError) or with an error."""
-    METRICS.reply_finished(stats, error)
 
 
 def feedback_given(value: int, comment: str | None) -> None:

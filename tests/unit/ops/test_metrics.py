@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -75,10 +74,10 @@ def test_replies_timings_and_outcomes() -> None:
     m = AppMetrics()
     ok = StreamStats(started=100.0, first_token=100.5, finished=102.0, completion_tokens=10)
     m.reply_finished(ok)
+    m.reply_finished(StreamStats(started=0.0, first_token=1.0, finished=1.5, completion_tokens=3), "stopped")
     m.reply_finished(
-        StreamStats(started=0.0, first_token=1.0, finished=1.5, completion_tokens=3), asyncio.CancelledError()
+        StreamStats(started=0.0, finished=0.1), "failed", BackendError("The engine refused the request: x")
     )
-    m.reply_finished(StreamStats(started=0.0, finished=0.1), BackendError("The engine refused the request: x"))
     assert value(m, "ernie_reply_ttft_seconds_sum") == pytest.approx(1.5)
     assert value(m, "ernie_reply_ttft_seconds_count") == 2
     assert value(m, "ernie_reply_seconds_sum") == pytest.approx(3.5)
