@@ -62,6 +62,7 @@ SIXTEEN_BIT = ("bfloat16", "float16")
 FEW_CORES = 2
 
 
+FORK = "fork"  # how the GPU engine's API server starts its engine core (Vllm.extra_env)
 FP8 = "fp8"  # the candidate (and number format) of FP8 weights or an FP8 KV cache on a GPU
 
 
@@ -243,7 +244,12 @@ class Vllm(Engine):
         return [*(self.serve_entry if needs_serve(flags) else self.entry), model]
 
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
-        return {}
+        # The engine core process forked from the API server, which has imported vLLM already, rather than spawned
+        # to import it again (vLLM's command line sets spawn unless told; it spawns anyway where CUDA is initialized
+        # in the parent). Set in the environment, VLLM_WORKER_MULTIPROC_METHOD wins.
+        if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
+            return {}
+        return {"VLLM_WORKER_MULTIPROC_METHOD": FORK}
 
     def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
         """FP8 (the fp8 profile) first, then the same in 16 bits should its answers fail the check; one otherwise."""

@@ -10,8 +10,9 @@ A B, B A, ...: each timed from the service's start to ready (the warm-up include
 milliseconds (vLLM's logging configuration) so the phases can be read: the API server's imports, the engine
 configuration, the engine core's start, loading, compiling, CUDA graphs, the server's start, the app's warm-up.
 
-"before" is the start as it was (vLLM's `serve` command, which imports every subcommand of vLLM's command line);
-"after" is the app's start now (vLLM's API server module, where no flag needs `serve`: backend.engines.vllm).
+"before" spawns vLLM's engine core process (which imports vLLM again: ~20 s on the lent H100), as vLLM's command line
+does unless told otherwise; "after" is the app's start now: the engine core forked from the API server. (The API
+server module against the `serve` command, measured before: no difference beyond the spread, results/gpu-h100/start.)
 Everything is written to OUT_DIR/start.json as it is measured; each start's log to OUT_DIR/start-N-VARIANT.log.
 """
 
@@ -35,7 +36,6 @@ from gpu_price import ms_logging
 
 from backend.benchmarks.stats import spread
 from backend.config import load_config
-from backend.engines import vllm
 from backend.serving.launch import make_supervisor
 
 ROUNDS = int(os.environ.get("START_ROUNDS", "2"))
@@ -72,11 +72,12 @@ def phases(log: str, started: float) -> dict[str, float]:
 
 
 def patch(variant: str) -> None:
-    """`before`: the start as it was, vLLM's `serve` command (every subcommand imported); `after`: the app's now."""
-    vllm.Vllm.entry = vllm.Vllm.serve_entry if variant == "before" else AFTER_ENTRY
-
-
-AFTER_ENTRY = list(vllm.Vllm.entry)
+    """`before`: the engine core spawned (it imports vLLM again), as vLLM's command line does unless told;
+    `after`: the app's start now, the engine core forked from the API server (backend.engines.vllm.Vllm.extra_env)."""
+    if variant == "before":
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    else:
+        os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
 
 
 async def one(model: str, variant: str, index: int, out: Path) -> dict[str, Any]:

@@ -171,3 +171,16 @@ def test_the_gpu_engine_runs_the_api_server_module_unless_the_flags_need_serve(f
     assert argv[2:5] == [*entry, "org/model"]
     cpu = launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py", flags=effective_flags(cfg, "cpu")).argv
     assert cpu[2:4] == ["vllm.entrypoints.openai.api_server", "--model"], "vllm-cpu's serve cannot run"
+
+
+def test_the_gpu_engine_forks_its_engine_core_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's command line spawns the engine core process, which then imports vLLM again (~20 s of a fresh start on
+    the lent H100); forked, it inherits the API server's imports. A method set in the environment wins."""
+    cfg = load_config(environ={})
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert launch(cfg, "vllm", "org/model", 8000, "k", python="/py").env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").env
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert launch(cfg, "vllm", "org/model", 8000, "k", python="/py").env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
