@@ -40,7 +40,8 @@ async def reply(service, text: str, tokens: int) -> dict:
                 first = time.monotonic()
     done = time.monotonic()
     n = stream.stats.completion_tokens
-    return {"tokens": n, "first_s": first - started, "decode_tok_s": (n - 1) / (done - first), "total_s": done - started}
+    first_s, decode = first - started, (n - 1) / (done - first)
+    return {"tokens": n, "first_s": first_s, "decode_tok_s": decode, "total_s": done - started}
 
 
 async def measure(variant: str) -> dict:
@@ -73,7 +74,7 @@ async def main(out: Path, rounds: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "runs": []}
     for r in range(rounds):
-        for variant in (("mp", "uni") if r % 2 == 0 else ("uni", "mp")):
+        for variant in ("mp", "uni") if r % 2 == 0 else ("uni", "mp"):
             run = await measure(variant)
             run["round"] = r
             doc["runs"].append(run)

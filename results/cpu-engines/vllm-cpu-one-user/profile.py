@@ -2,7 +2,8 @@
 while py-spy samples every process of the engine (its API server and its engine core) for 15 s.
 
 usage: .venv/bin/python results/cpu-engines/vllm-cpu-one-user/profile.py PY_SPY OUT_DIR
-Writes OUT_DIR/<pid>.txt (py-spy's collapsed stacks, --threads --idle, sampled without pausing the process) and OUT_DIR/run.json (the reply's pace)."""
+Writes OUT_DIR/<pid>.txt (py-spy's collapsed stacks, --threads --idle, sampled without pausing the process) and
+OUT_DIR/run.json (the reply's pace)."""
 
 import asyncio
 import json

@@ -4,46 +4,69 @@ reply for one user: /proc's CPU ticks of every thread over 6 s, 3 s into a 600-t
 usage: .venv/bin/python results/cpu-engines/vllm-cpu-one-user/threads.py [EXTRA ENGINE ARGS...]
 """
 
-import asyncio, json, os, sys, tempfile, time
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from backend.config import load_config
 from tests.launching import serving
 
-def ticks():
+
+def ticks() -> dict[tuple[str, str, str], int]:
+    """CPU ticks (user + system) of every thread on the machine, by (process, thread, name)."""
     out = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit(): continue
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            for t in (p / "task").iterdir():
-                s = (t / "stat").read_text()
-                name = s[s.index("(")+1:s.rindex(")")]
-                f = s.rsplit(") ", 1)[1].split()
-                out[(p.name, t.name, name)] = int(f[11]) + int(f[12])
-        except OSError: pass
+            for task in (proc / "task").iterdir():
+                stat = (task / "stat").read_text()
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                fields = stat.rsplit(") ", 1)[1].split()
+                out[(proc.name, task.name, name)] = int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
     return out
 
-async def main():
-    extra = sys.argv[1:] 
-    cfg = load_config(environ={"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_PATHS__DATA_DIR": tempfile.mkdtemp(),
-        "ERNIE_SERVER__PORT": "0", "ERNIE_MODEL__HUB_TIMEOUT_S": "1", "ERNIE_ENGINE__FLAGS__EXTRA_ARGS": json.dumps(extra)})
+
+async def main() -> None:
+    cfg = load_config(
+        environ={
+            "ERNIE_ENGINE__NAME": "vllm-cpu",
+            "ERNIE_PATHS__DATA_DIR": tempfile.mkdtemp(),
+            "ERNIE_SERVER__PORT": "0",
+            "ERNIE_MODEL__HUB_TIMEOUT_S": "1",
+            "ERNIE_ENGINE__FLAGS__EXTRA_ARGS": json.dumps(sys.argv[1:]),
+        }
+    )
     service = await serving(cfg)
     try:
-        async def long():
-            n = 0
-            stream = service.client.stream([{"role": "user", "content": "Write a long poem."}], max_tokens=600, temperature=0, ignore_eos=True)
+
+        async def long_reply() -> None:
+            messages = [{"role": "user", "content": "Write a long poem."}]
+            stream = service.client.stream(messages, max_tokens=600, temperature=0, ignore_eos=True)
             async with stream:
-                async for _ in stream: n += 1
-            return n
-        task = asyncio.create_task(long())
+                async for _ in stream:
+                    pass
+
+        task = asyncio.create_task(long_reply())
         await asyncio.sleep(3)
-        a = ticks(); t = time.monotonic()
+        before, started = ticks(), time.monotonic()
         await asyncio.sleep(6)
-        b = ticks(); dt = time.monotonic() - t
+        after, seconds = ticks(), time.monotonic() - started
         await task
-        rows = sorted(((b[k] - a.get(k, 0)) / os.sysconf("SC_CLK_TCK") / dt, k) for k in b)
-        for share, k in rows[::-1][:14]:
-            if share > 0.01: print(f"{share*100:5.1f}%  pid {k[0]} tid {k[1]} {k[2]}")
+        tick = os.sysconf("SC_CLK_TCK")
+        rows = sorted((((after[k] - before.get(k, 0)) / tick / seconds, k) for k in after), reverse=True)
+        for share, (pid, tid, name) in rows[:14]:
+            if share > 0.01:
+                print(f"{share * 100:5.1f}%  pid {pid} tid {tid} {name}")
     finally:
         await service.stop()
+
+
 asyncio.run(main())
