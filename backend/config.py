@@ -220,7 +220,7 @@ class LlamaCppSettings(_Strict):
     # auto: the format the tune measured fastest on this machine (tune.formats), q8_0 where nothing was measured.
     quantization: Literal["auto", "bf16", "q8_0", "q4_k_m"] = "auto"
     n_ctx: int = Field(4096, ge=256, le=131072)
-    parallel: int = Field(8, ge=1, le=256)
+    parallel: int = Field(16, ge=1, le=256)
     threads: int = Field(0, ge=0, le=1024)
     threads_batch: int = Field(0, ge=0, le=1024)
     n_batch: int = Field(512, ge=32, le=8192)

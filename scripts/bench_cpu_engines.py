@@ -104,6 +104,12 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
         "ERNIE_LLAMACPP__QUANTIZATION": "q8_0",
     },
+    # 16 places instead of the default 8 (issue 37: at 16 users, 8 conversations waited and evicted each other's cache).
+    "demo llama.cpp Q4_1 16 slots": {
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
+        "ERNIE_LLAMACPP__PARALLEL": "16",
+    },
     "demo llama.cpp Q4_1 all cores": {
         "ERNIE_ENGINE__NAME": "llama.cpp",
         "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",

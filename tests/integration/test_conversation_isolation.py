@@ -52,6 +52,7 @@ async def demo_service(
         "baidu/ERNIE-4.5-0.3B-PT",
         engine__name=name,
         llamacpp__quantization="q8_0",  # a fixed format: no measuring at start (the demo GGUF is served as it is)
+        llamacpp__parallel=8,  # half the conversations: slots change hands mid-batch
         canary__dir=root / "canary",
         timeouts__health_interval_s=1,
     )

@@ -102,9 +102,9 @@ def test_command_line_names_the_model_and_never_the_key(tmp_path: Path) -> None:
     assert argv[0] == str(SERVER)
     pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
     assert pairs["--model"] == "/m/x.gguf" and pairs["--alias"] == cfg.model.served_name
-    assert (pairs["--host"], pairs["--port"], pairs["--ctx-size"]) == ("127.0.0.1", "8123", str(8 * 2048))
+    assert (pairs["--host"], pairs["--port"], pairs["--ctx-size"]) == ("127.0.0.1", "8123", str(16 * 2048))
     assert pairs["--threads"] == pairs["--threads-batch"] == "2"
-    assert pairs["--parallel"] == "8", "eight chats are answered at once by default"
+    assert pairs["--parallel"] == "16", "sixteen chats are answered at once by default"
     assert {"--jinja", "--metrics", "--no-kv-unified"} <= set(argv), "the GGUF's template; /metrics; a KV per slot"
     assert (pairs["--prio"], pairs["--poll"], pairs["--flash-attn"]) == ("1", "0", "on"), "measured: smooth streaming"
     assert argv[argv.index("--cache-ram") + 1] == "0", "no RAM prompt cache: llama.cpp issue #27148"
