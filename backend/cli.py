@@ -28,9 +28,7 @@ from backend.benchmarks.snapshot import snapshot_command
 from backend.benchmarks.workload import DEFAULT_PROMPT_SET
 from backend.config import APP_PORT, AppConfig, load_config, print_config
 from backend.engines.base import Api, engine_python
-from backend.engines.llamacpp import quantize_binary
-from backend.engines.registry import GENERIC_API, engine
-from backend.engines.trtllm import Trtllm, build_trt_engine_command
+from backend.engines.registry import GENERIC_API, build_prebuilt, gguf_quantizer, prebuilt_engine
 from backend.errors import ConfigError
 from backend.logs import setup_logging
 from backend.models.gguf import QUANTS, convert_gguf_command
@@ -103,9 +101,9 @@ def _check_flags(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 def _build_trt_engine(cfg: AppConfig, args: argparse.Namespace) -> int:
     gpus = detect_gpus()
-    flags = effective_flags(cfg, choose_profile(cfg, engine(Trtllm.name), gpus))  # the profile sizes the engine
+    flags = effective_flags(cfg, choose_profile(cfg, prebuilt_engine(), gpus))  # the profile sizes the engine
     smallest_cc = min((gpu.compute_capability or (0, 0) for gpu in gpus), default=None)  # picks the dtype
-    return build_trt_engine_command(cfg, engine_python(cfg), flags, smallest_cc)
+    return build_prebuilt(cfg, engine_python(cfg), flags, smallest_cc)
 
 
 def _bench(cfg: AppConfig, args: argparse.Namespace) -> int:
@@ -138,7 +136,7 @@ def _check_answers(cfg: AppConfig, args: argparse.Namespace) -> int:
 
 
 def _convert_gguf(cfg: AppConfig, args: argparse.Namespace) -> int:
-    return convert_gguf_command(cfg, engine_python(cfg), quantize_binary(cfg), args.source, args.quant)
+    return convert_gguf_command(cfg, engine_python(cfg), gguf_quantizer(cfg), args.source, args.quant)
 
 
 def _link_account(cfg: AppConfig, args: argparse.Namespace) -> int:

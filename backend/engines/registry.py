@@ -9,13 +9,14 @@ check. Where nothing was measured (tune.enabled false), CPU_ENGINES' order stand
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
-from backend.config import AppConfig, EngineName
+from backend.config import AppConfig, EngineFlags, EngineName
 from backend.engines.base import Api, Engine, Signature
 from backend.engines.dialect import Dialect, Http, LoadMetrics
 from backend.engines.external import External
-from backend.engines.llamacpp import LlamaCpp, LlamaCppDialect
-from backend.engines.trtllm import Trtllm
+from backend.engines.llamacpp import LlamaCpp, LlamaCppDialect, quantize_binary
+from backend.engines.trtllm import Trtllm, build_trt_engine_command
 from backend.engines.vllm import Vllm, VllmCpu, VllmDialect
 
 ENGINES: dict[EngineName, Engine] = {e.name: e for e in (Vllm(), VllmCpu(), LlamaCpp(), Trtllm(), External())}
@@ -102,3 +103,19 @@ def log_signatures() -> tuple[Signature, ...]:
         for signature in each.log_signatures:
             found.setdefault(signature.name, signature)
     return tuple(found.values())
+
+
+# ----- the engine-specific commands of `python -m backend` (backend/cli.py declares their options) ------------------
+def prebuilt_engine() -> Engine:
+    """The engine whose served form `build-trt-engine` builds ahead of its start (TensorRT-LLM's engine)."""
+    return ENGINES[Trtllm.name]
+
+
+def build_prebuilt(cfg: AppConfig, python: str, flags: EngineFlags, compute_capability: tuple[int, int] | None) -> int:
+    """`build-trt-engine`: build what prebuilt_engine() serves, sized by `flags`; the command's exit code."""
+    return build_trt_engine_command(cfg, python, flags, compute_capability)
+
+
+def gguf_quantizer(cfg: AppConfig) -> Path:
+    """The program that quantizes a GGUF file (`convert-gguf`): the one installed with the engine that serves GGUF."""
+    return quantize_binary(cfg)

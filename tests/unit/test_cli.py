@@ -16,7 +16,7 @@ import pytest
 from backend import cli
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import Api, engine_python
-from backend.engines.llamacpp import quantize_binary
+from backend.engines.registry import gguf_quantizer
 from backend.ops.doctor import locate
 from tests.conftest import MakeConfig
 
@@ -47,7 +47,7 @@ WORKERS = {
     "stop-engine": "stop_command",
     "tune": "tune_command",
     "check-flags": "check_flags_command",
-    "build-trt-engine": "build_trt_engine_command",
+    "build-trt-engine": "build_prebuilt",
     "bench": "bench_command",
     "report": "report_command",
     "check-answers": "check_answers_command",
@@ -230,7 +230,7 @@ def test_loadtest(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_prepare_model_and_convert_gguf(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     python = engine_python(cfg)
     assert called(monkeypatch, "prepare_model_command", ["prepare-model"]) == mock.call(cfg, python)
-    tool = quantize_binary(cfg)
+    tool = gguf_quantizer(cfg)
     argv = ["convert-gguf", "some/folder", "--quant", "q4_k_m"]
     want = mock.call(cfg, python, tool, Path("some/folder"), "q4_k_m")
     assert called(monkeypatch, "convert_gguf_command", argv) == want
@@ -250,7 +250,7 @@ def test_check_flags(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_build_trt_engine(cfg: AppConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "detect_gpus", lambda: [])
-    call = called(monkeypatch, "build_trt_engine_command", ["build-trt-engine"])
+    call = called(monkeypatch, "build_prebuilt", ["build-trt-engine"])
     assert call.args[:2] == (cfg, engine_python(cfg)) and call.args[3] is None  # no GPU: no compute capability
 
 
