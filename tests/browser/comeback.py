@@ -13,7 +13,8 @@ LONG_ASK = "Tell me a long story about a small robot who learns to paint, with m
 
 
 class Frames:
-    """The chat's socket.io events a page received, each with the time it came (time.monotonic())."""
+    """The chat's socket.io events a page received, each with the time it came (time.monotonic()); a refused
+    connection is the event "(refused)"."""
 
     def __init__(self, page: Any) -> None:
         self.events: list[tuple[float, str, Any]] = []
@@ -24,6 +25,8 @@ class Frames:
         ws.on("framereceived", self._frame)
 
     def _frame(self, payload: str | bytes) -> None:
+        if isinstance(payload, str) and payload.startswith("44"):  # Socket.IO's CONNECT_ERROR: the server refused
+            self.events.append((time.monotonic(), "(refused)", payload[2:]))
         if not isinstance(payload, str) or not payload.startswith("42"):
             return
         try:

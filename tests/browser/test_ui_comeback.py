@@ -38,6 +38,7 @@ DEMO_REPLY_TOKENS = "160"  # long enough to reload or cut in the middle, short e
 # 3.2 s in a fresh-clone CI run and ended before the reopen (the test then had nothing live to follow)
 LOGIN_REPLY_TOKENS = "400"
 GENERATED = "vllm:generation_tokens_total"
+CHAINLIT_REFUSAL = "Authorization for the thread failed."  # Chainlit's log line (socket.py) for another's thread
 # The model's reply (not the demo model's notice, which names it) has its first 20 characters on the page.
 REPLY_BEGUN = """sel => [...document.querySelectorAll(sel)]
   .some(el => !el.innerText.includes("SmolLM2") && el.innerText.length > 20)"""
@@ -340,9 +341,22 @@ async def test_two_tabs_on_one_thread_both_see_the_reply(site: Site, browser: An
 
 
 async def test_another_user_cannot_follow_a_reply(site: Site, browser: Any) -> None:
+    """Bob opens the URL of alice's thread while her reply is written. What refuses him is Chainlit's own check of a
+    thread's author: his page's websocket asks for the thread and is refused before any hook of the app runs (the app
+    leaves that check to Chainlit: backend/web/chainlit_routes.py takes over only what trusts too much), so his page
+    never asks the app for the reply. The app's own check behind it, a live reply found by its owner only
+    (backend.chat.live.LiveReplies.find; a login's owner is its user: backend.web.replies.owner_of), is out of any
+    page's reach while Chainlit's holds; tests/unit/chat/test_live.py and tests/unit/web/test_replies.py assert it.
+    Here: the refusal came, and it was Chainlit's for another's thread (its log line, not a failed login), and nothing
+    of the reply reached bob's page meanwhile."""
     page, frames, reply = await asked(browser, site, "en-US")
     other, other_frames = await log_in(browser, site.app, "en-US", name="bob")
+    mark, refusals = other_frames.mark(), site.app.log_text().count(CHAINLIT_REFUSAL)
     await other.goto(page.url)
+    await asyncio.to_thread(
+        wait_until, lambda: other_frames.first_at("(refused)", mark), "Chainlit refusing bob's page the thread"
+    )
+    assert site.app.log_text().count(CHAINLIT_REFUSAL) > refusals, "refused as another's thread, not as a login"
     await other.wait_for_load_state("networkidle")
     streamed = len(frames.pieces(reply))
 

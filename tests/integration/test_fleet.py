@@ -51,7 +51,7 @@ from backend.serving.process import new_api_key
 from backend.storage.database import open_engine
 from tests.app_process import RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login, rendered_finished
-from tests.fleet import PROXY_CHECK_S, Child, llama_engine, router, samples, sticky_proxy
+from tests.fleet import Child, StickyProxy, llama_engine, router, samples
 from tests.postgres_server import PostgresForTests
 from tests.waiting import wait_until
 
@@ -64,7 +64,6 @@ SLOTS = 4  # per engine: 16 chats over 2 engines keep 4 waiting in each, which t
 REPLY_TOKENS = 32
 STORY = "Tell me a long story about a lighthouse keeper and the sea."
 RETRY_LINE = "failed before its first token"
-UNHEALTHY_LINE = "Engine health check failed"  # the app's supervisor, when its engine (here the router) fails a check
 IN_FLIGHT_S = 0.5
 DRAIN_S = 120  # admission.drain_s: how long a restarted process lets its replies finish (8 replies of a turn that
 # has a history take ~25-30 s here on 2 cores, with both engines, the router and both apps on them)
@@ -77,7 +76,7 @@ class Fleet:
     router_metrics: str
     apps: list[RunningApp]
     envs: list[dict[str, str]]
-    proxy: Child
+    proxy: StickyProxy
     proxy_url: str
     prompts: Path
     database_url: str
@@ -143,11 +142,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_py: str, postgres: Po
         apps += [launch_app(env, root / f"app-{i}.log") for i, env in enumerate(envs, 1)]
         for app in apps:
             app.wait_ready()
-        proxy, proxy_url = sticky_proxy([app.url for app in apps], root)
+        proxy = StickyProxy([app.url for app in apps], root)
         proxy.start()
         started.append(proxy)
         proxy.wait_ready()
-        fleet = Fleet(engines, front, router_metrics, apps, envs, proxy, proxy_url, prompts, database_url)
+        fleet = Fleet(engines, front, router_metrics, apps, envs, proxy, proxy.url, prompts, database_url)
         yield fleet
         write_figures(fleet.figures)
     finally:
@@ -224,7 +223,8 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
 
     # the same 16 chats' next message; one engine is killed once a few replies have begun
     before, retries_before = processed(fleet), app.log_text().count(RETRY_LINE)
-    unhealthy_before = [a.log_text().count(UNHEALTHY_LINE) for a in fleet.apps]
+    restarts_before = [a.health()["engine"]["restarts"] for a in fleet.apps]
+    load_began = time.monotonic()
     started_before = [launched(e) for e in fleet.engines]
     marks = [len(chat.events) for chat in chats]
     load = asyncio.gather(*(chat.ask(f"{STORY} ({i})") for i, chat in enumerate(chats)))
@@ -286,10 +286,14 @@ async def test_sixteen_chats_spread_over_both_engines_and_a_killed_one_loses_non
     await asyncio.to_thread(wait_until, lambda: worker_health(fleet).get(dead) == 1, "the router taking it back")
 
     # one engine down is not the fleet down: neither app process found its engine (the router) unhealthy meanwhile,
-    # so neither stopped serving nor failed the proxy's health check
-    unhealthy = [a.log_text().count(UNHEALTHY_LINE) - n for a, n in zip(fleet.apps, unhealthy_before, strict=True)]
-    fleet.figures["kill"]["app_health_check_failures"] = unhealthy
-    assert unhealthy == [0, 0], f"both app processes stayed ready while one engine was down: {unhealthy}"
+    # so neither stopped serving: each one's engine has been ready since before the load, without a restart (its
+    # /healthz says how long its engine has been in its state)
+    since_load = time.monotonic() - load_began  # before asking: each answer's for_s is at least this
+    engines = [a.health()["engine"] for a in fleet.apps]
+    fleet.figures["kill"]["app_engine_ready_s"] = [e["for_s"] for e in engines]
+    for engine, restarts in zip(engines, restarts_before, strict=True):
+        assert engine["state"] == "ready" and engine["for_s"] >= since_load - 0.1, (engine, since_load)
+        assert engine["restarts"] == restarts, engine
 
 
 async def test_a_conversation_continues_on_the_other_process_after_its_own_died(fleet: Fleet) -> None:
@@ -407,8 +411,12 @@ async def test_with_every_engine_down_the_chat_still_opens_says_so_and_answers_o
         await asyncio.to_thread(
             wait_until, lambda: all(app_health(a) == 503 for a in fleet.apps), "both app processes finding no engine"
         )
-        await asyncio.sleep(2 * PROXY_CHECK_S)  # the proxy has checked both processes since (it would skip them now
-        # if it checked /healthz: every user would get its bare 503)
+        # the proxy has checked both processes since (it would skip them now if it checked /healthz: every user would
+        # get its bare 503): two rounds of its checks began after both said 503, and a third shows the second ended
+        rounds = fleet.proxy.check_rounds()
+        await asyncio.to_thread(
+            wait_until, lambda: fleet.proxy.check_rounds() >= rounds + 3, "the proxy checking both processes since"
+        )
         http = await login(fleet.proxy_url, "bob", PASSWORD)
         try:
             assert (await http.get("/")).status_code == 200, "the proxy serves the page"
