@@ -24,11 +24,12 @@ from backend.catalogue import CATALOG
 from backend.config import ROOT, EngineName, load_config
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import free_port, new_api_key
+from tests.deadlines import ENGINE_S, WAIT_S
 from tests.http_server import ThreadedServer
 from tests.installed import need_engine
 from tests.launching import launch
 from tests.openai_stream import reply_events
-from tests.waiting import WAIT_S, wait_alive
+from tests.waiting import wait_alive
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -137,7 +138,7 @@ class RunningApp:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 300) -> None:
+    def wait_ready(self, timeout: float = ENGINE_S) -> None:
         """Wait until the app answers and its engine is ready; fail at once if the app died."""
 
         def ready() -> bool:
@@ -389,7 +390,7 @@ def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterat
                 return False
 
         engine_log = (data / "engine.log").read_text
-        wait_alive(proc, healthy, f"{name} serving {model}", engine_log, timeout=600)
+        wait_alive(proc, healthy, f"{name} serving {model}", engine_log, timeout=ENGINE_S)
         yield spec.base_url, key
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from backend.config import load_config
 from backend.engines.llamacpp import demo_gguf
 from backend.serving.process import free_port
+from tests.deadlines import ENGINE_S
 from tests.launching import launch
 from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent  # the app environment's scripts: vllm-router and caddy are installed there
-READY_S = 180.0
 
 
 class Child:
@@ -56,7 +56,7 @@ class Child:
         except (OSError, urllib.error.HTTPError):
             return False
 
-    def wait_ready(self, timeout: float = READY_S) -> None:
+    def wait_ready(self, timeout: float = ENGINE_S) -> None:
         wait_until(self.healthy, f"{self.name} at {self.health_url}", timeout=timeout)
 
     def kill(self) -> None:

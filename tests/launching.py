@@ -13,8 +13,7 @@ from backend.engines.registry import engine
 from backend.serving.launch import make_supervisor
 from backend.serving.profiles import choose_profile, effective_flags
 from backend.serving.supervisor import State, Status
-
-GENEROUS_S = 120.0  # a wait that ends as soon as the supervisor gives up; only a hang reaches it
+from tests.deadlines import ENGINE_S
 
 
 def launch(
@@ -38,14 +37,14 @@ async def failed_start(cfg: AppConfig) -> Status:
     supervisor = make_supervisor(cfg)
     supervisor.start_background()
     try:
-        assert not await supervisor.wait_ready(GENEROUS_S), "the engine started"
+        assert not await supervisor.wait_ready(ENGINE_S), "the engine started"
         assert supervisor.status.state == State.FAILED, supervisor.status
         return dataclasses.replace(supervisor.status)  # a copy: stopping changes the supervisor's own
     finally:
         await supervisor.stop()
 
 
-async def serving(cfg: AppConfig, timeout_s: float = 600.0) -> ChatService:
+async def serving(cfg: AppConfig, timeout_s: float = ENGINE_S) -> ChatService:
     """The app's chat service for `cfg`, started and ready (the test fails with the supervisor's status if not)."""
     service = ChatService.from_config(cfg)
     service.start()

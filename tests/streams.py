@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from backend.chat.client import ChatClient, Message
-
-FIRST_PIECE_S = 600.0  # a wait that ends at the first piece; only a broken engine reaches it
+from tests.deadlines import ENGINE_S
 
 
 async def leave_at_first_piece(client: ChatClient, messages: list[Message], **sampling: Any) -> None:
@@ -28,7 +27,7 @@ async def cancel_at_first_piece(client: ChatClient, messages: list[Message], **s
                 seen.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(seen.wait(), FIRST_PIECE_S)
+    await asyncio.wait_for(seen.wait(), ENGINE_S)  # ends at the first piece
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -1,17 +1,21 @@
-"""Waiting in tests: one polling loop, and one start-and-wait for a child process (its probe AND that it lives).
+"""Waiting in tests: one polling loop (and its twin for a test's event loop), and one start-and-wait for a child
+process (its probe AND that it lives); how long each waits by default is tests/deadlines.py's.
 
 As vLLM's test server helper does: a child that dies fails the wait at once, with its exit code and its log's tail,
 instead of after the timeout."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from tests.deadlines import WAIT_S
+
 T = TypeVar("T")
-WAIT_S = 180.0  # generous: the machine may be busy with other tests
 TAIL_CHARS = 3000
 
 
@@ -25,6 +29,22 @@ def wait_until(probe: Callable[[], T | None], what: str, timeout: float = WAIT_S
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+async def until(
+    probe: Callable[[], T | Awaitable[T | None] | None], what: str, timeout_s: float = WAIT_S, interval: float = 0.1
+) -> T:
+    """wait_until on the event loop: `probe` (plain or async) is polled between sleeps that let the loop run."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def wait_alive(

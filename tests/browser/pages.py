@@ -11,11 +11,11 @@ from typing import Any
 
 from backend.chat.i18n import MESSAGES, lang_of
 from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app
+from tests.deadlines import WAIT_MS
 from tests.waiting import wait_until
 
 LOCALES = ["en-US", "zh-CN"]
 DETAILS = ".reply-details"  # the details element under every finished reply (public/elements/ReplyDetails.jsx)
-WAIT_MS = 180_000  # generous: a reply may wait for a busy machine
 
 
 @asynccontextmanager

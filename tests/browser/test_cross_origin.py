@@ -27,13 +27,13 @@ from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from tests.app_process import REPLY, FakeEngine, RunningApp, start_app
 from tests.browser.pages import send, sign_in
+from tests.deadlines import WAIT_MS
 from tests.http_server import ThreadedServer
 from tests.isolation import new_markers
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 PASSWORD = "cross-origin-password"
-WAIT_MS = 60_000
 
 # What another site's page does with the app at APP (its answers go to window.results, "done" when all ended).
 EVIL_PAGE = """<!doctype html><html><body><pre id="out"></pre><script>

@@ -27,11 +27,11 @@ from backend.chat.i18n import t
 from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, launch_app, login_env, start_app
 from tests.browser.comeback import LONG_ASK, Frames, engine_of, engine_tokens
 from tests.browser.pages import DETAILS, LOCALES, send, sign_in, wait_finished
+from tests.deadlines import WAIT_MS
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
-WAIT_MS = 180_000
 PASSWORD = "alice-password"
 DEMO_REPLY_TOKENS = "160"  # long enough to reload or cut in the middle, short enough for a lean test
 # With login, a reply must outlast a tab's close, another page's reload and a click in its history: 160 tokens took

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import stat
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,9 +24,9 @@ import socketio
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.saved import counts_from_thread
-from tests.app_process import WAIT_S, RunningApp, launch_app, login_env, storage_problems
+from tests.app_process import RunningApp, launch_app, login_env, storage_problems
 from tests.chat_api import ChatSocket, login, rendered_finished
-from tests.waiting import wait_until
+from tests.waiting import until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -140,13 +139,12 @@ async def test_each_user_sees_only_their_own_threads(
 
 async def saved_thread(http: httpx.AsyncClient, tid: str) -> dict[str, Any]:
     """The thread as saved, once its reply is: Chainlit writes the steps in the background, after the page has them."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
+
+    async def saved() -> dict[str, Any] | None:
         thread: dict[str, Any] = (await http.get(f"/project/thread/{tid}")).json()
-        if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])}:
-            return thread
-        assert time.monotonic() < deadline, f"the thread's steps were not saved within {WAIT_S:.0f} s: {thread}"
-        await asyncio.sleep(0.2)
+        return thread if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])} else None
+
+    return await until(saved, f"thread {tid}'s steps saved", interval=0.2)
 
 
 async def prompt_tokens_of(site: Site, chat: ChatSocket, text: str) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from tests.app_process import RunningApp, start_app
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -88,10 +88,7 @@ async def test_a_restart_lets_the_reply_in_flight_finish_and_tells_newcomers(tmp
         app.wait_ready()
         async with httpx.AsyncClient(base_url=app.url, timeout=300) as http:
             in_flight = asyncio.ensure_future(streamed(http, 160))
-            deadline = time.monotonic() + 60
-            while app.health()["line"]["running"] < 1:  # the reply is being written
-                assert time.monotonic() < deadline, "the reply never started"
-                await asyncio.sleep(0.1)
+            await until(lambda: app.health()["line"]["running"] >= 1, "the reply being written")
             app.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(1.0)
             status, headers, text = await streamed(http, 8)

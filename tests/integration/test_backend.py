@@ -7,10 +7,8 @@ waits are generous and end early, and what is checked is what the engine itself 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -24,11 +22,12 @@ from backend.chat.turn import Done
 from backend.errors import BackendError, EngineStartError, Phrase, PromptTooLongError, ServiceError
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.supervisor import State, Status
+from tests.deadlines import ENGINE_S
 from tests.streams import cancel_at_first_piece, leave_at_first_piece
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
-GENEROUS_S = 600.0  # a wait that ends as soon as its condition holds; only a broken engine or app reaches it
 LONG_REPLY = 8000  # tokens asked for: a request that really ran to the end generated all of them
 # Engine parameters (ignore_eos) go as fields of the request: the client sends its sampling keywords as they are,
 # and loses what it is given as extra_body (tests/unit/chat/test_client_request.py, a strict xfail).
@@ -49,8 +48,8 @@ async def service(tiny_service: ChatService) -> AsyncIterator[ChatService]:
     sup = tiny_service.supervisor
     if sup.process is not None and sup.process.exit_code() is not None:
         # Dead, but the supervisor (which polls every half second) has not said so yet: still "ready".
-        await until(lambda: sup.status.state != State.READY, "the supervisor did not notice the engine's exit")
-    assert await sup.wait_ready(GENEROUS_S), sup.status
+        await until(lambda: sup.status.state != State.READY, "the supervisor noticing the engine's exit", ENGINE_S)
+    assert await sup.wait_ready(ENGINE_S), sup.status
     yield tiny_service
 
 
@@ -59,19 +58,6 @@ async def engine_metric(service: ChatService, name: str) -> float:
     async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
         text = (await http.get(service.endpoint.base_url + "/metrics")).text
     return sample_totals(text).get(name, 0.0)
-
-
-async def until(condition: Callable[[], object], what: str, timeout_s: float = GENEROUS_S) -> None:
-    """Wait until `condition()` (sync or async) is true; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
-        await asyncio.sleep(0.1)
 
 
 async def idle(service: ChatService) -> bool:
@@ -121,7 +107,7 @@ async def generated_by(service: ChatService, leave_early: Callable[[], Awaitable
     for _ in range(ATTEMPTS):
         before = await engine_metric(service, "vllm:generation_tokens_total")
         await leave_early()
-        await until(lambda: idle(service), "the engine still runs the request")
+        await until(lambda: idle(service), "the engine ending the request", ENGINE_S)
         generated = await engine_metric(service, "vllm:generation_tokens_total") - before
         if generated < LONG_REPLY:
             break
@@ -252,8 +238,8 @@ async def test_engine_killed_mid_reply_ends_reply_and_recovers(service: ChatServ
             broken = None
         assert killed
         noticed = restarts + 1
-        await until(lambda: sup.status.restarts == noticed, "the supervisor did not notice the crash")  # noqa: B023
-        assert await sup.wait_ready(GENEROUS_S), f"engine did not come back: {sup.status}"
+        await until(lambda: sup.status.restarts == noticed, "the supervisor noticing the crash", ENGINE_S)  # noqa: B023
+        assert await sup.wait_ready(ENGINE_S), f"engine did not come back: {sup.status}"
         assert sup.status.restarts == noticed and sup.status.pid not in (None, pid)
         [restarting] = states.problems_while(State.RESTARTING)
         assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
@@ -280,8 +266,8 @@ async def test_hung_engine_is_killed_and_restarted(service: ChatService) -> None
     assert pid is not None
     states = States(service)
     os.kill(pid, signal.SIGSTOP)  # the API server stops answering but does not exit
-    await until(lambda: sup.status.restarts == restarts + 1, "the hang was not noticed")
-    assert await sup.wait_ready(GENEROUS_S) and sup.status.pid not in (None, pid)
+    await until(lambda: sup.status.restarts == restarts + 1, "the hang noticed", ENGINE_S)
+    assert await sup.wait_ready(ENGINE_S) and sup.status.pid not in (None, pid)
     [restarting] = states.problems_while(State.RESTARTING)
     assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
     reason = restarting.params["reason"]
@@ -305,8 +291,8 @@ async def test_a_dead_engine_core_process_restarts_the_whole_engine_and_leaves_n
     states = States(service)
     for core in cores:
         os.kill(core, signal.SIGKILL)
-    await until(lambda: sup.status.restarts == restarts + 1, "the engine core's death was not noticed")
-    assert await sup.wait_ready(GENEROUS_S), f"engine did not come back: {sup.status}"
+    await until(lambda: sup.status.restarts == restarts + 1, "the engine core's death noticed", ENGINE_S)
+    assert await sup.wait_ready(ENGINE_S), f"engine did not come back: {sup.status}"
     [restarting] = states.problems_while(State.RESTARTING)
     assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting", restarting
     assert [p for p in old if alive(p)] == [], "nothing of the old engine is left"

@@ -20,6 +20,7 @@ import pytest_asyncio
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession, Done, Event
 from tests.conftest import service_config
+from tests.deadlines import ENGINE_S
 from tests.isolation import Transcript, leaks, new_markers, shows
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,6 @@ pytestmark = pytest.mark.integration
 CONVERSATIONS = 16
 REPLY_TOKENS = 32  # the session's max_tokens: enough for a code word and a sentence
 ENGINES = ["llama.cpp", "vllm-cpu"]
-READY_S = 600.0  # a wait that ends as soon as the engine is ready; only a broken engine reaches it
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ async def demo_service(
     service = ChatService.from_config(cfg)
     service.start()
     try:
-        assert await service.supervisor.wait_ready(READY_S), service.supervisor.status
+        assert await service.supervisor.wait_ready(ENGINE_S), service.supervisor.status
         assert service.serving_demo, service.supervisor.status
         yield service
     finally:

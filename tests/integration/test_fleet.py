@@ -53,7 +53,7 @@ from tests.app_process import RunningApp, launch_app, login_env
 from tests.chat_api import ChatSocket, login, rendered_finished
 from tests.fleet import Child, StickyProxy, llama_engine, router, samples
 from tests.postgres_server import PostgresForTests
-from tests.waiting import wait_until
+from tests.waiting import until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -341,10 +341,7 @@ async def saved_thread(http: httpx.AsyncClient, tid: str) -> dict[str, Any]:
         thread: dict[str, Any] = (await http.get(f"/project/thread/{tid}")).json()
         return thread if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])} else None
 
-    async with asyncio.timeout(120):
-        while (found := await probe()) is None:
-            await asyncio.sleep(0.2)
-    return found
+    return await until(probe, f"thread {tid}'s steps saved", interval=0.2)
 
 
 class PollingChat(ChatSocket):

@@ -33,8 +33,10 @@ from backend.serving import supervisor as supervisor_module
 from backend.serving.answers.reference import Reference
 from backend.serving.process import port_is_free
 from backend.serving.supervisor import State
+from tests.deadlines import ENGINE_S
 from tests.launching import serving
 from tests.streams import cancel_at_first_piece, leave_at_first_piece
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +46,6 @@ MODELS = ROOT / ".cache" / "test-models"
 # with one thread (the app's llama.cpp profile on 2 cores: 29-44 tokens/s here), where a stop is a token or two
 # after the client goes; long_reply writes it once in full, so every token of it is paid for again in each run.
 SLOW_REPLY = 500
-GENEROUS_S = 600.0  # waits that end as soon as their condition holds; only a broken engine or app reaches them
 
 
 def llama_config(data: Path, cache: Path, model: Path | str, **overrides: object) -> AppConfig:
@@ -171,12 +172,13 @@ async def engine_metric(service: ChatService, name: str) -> float:
     return sample_totals(text).get(name, 0.0)
 
 
-async def wait_idle(service: ChatService, timeout_s: float = GENEROUS_S) -> None:
+async def wait_idle(service: ChatService, timeout_s: float = ENGINE_S) -> None:
     """Return once the server reports no request in progress (its own llamacpp:requests_processing gauge)."""
-    deadline = time.monotonic() + timeout_s
-    while await engine_metric(service, "llamacpp:requests_processing") != 0:
-        assert time.monotonic() < deadline, f"the server still processes a request after {timeout_s:.0f} s"
-        await asyncio.sleep(0.2)
+
+    async def idle() -> bool:
+        return await engine_metric(service, "llamacpp:requests_processing") == 0
+
+    await until(idle, "the server processing no request", timeout_s, interval=0.2)
 
 
 async def busy_slot_decodes(service: ChatService) -> tuple[float, float]:
@@ -394,7 +396,7 @@ async def test_health_pings_pass_while_a_reply_streams(
     restarts = demo_llama.supervisor.status.restarts
     monkeypatch.setattr(supervisor_module, "is_healthy", recorded)
     async with demo_llama.client.stream(LONG_PROMPT, **long_reply) as s:
-        deadline = time.monotonic() + GENEROUS_S
+        deadline = time.monotonic() + ENGINE_S
         async for _ in s:
             if sum(busy > 0 for _, busy in pings) >= 2:
                 break  # two pings answered while the reply was being generated: enough
@@ -414,11 +416,8 @@ async def test_engine_killed_with_sigkill_is_restarted(tiny_llama: ChatService) 
     old_pid, restarts = supervisor.status.pid, supervisor.status.restarts
     assert old_pid is not None
     os.killpg(old_pid, signal.SIGKILL)
-    deadline = time.monotonic() + GENEROUS_S
-    while supervisor.status.restarts == restarts:
-        assert time.monotonic() < deadline, "the supervisor did not notice the crash"
-        await asyncio.sleep(0.2)
-    assert await supervisor.wait_ready(GENEROUS_S), supervisor.status
+    await until(lambda: supervisor.status.restarts != restarts, "the supervisor noticing the crash", ENGINE_S, 0.2)
+    assert await supervisor.wait_ready(ENGINE_S), supervisor.status
     assert supervisor.status.restarts == restarts + 1 and supervisor.status.pid not in (None, old_pid)
     async with tiny_llama.client.stream([{"role": "user", "content": "Hi"}], max_tokens=4) as s:
         _ = [p async for p in s]

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -30,12 +29,12 @@ from backend.serving.supervisor import State
 from backend.web import routes
 from tests.app_process import launch_app
 from tests.conftest import service_config
+from tests.deadlines import ENGINE_S
+from tests.waiting import until
 
 LOCAL = ("127.0.0.1", 50000)  # a client on this machine: it reads the metrics and the health detail
 
 pytestmark = pytest.mark.integration
-
-GENEROUS_S = 600.0  # waits that end as soon as their condition holds
 
 
 async def test_metrics_endpoints(tiny_service: ChatService) -> None:
@@ -93,13 +92,12 @@ async def after_one_request(engine: ChatService, before: dict[str, float]) -> di
     """The engine's totals once it has recorded one more finished request than in `before`.
 
     (vLLM updates its counters just after it sends a reply's last chunk: reading at once could miss them.)"""
-    deadline = time.monotonic() + GENEROUS_S
-    while True:
+
+    async def recorded() -> dict[str, float] | None:
         after = await engine_totals(engine)
-        if after["vllm:request_success_total"] > before["vllm:request_success_total"]:
-            return after
-        assert time.monotonic() < deadline, "the engine recorded no finished request"
-        await asyncio.sleep(0.1)
+        return after if after["vllm:request_success_total"] > before["vllm:request_success_total"] else None
+
+    return await until(recorded, "the engine recording a finished request", ENGINE_S)
 
 
 async def one_turn(service: ChatService, text: str = "你好") -> Done:
@@ -153,7 +151,7 @@ async def test_an_app_on_an_external_engine_answers_a_chat_turn_and_its_healthz_
     m.watch(service.supervisor)
     service.start()
     try:
-        assert await service.supervisor.wait_ready(GENEROUS_S), service.supervisor.status
+        assert await service.supervisor.wait_ready(ENGINE_S), service.supervisor.status
         before = await engine_totals(tiny_service)
         done = await one_turn(service)
         after = await after_one_request(tiny_service, before)
@@ -177,7 +175,7 @@ async def test_stopping_an_app_on_an_external_engine_leaves_the_engine_serving(
 ) -> None:
     service = ChatService.from_config(external_config(tmp_path, tiny_service))
     service.start()
-    assert await service.supervisor.wait_ready(GENEROUS_S), service.supervisor.status
+    assert await service.supervisor.wait_ready(ENGINE_S), service.supervisor.status
     pid = tiny_service.supervisor.status.pid
     await service.stop()
     assert service.supervisor.status.state == State.STOPPED
@@ -200,7 +198,7 @@ async def test_doctor_without_app_url_finds_the_app_on_its_configured_port(
     }
     app = launch_app(env, tmp_path / "app.log", port=port)
     try:
-        await asyncio.to_thread(app.wait_ready, GENEROUS_S)
+        await asyncio.to_thread(app.wait_ready, ENGINE_S)
         doctor_env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIE_")} | env
         proc = await asyncio.to_thread(
             subprocess.run,
@@ -209,7 +207,7 @@ async def test_doctor_without_app_url_finds_the_app_on_its_configured_port(
             env=doctor_env,
             capture_output=True,
             text=True,
-            timeout=GENEROUS_S,
+            timeout=ENGINE_S,
         )
     finally:
         await asyncio.to_thread(app.stop)

@@ -7,7 +7,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,8 +21,8 @@ from backend.benchmarks.stats import RequestResult, level_metrics
 from backend.benchmarks.workload import BenchRequest
 from backend.errors import BenchmarkError
 from backend.serving.process import free_port
-
-GENEROUS_S = 60.0
+from tests.deadlines import WAIT_S
+from tests.waiting import wait_alive, wait_until
 
 
 def options(argv: list[str]) -> argparse.Namespace:
@@ -82,10 +81,9 @@ def test_command_prints_friendly_errors(capsys: pytest.CaptureFixture[str]) -> N
 def test_process_tree_memory_covers_children() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(600)"])
     try:
-        deadline = time.monotonic() + GENEROUS_S
-        while rss_bytes(child.pid) <= 60 << 20:  # until the child holds its 64 MiB
-            assert time.monotonic() < deadline and child.poll() is None, "the child never held its 64 MiB"
-            time.sleep(0.05)
+        wait_alive(
+            child, lambda: rss_bytes(child.pid) > 60 << 20, "the child holding its 64 MiB", lambda: "", interval=0.05
+        )
         assert child.pid in process_tree(os.getpid())
         own = rss_bytes(os.getpid())
         assert tree_rss_bytes(os.getpid()) >= own + (60 << 20)
@@ -100,10 +98,7 @@ def test_a_process_that_exited_is_not_alive_even_before_it_is_reaped() -> None:
     assert alive(child.pid)
     assert child.stdin is not None
     child.stdin.close()  # it exits; until wait() it stays a zombie, which must not count as alive
-    deadline = time.monotonic() + GENEROUS_S
-    while alive(child.pid):
-        assert time.monotonic() < deadline, "the child that exited still counts as alive"
-        time.sleep(0.05)
+    wait_until(lambda: not alive(child.pid), "the child that exited no longer counting as alive", interval=0.05)
     assert Path(f"/proc/{child.pid}").exists(), "still a zombie here: not reaped yet"
     child.wait()
     assert not alive(child.pid)
@@ -131,7 +126,7 @@ async def test_metrics_memory_and_peak_sampler() -> None:
         return value
 
     async with PeakSampler(read, interval_s=0.01) as sampler:
-        await asyncio.wait_for(all_read.wait(), GENEROUS_S)  # until every reading above was taken
+        await asyncio.wait_for(all_read.wait(), WAIT_S)  # until every reading above was taken
     assert sampler.peak == 30
 
 

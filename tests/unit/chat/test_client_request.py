@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 from backend.chat.client import ChatClient
+from tests.deadlines import HANG_S
 from tests.unit.chat.test_client_retry import STREAM_HEAD, USAGE, Behaviour, Reader, ScriptedServer, Writer, sse, stream
 
-GENEROUS_S = 20.0  # a safety net against a hanging test, never a synchronisation
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -18,7 +18,7 @@ async def sent(**sampling: Any) -> dict[str, Any]:
         client = ChatClient(server.endpoint, connect_timeout_s=2.0)
         try:
             async with client.stream(MESSAGES, **sampling) as s:
-                pieces = await asyncio.wait_for(_all(s), GENEROUS_S)
+                pieces = await asyncio.wait_for(_all(s), HANG_S)
         finally:
             await client.aclose()
     assert pieces == ["ok"] and s.stats.finish_reason == "stop"
@@ -73,7 +73,7 @@ async def test_a_prompt_of_the_models_own_ids_goes_to_completions_and_its_text_i
         client.prompt_ids = OwnIds()  # type: ignore[assignment]
         try:
             async with client.stream(MESSAGES, max_tokens=7, temperature=0.5) as s:
-                pieces = await asyncio.wait_for(_all(s), GENEROUS_S)
+                pieces = await asyncio.wait_for(_all(s), HANG_S)
         finally:
             await client.aclose()
     assert (pieces, s.stats.finish_reason, s.stats.completion_tokens) == (["o", "k"], "stop", 2)

@@ -17,12 +17,12 @@ import pytest
 from backend.chat.client import ChatClient, ChatStream
 from backend.engines.base import Endpoint
 from backend.errors import BackendError, PromptTooLongError
+from tests.deadlines import HANG_S
 from tests.openai_stream import event, http_chunk, usage
 from tests.openai_stream import finish as stream_finish
 from tests.openai_stream import piece as stream_piece
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-GENEROUS_S = 20.0  # a safety net against a hanging test, never a synchronisation
 
 Reader: TypeAlias = asyncio.StreamReader
 Writer: TypeAlias = asyncio.StreamWriter
@@ -193,7 +193,7 @@ async def collect(stream: ChatStream, into: list[str] | None = None) -> list[str
 
 async def read_all(client: ChatClient, into: list[str] | None = None) -> tuple[list[str], ChatStream]:
     s = client.stream(MESSAGES, max_tokens=8)
-    return await asyncio.wait_for(collect(s, into), GENEROUS_S), s
+    return await asyncio.wait_for(collect(s, into), HANG_S), s
 
 
 # ----- (a) failures before the first token are retried -----------------------------------------------------
@@ -306,12 +306,12 @@ def unanswered_listener() -> Iterator[Endpoint]:
 
 
 async def test_a_server_that_never_accepts_the_connection_times_out_at_the_connect_timeout() -> None:
-    """Without the connect timeout the attempt would hang well past GENEROUS_S (the read timeout is longer)."""
+    """Without the connect timeout the attempt would hang well past HANG_S (the read timeout is longer)."""
     with unanswered_listener() as endpoint:
         client = ChatClient(endpoint, connect_timeout_s=0.3, read_timeout_s=3600.0, retries=1)
         try:
             with pytest.raises(BackendError) as caught:
-                await asyncio.wait_for(collect(client.stream(MESSAGES, max_tokens=8)), GENEROUS_S)
+                await asyncio.wait_for(collect(client.stream(MESSAGES, max_tokens=8)), HANG_S)
         finally:
             await client.aclose()
     assert caught.value.code == "backend.timeout"
@@ -334,10 +334,10 @@ async def test_cancelling_the_reply_closes_the_connection(where: str) -> None:
 
     async with ScriptedServer(stream("Hel", end="hang")) as server, client_for(server) as client:
         task = asyncio.create_task(consume(client))
-        await asyncio.wait_for(first.wait(), GENEROUS_S)
+        await asyncio.wait_for(first.wait(), HANG_S)
         assert not server.disconnected.is_set()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.wait_for(server.disconnected.wait(), GENEROUS_S)
+        await asyncio.wait_for(server.disconnected.wait(), HANG_S)
     assert server.requests == 1

@@ -24,13 +24,13 @@ from backend.ops.metrics import AppMetrics
 from backend.serving.process import free_port
 from backend.serving.supervisor import State
 from tests.conftest import MakeConfig
+from tests.deadlines import WAIT_S
 from tests.unit.chat.test_quota import FakeQuotas
 
 STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
 SERVED = "stub-model"
 REPLY = "Hello from the stub engine."
 CHAT_REQUEST = "request POST /v1/chat/completions"
-GENEROUS_S = 180.0  # a safety net that ends as soon as its condition holds (a busy 2-core machine is slow)
 
 
 @dataclass
@@ -53,7 +53,7 @@ StartStub = Callable[..., Stub]
 
 async def listening(stub: Stub) -> None:
     """Wait until the stub accepts connections (its interpreter takes a moment to start)."""
-    deadline = time.monotonic() + GENEROUS_S
+    deadline = time.monotonic() + WAIT_S
     while True:
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", stub.port)
@@ -146,7 +146,7 @@ async def running(cfg: AppConfig, recorder: Recorder, wait: bool = True) -> Asyn
     svc.start()
     try:
         if wait:
-            assert await svc.supervisor.wait_ready(GENEROUS_S), svc.supervisor.status
+            assert await svc.supervisor.wait_ready(WAIT_S), svc.supervisor.status
         yield svc
     finally:
         await svc.stop()
@@ -275,7 +275,7 @@ async def test_a_stop_mid_reply_ends_it_as_stopped_and_keeps_what_arrived(
                         first_text.set()
 
         task = asyncio.create_task(run_turn())
-        await asyncio.wait_for(first_text.wait(), GENEROUS_S)
+        await asyncio.wait_for(first_text.wait(), WAIT_S)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     done = events[-1]

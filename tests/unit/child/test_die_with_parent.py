@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from backend.serving.process import DIE_WITH_PARENT, guarded
-
-WAIT_S = 30.0
+from tests.deadlines import WAIT_S
+from tests.waiting import wait_until
 
 # A parent that starts `sleep` through the launcher, prints its pid, and waits to be killed.
 PARENT = """
@@ -38,13 +37,6 @@ def gone(pid: int) -> bool:
     return state == "Z"  # a zombie waiting for its reaper has ended
 
 
-def until(condition: object, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_the_app_starts_engines_through_the_launcher() -> None:
     assert guarded(["engine", "--flag"]) == [
         sys.executable,
@@ -61,10 +53,10 @@ def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        until(lambda: cmdline(child) == ["sleep", "600"], "the launcher did not become the command (exec)")
+        wait_until(lambda: cmdline(child) == ["sleep", "600"], "the launcher becoming the command (exec)", WAIT_S, 0.05)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-        until(lambda: gone(child), "the command outlived its parent's SIGKILL")
+        wait_until(lambda: gone(child), "the command ending with its parent (SIGKILL)", WAIT_S, 0.05)
     finally:
         parent.kill()
         parent.wait()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from backend.serving.cputime import OtherWork, group_cpu_s, machine_busy_s, own_cpu_s
+from tests.waiting import wait_until
 
 SPIN = "import time\nwhile time.process_time() < {s}: pass\n"
 
@@ -26,10 +27,7 @@ def test_the_machine_a_process_group_and_this_process_count_the_cpu_time_they_us
     assert machine_busy_s() - before >= 0.45, "the child's work shows in the machine's busy time"
     busy = spin(3.0)
     try:
-        deadline = time.monotonic() + 30
-        while group_cpu_s(busy.pid) < 0.3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert group_cpu_s(busy.pid) >= 0.3, "the group's CPU time grows while it works"
+        wait_until(lambda: group_cpu_s(busy.pid) >= 0.3, "the group's CPU time growing while it works", interval=0.05)
     finally:
         busy.kill()
         busy.wait(timeout=10)
@@ -55,9 +53,7 @@ def test_a_live_engines_work_is_not_other_work() -> None:
         counted.start()
         uncounted.start()
         worked = group_cpu_s(engine.pid)
-        deadline = time.monotonic() + 30
-        while group_cpu_s(engine.pid) - worked < 0.6 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: group_cpu_s(engine.pid) - worked >= 0.6, "the engine working 0.6 s", interval=0.05)
         other_counted, other_uncounted = counted.seconds()[0], uncounted.seconds()[0]
         assert other_uncounted - other_counted >= 0.5, "the engine's group is ours: not other work"
     finally:

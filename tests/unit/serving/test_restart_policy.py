@@ -17,9 +17,9 @@ from backend.engines.base import Endpoint, LaunchSpec
 from backend.errors import EngineStartError
 from backend.serving.process import free_port
 from backend.serving.supervisor import RestartPolicy, State, Status, Supervisor
+from tests.deadlines import WAIT_S
 
 STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
-GENEROUS_S = 30.0
 
 
 def policy(**settings: float) -> RestartPolicy:
@@ -157,7 +157,7 @@ async def test_an_engine_that_dies_at_every_start_is_retried_then_given_up_until
     watcher = Watcher(sup)
     sup.start_background()
     try:
-        await asyncio.wait_for(watcher.failed.wait(), GENEROUS_S)
+        await asyncio.wait_for(watcher.failed.wait(), WAIT_S)
         one_round = [State.STARTING, State.RESTARTING, State.STARTING, State.RESTARTING, State.STARTING, State.FAILED]
         assert compact(watcher.seen) == one_round
         assert attempts(watcher.seen) == [1, 2, 3]
@@ -178,7 +178,7 @@ async def test_an_engine_that_dies_at_every_start_is_retried_then_given_up_until
         mark = len(watcher.seen)
         sup.request_retry()
         assert sup.status.state == State.STARTING and sup.status.problem is st.problem
-        await asyncio.wait_for(watcher.failed.wait(), GENEROUS_S)
+        await asyncio.wait_for(watcher.failed.wait(), WAIT_S)
         again = watcher.seen[mark:]
         assert again[0].state == State.STARTING
         assert compact(again) == one_round, "a whole new round: max_attempts starts again"
@@ -198,7 +198,7 @@ async def test_request_retry_before_a_start_does_nothing_and_one_allowed_attempt
     assert sup.status.state == State.STOPPED and watcher.seen == []
     sup.start_background()
     try:
-        await asyncio.wait_for(watcher.failed.wait(), GENEROUS_S)
+        await asyncio.wait_for(watcher.failed.wait(), WAIT_S)
         assert compact(watcher.seen) == [State.STARTING, State.FAILED] and attempts(watcher.seen) == [1]
         assert starts() == 1
     finally:

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,9 +19,10 @@ from backend.errors import EngineStartError, Phrase
 from backend.serving.canary import Canary
 from backend.serving.process import free_port
 from backend.serving.supervisor import State, Supervisor
+from tests.deadlines import WAIT_S
+from tests.waiting import until
 
 STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
-GENEROUS_S = 60.0  # a wait that only ends early: on a busy machine the stub's interpreter starts slowly
 
 
 def make(tmp_path: Path, *stub_args: str, **env: str) -> tuple[Supervisor, Callable[[list[str]], None]]:
@@ -52,14 +52,6 @@ def make(tmp_path: Path, *stub_args: str, **env: str) -> tuple[Supervisor, Calla
     return sup, set_args
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = GENEROUS_S) -> None:
-    """Wait until `condition()` holds (checked every 50 ms); fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not come true"
-        await asyncio.sleep(0.05)
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -72,7 +64,7 @@ def alive(pid: int) -> bool:
 async def test_ready_then_stop_leaves_no_process(tmp_path: Path) -> None:
     sup, _ = make(tmp_path, "--ready-after", "0.5", "--spawn-child")
     sup.start_background()
-    assert await sup.wait_ready(GENEROUS_S)
+    assert await sup.wait_ready(WAIT_S)
     pid = sup.status.pid
     assert pid and alive(pid)
     log = sup.log_path.read_text()
@@ -94,7 +86,7 @@ async def test_a_choice_before_the_first_start_that_fails_leaves_the_configured_
     sup.before_start = broken_tune
     sup.start_background()
     try:
-        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert await sup.wait_ready(WAIT_S), sup.status
         assert asked == ["tune"] and sup.before_start is None, "asked once, before the first start"
     finally:
         await sup.stop()
@@ -111,7 +103,7 @@ async def test_the_warm_up_runs_before_ready_and_its_time_is_kept(tmp_path: Path
     sup.warm_up = warm_up
     sup.start_background()
     try:
-        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert await sup.wait_ready(WAIT_S), sup.status
         assert seen == [(False, Phrase("engine.warming_up"))], "once, before ready, with its notice"
         assert sup.status.warmup_s is not None and sup.status.warmup_s >= 0.2
         assert sup.status.progress is None, "the notice goes with the warm-up"
@@ -133,7 +125,7 @@ async def test_a_warm_up_that_fails_or_is_slow_does_not_keep_the_engine_from_rea
     sup.warm_up = warm_up
     sup.start_background()
     try:
-        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert await sup.wait_ready(WAIT_S), sup.status
         assert sup.status.warmup_s is None and sup.status.progress is None
         said = [r.getMessage() for r in caplog.records if r.name == "backend.serving.supervisor"]
         assert any("warm-up did not finish" in m for m in said), said
@@ -157,11 +149,11 @@ async def test_exit_during_startup_is_reported_at_once_with_code_and_tail(tmp_pa
 async def test_fixing_the_cause_and_retrying_works(tmp_path: Path) -> None:
     sup, set_args = make(tmp_path, "--exit-at-start", "1", ERNIE_RESTART__MAX_ATTEMPTS="1")
     sup.start_background()
-    assert not await sup.wait_ready(GENEROUS_S)
+    assert not await sup.wait_ready(WAIT_S)
     assert sup.status.state == State.FAILED
     set_args([])
     sup.request_retry()
-    assert await sup.wait_ready(GENEROUS_S), sup.status
+    assert await sup.wait_ready(WAIT_S), sup.status
     await sup.stop()
 
 
@@ -172,7 +164,7 @@ async def test_port_in_use_is_explained(tmp_path: Path) -> None:
         blocker.bind((host, port))
         blocker.listen()
         sup.start_background()
-        assert not await sup.wait_ready(GENEROUS_S)
+        assert not await sup.wait_ready(WAIT_S)
     problem = sup.status.problem
     assert isinstance(problem, EngineStartError) and problem.code == "engine.port_in_use", problem
     assert problem.params == {"port": port, "host": host}
@@ -183,11 +175,11 @@ async def test_port_in_use_is_explained(tmp_path: Path) -> None:
 async def test_killed_engine_is_restarted(tmp_path: Path) -> None:
     sup, _ = make(tmp_path)
     sup.start_background()
-    assert await sup.wait_ready(GENEROUS_S)
+    assert await sup.wait_ready(WAIT_S)
     first = sup.status.pid
     assert first is not None
     os.killpg(first, signal.SIGKILL)
-    await until(lambda: sup.status.restarts == 1 and sup.ready)
+    await until(lambda: sup.status.restarts == 1 and sup.ready, "one restart, and ready again", interval=0.05)
     second = sup.status.pid
     assert second is not None and second != first and alive(second), "a new engine process runs"
     assert not alive(first)
@@ -197,13 +189,13 @@ async def test_killed_engine_is_restarted(tmp_path: Path) -> None:
 async def test_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
     sup, _ = make(tmp_path)
     sup.start_background()
-    assert await sup.wait_ready(GENEROUS_S)
+    assert await sup.wait_ready(WAIT_S)
     first = sup.status.pid
     assert first is not None
     problems: list[object] = []
     sup.on_change(lambda st: problems.append(st.problem) if st.state == State.RESTARTING else None)
     os.kill(first, signal.SIGSTOP)
-    await until(lambda: sup.status.restarts == 1 and sup.ready)
+    await until(lambda: sup.status.restarts == 1 and sup.ready, "one restart, and ready again", interval=0.05)
     assert not alive(first), "the hung process must have been killed"
     [restarting] = problems
     assert isinstance(restarting, EngineStartError) and restarting.code == "engine.restarting"
@@ -236,10 +228,10 @@ async def test_an_external_server_that_stops_answering_is_waited_for_and_said_so
     sup.on_change(lambda st: problems.append(st.problem) if st.state == State.RESTARTING else None)
     try:
         sup.start_background()
-        assert await sup.wait_ready(GENEROUS_S)
+        assert await sup.wait_ready(WAIT_S)
         server.kill()
         await server.wait()
-        await until(lambda: sup.status.state == State.RESTARTING)
+        await until(lambda: sup.status.state == State.RESTARTING, "the wait for the server", interval=0.05)
         await asyncio.sleep(1.0)  # past the backoff (0.1 s): the app waits for the server, it starts nothing
         assert sup.status.state == State.RESTARTING, "the notice of the wait stays while the server is away"
         [down] = problems
@@ -247,7 +239,7 @@ async def test_an_external_server_that_stops_answering_is_waited_for_and_said_so
         assert down.params["url"] == url and "does not run it" in down.message
         assert "不由本应用启动" in down.localized("zh-CN")[0]
         server = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
-        await until(lambda: sup.ready)
+        await until(lambda: sup.ready, "ready again", interval=0.05)
     finally:
         await sup.stop()
         if server.returncode is None:
@@ -260,12 +252,12 @@ async def test_crash_loop_gives_up(tmp_path: Path, sig: int) -> None:
     sup, _ = make(tmp_path, ERNIE_RESTART__MAX_ATTEMPTS="2", ERNIE_RESTART__STABLE_AFTER_S="60")
     sup.start_background()
     for _ in range(2):
-        assert await sup.wait_ready(GENEROUS_S)
+        assert await sup.wait_ready(WAIT_S)
         pid = sup.status.pid
         assert pid is not None
         os.killpg(pid, sig)
-        await until(lambda pid=pid: sup.status.pid != pid)
-    await until(lambda: sup.status.state == State.FAILED)
+        await until(lambda pid=pid: sup.status.pid != pid, "another start", interval=0.05)
+    await until(lambda: sup.status.state == State.FAILED, "the supervisor giving up", interval=0.05)
     problem = sup.status.problem
     assert isinstance(problem, EngineStartError) and problem.code == "engine.crash_streak", problem
     assert problem.params == {"reason": Phrase("reason.exited", exit_code=-sig), "count": 2}
@@ -300,7 +292,7 @@ async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remem
     sup = guarded(tmp_path, plan)
     sup.start_background()
     try:
-        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert await sup.wait_ready(WAIT_S), sup.status
         assert sup.canary is not None and sup.canary.ladder.current.variant == "avx512"
         assert sup.canary.ladder.rejected == ["stub amx: crashed with SIGILL during start-up"]
         summary = sup.canary.summary()
@@ -310,7 +302,7 @@ async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remem
     again = guarded(tmp_path, plan)  # the next start of the app on this machine
     again.start_background()
     try:
-        assert await again.wait_ready(GENEROUS_S), again.status
+        assert await again.wait_ready(WAIT_S), again.status
         assert again.canary is not None and again.canary.ladder.rejected[0].endswith(
             "(remembered from an earlier start)"
         )
@@ -321,7 +313,7 @@ async def test_a_candidate_that_dies_of_sigill_is_replaced_by_the_next_and_remem
     third = guarded(tmp_path, plan)  # and the start after: told once, as first seen (not "remembered" twice)
     third.start_background()
     try:
-        assert await third.wait_ready(GENEROUS_S), third.status
+        assert await third.wait_ready(WAIT_S), third.status
         remembered = "stub amx: crashed with SIGILL during start-up (remembered from an earlier start)"
         assert third.canary is not None and third.canary.ladder.rejected == [remembered]
     finally:
@@ -332,7 +324,7 @@ async def test_when_every_candidate_crashes_the_app_says_what_was_tried(tmp_path
     sup = guarded(tmp_path, {"amx": ["--die-with", "SIGILL"], "x64": ["--die-with", "SIGSEGV"]})
     sup.start_background()
     try:
-        assert not await sup.wait_ready(GENEROUS_S)
+        assert not await sup.wait_ready(WAIT_S)
         assert sup.status.state == State.FAILED
         error = sup.status.error or ""
         assert "No configuration of the engine gives correct answers" in error
@@ -350,7 +342,7 @@ async def test_a_candidate_the_engine_may_refuse_gives_way_when_it_exits_and_ano
     sup = guarded(tmp_path / "a", {"fp8": ["--exit-at-start", "1"], "bfloat16": []}, may_refuse=("fp8",))
     sup.start_background()
     try:
-        assert await sup.wait_ready(GENEROUS_S), sup.status
+        assert await sup.wait_ready(WAIT_S), sup.status
         assert sup.canary is not None and sup.canary.ladder.current.variant == "bfloat16"
         assert sup.canary.ladder.rejected == ["stub fp8: exited with code 1 during start-up"]
     finally:
@@ -358,7 +350,7 @@ async def test_a_candidate_the_engine_may_refuse_gives_way_when_it_exits_and_ano
     plain = guarded(tmp_path / "b", {"fp8": ["--exit-at-start", "1"], "bfloat16": []})
     plain.start_background()
     try:
-        assert not await plain.wait_ready(GENEROUS_S)
+        assert not await plain.wait_ready(WAIT_S)
         assert plain.canary is not None and plain.canary.ladder.current.variant == "fp8"
         problem = plain.status.problem
         assert isinstance(problem, EngineStartError), problem
