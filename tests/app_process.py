@@ -28,7 +28,6 @@ from tests.deadlines import ENGINE_S, WAIT_S
 from tests.http_server import ThreadedServer
 from tests.installed import need_engine
 from tests.launching import launch
-from tests.openai_stream import reply_events
 from tests.waiting import wait_alive
 
 # Debian's Chromium, never a downloaded browser build; flags for a closed network (../shared/ENVIRONMENT.md).
@@ -226,88 +225,6 @@ def login_env(data: Path, model: Path, users_file: Path, database_url: str = "",
         **({"ERNIE_STORAGE__DATABASE_URL": database_url} if database_url else {}),
         **({"ERNIE_ENGINE__NAME": engine} if engine else {}),
     }
-
-
-class FakeEngine(ThreadedServer):
-    """An OpenAI-compatible server in this process that records every chat request and answers a fixed reply.
-
-    The app uses it as an external engine (engine.name external, server.base_url): nothing starts, and the test
-    decides when it is ready (`ready.set()`) and reads what the model was asked (`requests`, `conversations()`).
-    /tokenize answers 404, as a server without it does: the app then estimates token counts. With `hold_path` set,
-    a request for that path waits until `release` is set; `held` tells that one arrived."""
-
-    def __init__(self, reply: str = "A reply from the fake engine.", served_name: str = "ernie-4.5-0.3b") -> None:
-        self.reply, self.served_name = reply, served_name
-        self.ready = threading.Event()
-        self.requests: list[dict[str, Any]] = []  # the JSON bodies of POST /v1/chat/completions, in order
-        self.hold_path: str | None = None
-        self.held, self.release = threading.Event(), threading.Event()
-        self._lock = threading.Lock()
-        super().__init__(self._handler(), "fake-engine")
-
-    def closing(self) -> None:
-        self.release.set()
-
-    def app_overrides(self) -> dict[str, str]:
-        """start_app() overrides that make the app talk to this server."""
-        return {"engine__name": "external", "server__base_url": f"http://127.0.0.1:{self.port}/v1"}
-
-    def conversations(self) -> list[list[tuple[str, str]]]:
-        """(role, content) of each request's user and assistant messages (the system prompt left out)."""
-        with self._lock:
-            bodies = list(self.requests)
-        return [[(m["role"], m["content"]) for m in b["messages"] if m["role"] != "system"] for b in bodies]
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _send(self, code: int, body: dict[str, Any] | None = None) -> None:
-                data = json.dumps(body).encode() if body is not None else b""
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _hold(self) -> None:
-                if self.path == engine.hold_path:
-                    engine.held.set()
-                    engine.release.wait(WAIT_S)
-
-            def do_GET(self) -> None:
-                self._hold()
-                if not engine.ready.is_set():
-                    self._send(503, {"error": "starting"})
-                elif self.path == "/health":
-                    self._send(200, {})
-                elif self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": engine.served_name, "object": "model",
-                                                                 "max_model_len": 4096}]})  # fmt: skip
-                else:
-                    self._send(404, {"error": "not found"})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                self._hold()
-                if self.path != "/v1/chat/completions":
-                    self._send(404, {"error": "not found"})
-                    return
-                with engine._lock:
-                    engine.requests.append(body)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for data in reply_events(engine.served_name, engine.reply):
-                    self.wfile.write(data)
-                    self.wfile.flush()
-                self.close_connection = True
-
-        return Handler
 
 
 class RecordingProxy(ThreadedServer):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,12 @@ from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import engine_python
 from backend.models.resolve import prepare_demo_model
+from backend.serving.process import free_port
 from tests.installed import need_engine, need_vllm
 from tests.oidc_server import OidcProvider, oidc_provider_running
 from tests.postgres_server import PostgresForTests, postgres_for_tests
+from tests.stub_engine import REQUEST_LINE, command
+from tests.waiting import wait_alive
 
 CACHE = ROOT / ".cache" / "test-models"
 
@@ -104,6 +109,64 @@ def oidc_provider(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     redirect_uris = list(getattr(request, "param", None) or [])
     with oidc_provider_running(tmp_path_factory.mktemp("oidc-provider"), redirect_uris) as provider:
         yield provider
+
+
+@dataclass
+class StubProcess:
+    """The stand-in engine (tests/stub_engine.py) as a child process on its own port, its output in `log`."""
+
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def chat_requests(self) -> int:
+        """How many chat requests reached it (it prints a line for each)."""
+        return self.log.read_text().count(REQUEST_LINE.format(path="/v1/chat/completions"))
+
+    def wait_listening(self) -> None:
+        """Until it accepts connections (its interpreter takes a moment to start); its exit fails at once."""
+
+        def accepts() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        wait_alive(self.proc, accepts, f"the stand-in engine on port {self.port}", self.log.read_text, interval=0.05)
+
+
+StartStub = Callable[..., StubProcess]
+
+
+@pytest.fixture
+def start_stub(tmp_path: Path) -> Iterator[StartStub]:
+    """start(*options, model="stub-model", port=None): the stand-in engine started as a child process with the
+    options of tests/stub_engine.py's usage, on a free port unless given (not waited for: wait_listening); every one
+    started is stopped afterwards."""
+    started: list[StubProcess] = []
+
+    def start(*options: str, model: str = "stub-model", port: int | None = None) -> StubProcess:
+        port = port or free_port()
+        log = tmp_path / f"stub-{port}-{len(started)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command(port, model, *options), stdout=out, stderr=subprocess.STDOUT)
+        started.append(StubProcess(port, log, proc))
+        return started[-1]
+
+    yield start
+    for stub in started:
+        stub.proc.terminate()
+    for stub in started:
+        try:
+            stub.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            stub.proc.kill()
+            stub.proc.wait()
 
 
 DATABASES = ("sqlite", "postgresql")

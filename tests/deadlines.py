@@ -3,7 +3,8 @@
 Every deadline here is a safety net that ends as soon as its condition holds: only something broken (or a machine
 far busier than a 2-core one running other tests beside) reaches one, and none is a synchronisation. One tier for
 each kind of thing waited for; a deadline that is a setting of what is tested (a throttle's wait, a drain) stays
-with its test, as do those of a server of the tests' own (tests/postgres_server.py, tests/oidc_server.py)."""
+with its test, as do those of a server of the tests' own (tests/postgres_server.py, tests/oidc_server.py). Standard
+library only: tests/stub_engine.py, run as a child process, imports it as its neighbour."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """A local HTTP server served from a thread while a test's `with` lasts: the base of the in-process stand-ins
-(tests/app_process.FakeEngine and RecordingProxy, the answer check's stub servers)."""
+(tests/stub_engine.StubEngine, tests/app_process.RecordingProxy, the cross-origin and sign-in tests' sites).
+Standard library only: tests/stub_engine.py, run as a child process, imports it as its neighbour."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,11 +20,11 @@ class QuietServer(ThreadingHTTPServer):
 
 
 class ThreadedServer:
-    """`handler` on a port the OS picks, from `with` to its end."""
+    """`handler` on `port` (by default one the OS picks), from `with` to its end; or in this thread (serve)."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str) -> None:
-        self._server = QuietServer(("127.0.0.1", 0), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str, port: int = 0) -> None:
+        self._server = QuietServer(("127.0.0.1", port), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name=name, daemon=True)
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -34,6 +36,16 @@ class ThreadedServer:
         self.closing()
         self._server.shutdown()
         self._server.server_close()
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.__exit__, *exc)
+
+    def serve(self) -> None:
+        """Serve in this thread until the process ends (a child process's main loop)."""
+        self._server.serve_forever()
 
     def closing(self) -> None:
         """What to let go before the server stops (a request it holds)."""

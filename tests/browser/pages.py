@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from backend.chat.i18n import MESSAGES, lang_of
-from tests.app_process import READY, REPLY, FakeEngine, RunningApp, start_app
+from tests.app_process import READY, REPLY, RunningApp, start_app
 from tests.deadlines import WAIT_MS
+from tests.stub_engine import StubEngine
 from tests.waiting import wait_until
 
 LOCALES = ["en-US", "zh-CN"]
@@ -19,14 +20,12 @@ DETAILS = ".reply-details"  # the details element under every finished reply (pu
 
 
 @asynccontextmanager
-async def app_with_fake_engine(
+async def app_with_stub_engine(
     data: Path, reply: str = "A reply from the fake engine.", ready: bool = True, **overrides: str
-) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
-    """The app on a FakeEngine (tests/app_process.py), with its data under `data`: ready to chat, or (ready=False)
+) -> AsyncIterator[tuple[RunningApp, StubEngine]]:
+    """The app on a StubEngine (tests/stub_engine.py), with its data under `data`: ready to chat, or (ready=False)
     serving its page while the engine is not ready until the test says so (`engine.ready.set()`)."""
-    with FakeEngine(reply=reply) as engine:
-        if ready:
-            engine.ready.set()
+    with StubEngine(reply=reply, ready=ready) as engine:
         app = start_app(data, **engine.app_overrides(), **overrides)
         try:
             await asyncio.to_thread(app.wait_ready if ready else lambda: wait_until(app.answering, "the app's page"))

@@ -25,11 +25,12 @@ import pytest_asyncio
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import REPLY, FakeEngine, RunningApp, start_app
+from tests.app_process import REPLY, RunningApp, start_app
 from tests.browser.pages import send, sign_in
 from tests.deadlines import WAIT_MS
 from tests.http_server import ThreadedServer
 from tests.isolation import new_markers
+from tests.stub_engine import StubEngine
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -131,14 +132,13 @@ async def results_of(page: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[FakeEngine]:
-    with FakeEngine(reply="A reply that says nothing of the secret.") as fake:
-        fake.ready.set()
+def engine() -> Iterator[StubEngine]:
+    with StubEngine(reply="A reply that says nothing of the secret.") as fake:
         yield fake
 
 
 @pytest_asyncio.fixture(scope="module")
-async def login_app(engine: FakeEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningApp]:
+async def login_app(engine: StubEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningApp]:
     root = tmp_path_factory.mktemp("cross-origin-login")
     users = root / "users.yaml"
     # an editor: the test also opens the workshop (under its own policy) as she would
@@ -184,14 +184,14 @@ async def test_another_origins_page_cannot_read_a_logged_in_users_conversations(
 
 
 @pytest_asyncio.fixture(scope="module")
-async def local_api_app(engine: FakeEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningApp]:
+async def local_api_app(engine: StubEngine, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningApp]:
     root: Path = tmp_path_factory.mktemp("cross-origin-api")
     async with serving(start_app(root / "data", **engine.app_overrides(), api__enabled="true")) as app:  # login off
         yield app
 
 
 async def test_another_origins_page_cannot_use_the_local_api(
-    browser: Any, local_api_app: RunningApp, engine: FakeEngine
+    browser: Any, local_api_app: RunningApp, engine: StubEngine
 ) -> None:
     asked = len(engine.requests)
     context = await browser.new_context(locale="en-US")

@@ -1,7 +1,7 @@
 """Editing a sent message in the page (its ✎ button, in English and Chinese): the later messages leave the page,
 the edited one is answered again, and the model is asked the new text with the turns before it only.
 
-The engine is a FakeEngine (tests/app_process.py): what the model was asked is read from its requests."""
+The engine is a StubEngine (tests/stub_engine.py): what the model was asked is read from its requests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.app_process import REPLY, USER
-from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, open_page, send, wait_finished
+from tests.browser.pages import DETAILS, LOCALES, app_with_stub_engine, open_page, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -23,7 +23,7 @@ async def test_an_edited_message_is_answered_again_and_the_model_forgets_the_old
     tmp_path: Path,
     locale: str,
 ) -> None:
-    async with app_with_fake_engine(tmp_path / "data", reply=REPLY_TEXT) as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data", reply=REPLY_TEXT) as (app, engine):
         page = await open_page(browser, app.url, locale)
         await send(page, "What is the capital of France?")
         await wait_finished(page, 0)

@@ -1,7 +1,7 @@
 """A message the user cannot see (spaces and zero-width spaces) is refused as empty, in the page's language, and
 reaches no engine.
 
-The engine is a FakeEngine (tests/app_process.py): it records every request, so "nothing reached the engine" is a
+The engine is a StubEngine (tests/stub_engine.py): it records every request, so "nothing reached the engine" is a
 fact, not a counter read at the right moment."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from backend.errors import CATALOG, lang_of
 from tests.app_process import REPLY
-from tests.browser.pages import LOCALES, app_with_fake_engine, open_page, wait_turn_over
+from tests.browser.pages import LOCALES, app_with_stub_engine, open_page, wait_turn_over
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -22,7 +22,7 @@ INVISIBLE = "   \u200b\u200b  \u200c\u200d\u2060\ufeff "
 
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_invisible_message_is_refused_as_empty(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
-    async with app_with_fake_engine(tmp_path / "data") as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data") as (app, engine):
         page = await open_page(browser, app.url, locale)
         before = await page.locator(REPLY).count()
         await page.click("#chat-input")

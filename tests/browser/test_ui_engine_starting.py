@@ -1,7 +1,7 @@
 """The page while the engine starts: a message sent before the engine is ready gets the "starting, N s" notice,
 updated as the seconds go by, then "ready", then its reply; in English and in Chinese.
 
-The engine is a FakeEngine (tests/app_process.py) the app reaches as an external engine: the test decides when it
+The engine is a StubEngine (tests/stub_engine.py) the app reaches as an external engine: the test decides when it
 becomes ready, so the page is certain to see it starting (a real engine may be ready before the page is)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from tests.app_process import REPLY
 from tests.browser.pages import (
     LOCALES,
-    app_with_fake_engine,
+    app_with_stub_engine,
     matching,
     message_pattern,
     number_shown,
@@ -36,7 +36,7 @@ async def test_message_sent_while_the_engine_starts_shows_the_seconds_then_ready
 ) -> None:
     starting, ready = message_pattern("starting", locale), message_pattern("ready", locale)
     # the engine is not ready until the test says so
-    async with app_with_fake_engine(tmp_path / "data", reply=REPLY_TEXT, ready=False) as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data", reply=REPLY_TEXT, ready=False) as (app, engine):
         assert (await asyncio.to_thread(app.health))["engine"]["state"] == "starting"
         page = await open_page(browser, app.url, locale)
         before = await page.locator(REPLY).count()

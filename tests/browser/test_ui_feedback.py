@@ -3,7 +3,7 @@ Chinese; kept with the conversation (the thread's feedbacks table) and counted i
 Without history (no login) Chainlit offers no feedback: it has nowhere to keep it (tests/browser/
 test_ui_reply_actions.py).
 
-The engine is a FakeEngine (tests/app_process.py); the conversations go to the app's SQLite file."""
+The engine is a StubEngine (tests/stub_engine.py); the conversations go to the app's SQLite file."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from tests.app_process import READY, REPLY, RunningApp
-from tests.browser.pages import LOCALES, app_with_fake_engine, send, wait_finished
+from tests.browser.pages import LOCALES, app_with_stub_engine, send, wait_finished
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -55,7 +55,7 @@ async def test_a_rating_with_a_comment_is_kept_with_the_thread_and_counted(
     write_users_file(users, {"alice": hash_password("alice-password")})
     data = tmp_path / "data"
     login = {"auth__enabled": "true", "auth__users_file": str(users)}
-    async with app_with_fake_engine(data, reply=REPLY_TEXT, **login) as (app, _):
+    async with app_with_stub_engine(data, reply=REPLY_TEXT, **login) as (app, _):
         page = await (await browser.new_context(locale=locale)).new_page()
         await page.goto(app.url)
         await page.wait_for_selector("#email", timeout=60_000)

@@ -2,7 +2,7 @@
 answers (model · engine · device) and the engine's state while it starts, and starters that show what the
 templates do. The first chat, opened while the engine starts, gets the demo model's notice with its first reply.
 
-The first test's engine is a FakeEngine (tests/app_process.py): the test decides when it is ready, so the page is
+The first test's engine is a StubEngine (tests/stub_engine.py): the test decides when it is ready, so the page is
 certain to see it starting. The second serves the offline demo model with llama.cpp, as `make run` does offline."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from backend.chat.render import STARTERS
 from backend.config import ROOT
 from backend.models.resolve import DEMO_NAME
 from tests.app_process import READY, REPLY, USER, start_app
-from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, details_of, send, wait_finished
+from tests.browser.pages import DETAILS, LOCALES, app_with_stub_engine, details_of, send, wait_finished
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -54,7 +54,7 @@ async def replies_finished(page, count: int) -> None:  # type: ignore[no-untyped
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_the_first_page_says_what_answers_and_how_to_start(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
     # the engine is not ready until the test says so
-    async with app_with_fake_engine(tmp_path / "data", ready=False) as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data", ready=False) as (app, engine):
         page = await (await browser.new_context(locale=locale)).new_page()
         await page.goto(app.url)
         starting = state_pattern("state_starting", locale)

@@ -1,7 +1,7 @@
 """A chat that waits in line for the engine shows its place and expected wait in the page's language, updates it,
 and can be stopped while it waits (it never reaches the engine, and its place in line is freed).
 
-The engine is a FakeEngine (tests/app_process.py) with one place (server.places 1) that holds the first reply's
+The engine is a StubEngine (tests/stub_engine.py) with one place (server.places 1) that holds the first reply's
 request until the test releases it, so the second chat is certain to wait. The line itself is proven against the
 real engine in tests/integration/test_admission.py."""
 
@@ -16,7 +16,7 @@ import pytest
 from backend.catalogue import CATALOG
 from backend.chat.i18n import MESSAGES, lang_of
 from tests.app_process import REPLY
-from tests.browser.pages import LOCALES, app_with_fake_engine, open_page, send, wait_finished, wait_turn_over
+from tests.browser.pages import LOCALES, app_with_stub_engine, open_page, send, wait_finished, wait_turn_over
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -31,7 +31,7 @@ def queued_pattern(locale: str, place: int) -> str:
 async def test_a_chat_waiting_in_line_shows_its_place_and_can_be_stopped_while_it_waits(
     browser, tmp_path: Path, locale: str
 ) -> None:  # type: ignore[no-untyped-def]
-    async with app_with_fake_engine(tmp_path / "data", server__places="1") as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data", server__places="1") as (app, engine):
         first = await open_page(browser, app.url, locale)
         second = await open_page(browser, app.url, locale)
         engine.hold_path = "/v1/chat/completions"
@@ -66,7 +66,7 @@ async def test_a_chat_beyond_the_lines_bound_is_told_the_server_is_full_and_when
     """One place and no room in line (admission.queue_max 0): a second chat is told at once, in the page's language,
     that the server is busy and in how many seconds to try again; its message never reaches the engine, and sent
     again once the place is free it is answered."""
-    async with app_with_fake_engine(tmp_path / "data", server__places="1", admission__queue_max="0") as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data", server__places="1", admission__queue_max="0") as (app, engine):
         first = await open_page(browser, app.url, locale)
         second = await open_page(browser, app.url, locale)
         engine.hold_path = "/v1/chat/completions"

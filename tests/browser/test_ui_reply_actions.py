@@ -2,7 +2,7 @@
 again: the model sees the conversation once, never the turn twice) and export of the conversation as Markdown and
 JSON (the turns exactly as the model's history has them).
 
-The engine is a FakeEngine (tests/app_process.py): what the model was asked is read from its requests."""
+The engine is a StubEngine (tests/stub_engine.py): what the model was asked is read from its requests."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest_asyncio
 
 from backend.chat.i18n import t
 from backend.chat.render import export_markdown
-from tests.app_process import READY, REPLY, FakeEngine, RunningApp
-from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, open_page, send, wait_finished
+from tests.app_process import READY, REPLY, RunningApp
+from tests.browser.pages import DETAILS, LOCALES, app_with_stub_engine, open_page, send, wait_finished
+from tests.stub_engine import StubEngine
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -25,8 +26,8 @@ REPLY_TEXT = "A reply from the fake engine."
 
 
 @pytest_asyncio.fixture(scope="module")
-async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
-    async with app_with_fake_engine(tmp_path_factory.mktemp("actions") / "data", reply=REPLY_TEXT) as running:
+async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, StubEngine]]:
+    async with app_with_stub_engine(tmp_path_factory.mktemp("actions") / "data", reply=REPLY_TEXT) as running:
         yield running
 
 

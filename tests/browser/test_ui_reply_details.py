@@ -1,7 +1,7 @@
 """A reply's details (template, why it was chosen, time to first token, speed, token counts) sit under the reply in
 the page's language, out of its text.
 
-The engine is a FakeEngine (tests/app_process.py): its reply and its usage (1 prompt token, one token a word) are
+The engine is a StubEngine (tests/stub_engine.py): its reply and its usage (1 prompt token, one token a word) are
 known, so the text and the counts shown are facts to compare."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from backend.chat.i18n import MESSAGES, lang_of, t
 from backend.chat.render import localized, reason_text
 from backend.prompts.schema import Reason
 from tests.app_process import REPLY
-from tests.browser.pages import DETAILS, LOCALES, app_with_fake_engine, details_of, open_page, send, wait_finished
+from tests.browser.pages import DETAILS, LOCALES, app_with_stub_engine, details_of, open_page, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -31,7 +31,7 @@ def pattern(key: str, locale: str) -> str:
 
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_details_under_the_reply_in_the_page_language(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
-    async with app_with_fake_engine(tmp_path / "data", reply=REPLY_TEXT) as (app, _):
+    async with app_with_stub_engine(tmp_path / "data", reply=REPLY_TEXT) as (app, _):
         page = await open_page(browser, app.url, locale)
         before = await page.locator(REPLY).count()
         await send(page, SUMMARY)

@@ -2,7 +2,7 @@
 Readme and the dark theme ask nothing of any host but the app's own (offline it would fail; online it would tell a
 third party who chats). Every request the page makes is recorded (Playwright's "request" event), in both languages.
 
-The engine is a FakeEngine (tests/app_process.py)."""
+The engine is a StubEngine (tests/stub_engine.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.app_process import READY
-from tests.browser.pages import LOCALES, app_with_fake_engine, send, wait_finished
+from tests.browser.pages import LOCALES, app_with_stub_engine, send, wait_finished
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -21,7 +21,7 @@ LOCAL = {"127.0.0.1", "localhost"}
 
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_the_page_loads_nothing_from_other_hosts(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
-    async with app_with_fake_engine(tmp_path / "data") as (app, _):
+    async with app_with_stub_engine(tmp_path / "data") as (app, _):
         context = await browser.new_context(locale=locale)
         page = await context.new_page()
         asked: list[str] = []

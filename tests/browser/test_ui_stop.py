@@ -1,7 +1,7 @@
 """The stop button shows one stop notice, in the page's language: the stopped reply's own line, never Chainlit's
 English "Task manually stopped." beside it.
 
-The engine is a FakeEngine (tests/app_process.py) that holds the reply's request until the test releases it, so the
+The engine is a StubEngine (tests/stub_engine.py) that holds the reply's request until the test releases it, so the
 stop is certain to land while the reply is awaited."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from backend.chat.i18n import t
 from tests.app_process import REPLY
-from tests.browser.pages import LOCALES, app_with_fake_engine, open_page, send, wait_finished, wait_turn_over
+from tests.browser.pages import LOCALES, app_with_stub_engine, open_page, send, wait_finished, wait_turn_over
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -23,7 +23,7 @@ CHAINLIT_STOP = "Task manually stopped."
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_a_stopped_reply_shows_one_stop_notice_in_the_page_language(browser, tmp_path: Path, locale: str) -> None:  # type: ignore[no-untyped-def]
     stopped = t("stopped", locale).replace("*", "")  # the page renders the Markdown emphasis
-    async with app_with_fake_engine(tmp_path / "data") as (app, engine):
+    async with app_with_stub_engine(tmp_path / "data") as (app, engine):
         page = await open_page(browser, app.url, locale)
         before = await page.locator(REPLY).count()
         engine.hold_path = "/v1/chat/completions"

@@ -2,7 +2,7 @@
 answers that message with it; an unknown /name gets a message listing the templates (and reaches no model); the
 settings selector shows the descriptions, its help line explains the current choice, and a change is acknowledged.
 
-The engine is a FakeEngine (tests/app_process.py): what the model was asked is read from its requests."""
+The engine is a StubEngine (tests/stub_engine.py): what the model was asked is read from its requests."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from backend.chat.render import localized, reason_text, settings_saved
 from backend.config import ROOT
 from backend.errors import CATALOG, lang_of
 from backend.prompts.store import TemplateStore
-from tests.app_process import READY, FakeEngine, RunningApp
-from tests.browser.pages import LOCALES, app_with_fake_engine, details_of, open_page, wait_finished, wait_turn_over
+from tests.app_process import READY, RunningApp
+from tests.browser.pages import LOCALES, app_with_stub_engine, details_of, open_page, wait_finished, wait_turn_over
+from tests.stub_engine import StubEngine
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -29,8 +30,8 @@ DESCRIPTIONS = dict(TEMPLATES)
 
 
 @pytest_asyncio.fixture(scope="module")
-async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
-    async with app_with_fake_engine(tmp_path_factory.mktemp("templates") / "data") as running:
+async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, StubEngine]]:
+    async with app_with_stub_engine(tmp_path_factory.mktemp("templates") / "data") as running:
         yield running
 
 

@@ -27,8 +27,9 @@ from backend.chat.render import reason_text
 from backend.config import ROOT
 from backend.errors import render
 from backend.prompts.schema import Reason, display_path
-from tests.app_process import CHROMIUM, REPLY, FakeEngine, RunningApp, start_app
+from tests.app_process import CHROMIUM, REPLY, RunningApp, start_app
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send, sign_in
+from tests.stub_engine import StubEngine
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -232,13 +233,12 @@ PASSWORD = "workshop-password"
 
 @pytest.fixture(scope="module")
 def login_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
-    """The app with login on (ed is an editor, uma a user), answering through a FakeEngine."""
+    """The app with login on (ed is an editor, uma a user), answering through a StubEngine."""
     root = tmp_path_factory.mktemp("workshop-login")
     users = root / "users.yaml"
     write_users_file(users, {"ed": hash_password(PASSWORD), "uma": hash_password(PASSWORD)}, {"ed": "editor"})
     prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
-    with FakeEngine() as engine:
-        engine.ready.set()
+    with StubEngine() as engine:
         app = start_app(root / "data", auth__enabled="true", auth__users_file=str(users),
                         paths__prompts_dir=str(prompts), **engine.app_overrides())  # fmt: skip
         try:

@@ -1,7 +1,8 @@
 """The app process (`chainlit run app.py`, as `make run` starts it) on each database: SQLite by default, PostgreSQL
 when storage.database_url names one, given here as a hosting service writes it (postgresql://, no driver). The
 schema is created on start; a conversation and the feedback on its reply outlive a restart, and resuming it gives
-the model the earlier turn. The engine is the in-process FakeEngine, which records what the model was asked."""
+the model the earlier turn. The engine is the in-process StubEngine (tests/stub_engine.py), which records what the
+model was asked."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.storage.schema import LATEST
-from tests.app_process import FakeEngine, RunningApp, start_app, storage_problems
+from tests.app_process import RunningApp, start_app, storage_problems
 from tests.chat_api import ChatSocket, login, rendered_finished
+from tests.stub_engine import StubEngine
 
 pytestmark = [pytest.mark.integration]
 
@@ -24,13 +26,12 @@ REPLY = "Paris."
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[FakeEngine]:
-    with FakeEngine(reply=REPLY) as fake:
-        fake.ready.set()
+def engine() -> Iterator[StubEngine]:
+    with StubEngine(reply=REPLY) as fake:
         yield fake
 
 
-def start(root: Path, engine: FakeEngine, database_url: str) -> RunningApp:
+def start(root: Path, engine: StubEngine, database_url: str) -> RunningApp:
     users = root / "users.yaml"
     if not users.exists():
         write_users_file(users, {"alice": hash_password(PASSWORD)})
@@ -47,7 +48,7 @@ def start(root: Path, engine: FakeEngine, database_url: str) -> RunningApp:
 
 
 async def test_a_conversation_and_its_feedback_outlive_a_restart_and_resume_with_history(
-    app_db_url: str, engine: FakeEngine, tmp_path: Path
+    app_db_url: str, engine: StubEngine, tmp_path: Path
 ) -> None:
     app = await asyncio.to_thread(start, tmp_path, engine, app_db_url)
     try:

@@ -3,7 +3,7 @@
 with its id and the new text). The model's history follows the edit: the edited message's turn and every later
 one are dropped, and the model is asked the new text, never the old one, never both.
 
-The engine is a FakeEngine (tests/app_process.py) that records every request: what the model saw is read from the
+The engine is a StubEngine (tests/stub_engine.py) that records every request: what the model saw is read from the
 requests themselves."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 import pytest_asyncio
 
 from backend.config import ROOT
-from tests.app_process import FakeEngine, RunningApp, start_app
+from tests.app_process import RunningApp, start_app
 from tests.chat_api import ChatSocket
+from tests.stub_engine import StubEngine
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +31,8 @@ def test_editing_is_on_in_the_configuration() -> None:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, FakeEngine]]:
-    with FakeEngine(reply=REPLY_TEXT) as engine:
-        engine.ready.set()
+async def chat(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningApp, StubEngine]]:
+    with StubEngine(reply=REPLY_TEXT) as engine:
         app = start_app(tmp_path_factory.mktemp("edit") / "data", **engine.app_overrides())
         try:
             await asyncio.to_thread(app.wait_ready)

@@ -1,6 +1,6 @@
 """The stop button (Chainlit's "stop" event) at a moment the browser tests cannot pick: while the turn is still
 preparing its request (fitting the conversation into the context window, which asks the engine to count tokens),
-before anything streams. The engine is a FakeEngine (tests/app_process.py) that holds that count until the stop
+before anything streams. The engine is a StubEngine (tests/stub_engine.py) that holds that count until the stop
 has landed, so the moment is certain."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 
 from backend.chat.i18n import t
 from backend.chat.saved import SYSTEM_AUTHOR
-from tests.app_process import FakeEngine, start_app
+from tests.app_process import start_app
 from tests.chat_api import ChatSocket, rendered_finished
+from tests.stub_engine import StubEngine
 
 pytestmark = pytest.mark.integration
 
 
 async def test_stop_while_the_request_is_prepared_ends_the_turn_without_an_error(tmp_path: Path) -> None:
-    with FakeEngine() as engine:
-        engine.ready.set()
+    with StubEngine() as engine:
         app = start_app(tmp_path / "data", **engine.app_overrides())
         try:
             await asyncio.to_thread(app.wait_ready)

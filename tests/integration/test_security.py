@@ -1,7 +1,7 @@
 """The security review's findings (issue 40), each against the real app: two app processes (`chainlit run app.py`,
-login on) on one database and one login secret, the in-process FakeEngine as their engine (it records what the model
-was asked). Another client address is a request from 127.0.0.1 with X-Forwarded-For, as a proxy on this machine sends
-it (uvicorn trusts it from there): what a remote browser behind the proxy is.
+login on) on one database and one login secret, the in-process StubEngine (tests/stub_engine.py) as their engine
+(it records what the model was asked). Another client address is a request from 127.0.0.1 with X-Forwarded-For, as
+a proxy on this machine sends it (uvicorn trusts it from there): what a remote browser behind the proxy is.
 
 - a body over its limit is refused (413) before it is read: the API, the key page, the workshop, the login,
   Chainlit's own routes; nothing of it reaches the engine or a quota;
@@ -36,8 +36,9 @@ import socketio
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.config import ROOT
-from tests.app_process import FakeEngine, RunningApp, start_app
+from tests.app_process import RunningApp, start_app
 from tests.chat_api import ChatSocket, login
+from tests.stub_engine import StubEngine
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -53,7 +54,7 @@ TOKEN = "monitoring-" + uuid.uuid4().hex
 @dataclass
 class Site:
     apps: list[RunningApp]
-    engine: FakeEngine
+    engine: StubEngine
     database: Path
     users: Path
 
@@ -82,8 +83,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         "api__overrides__ed__requests_per_minute": "1",
         "CHAINLIT_AUTH_SECRET": "a-login-secret-shared-by-both-processes-" + uuid.uuid4().hex,
     }
-    with FakeEngine() as engine:
-        engine.ready.set()
+    with StubEngine() as engine:
         apps = [start_app(root / f"data-{n}", **engine.app_overrides(), **settings) for n in (1, 2)]
         try:
             for app in apps:
@@ -293,7 +293,7 @@ async def test_behind_https_the_login_cookie_is_secure(site: Site) -> None:
 async def test_metrics_and_health_detail_are_for_this_machine_or_the_token(site: Site) -> None:
     remote = {"X-Forwarded-For": "203.0.113.9"}
     async with httpx.AsyncClient(base_url=site.app.url, trust_env=False) as http:
-        for path in ("/metrics", "/metrics/engine"):  # the FakeEngine has no metrics of its own: 503 there
+        for path in ("/metrics", "/metrics/engine"):  # the StubEngine has no metrics of its own: 503 there
             refused = await http.get(path, headers=remote)
             assert refused.status_code == 403 and refused.json()["error"]["code"] == "web.monitoring", path
             token = await http.get(path, headers=remote | {"Authorization": f"Bearer {TOKEN}"})

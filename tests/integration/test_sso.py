@@ -36,9 +36,10 @@ from backend.accounts.users import write_users_file
 from backend.config import OidcSettings
 from backend.errors import SignInError
 from backend.serving.process import free_port
-from tests.app_process import ROOT, FakeEngine, RunningApp, launch_app, login_env
+from tests.app_process import ROOT, RunningApp, launch_app, login_env
 from tests.oidc_server import OidcProvider
 from tests.sso_flow import callback_uri, oidc_env, sign_in, signed_in_role, through_provider
+from tests.stub_engine import StubEngine
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -275,8 +276,7 @@ def test_password_login_can_be_turned_off_beside_the_organisations_sign_in(
     write_users_file(users, {"carol": hash_password("carol-password")})
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with FakeEngine() as engine:  # the engine does not matter here: the login page's ways in do
-        engine.ready.set()
+    with StubEngine() as engine:  # the engine does not matter here: the login page's ways in do
         env = login_env(tmp_path / "data", Path("unused"), users) | oidc_env(oidc_provider, url)
         env |= {f"ERNIE_{k.upper()}": v for k, v in engine.app_overrides().items()} | {"ERNIE_AUTH__PASSWORD": "false"}
         env.pop("ERNIE_MODEL__ID")

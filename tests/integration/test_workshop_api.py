@@ -2,8 +2,8 @@
 an editor creates a template (a draft with problems is refused with check-prompts' messages), the chat uses it on the
 next message without a restart, a second editor with a stale version gets a conflict, a restore brings the first
 version back, a draft is tried through the app's client; users without the editor role and anonymous requests get
-403. The engine is the in-process FakeEngine, which records what the model was asked: the evidence that the chat
-used the saved text."""
+403. The engine is the in-process StubEngine (tests/stub_engine.py), which records what the model was asked: the
+evidence that the chat used the saved text."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.config import ROOT
 from backend.prompts.schema import display_path, form_fields
-from tests.app_process import FakeEngine, RunningApp, start_app
+from tests.app_process import RunningApp, start_app
 from tests.chat_api import ChatSocket, login
+from tests.stub_engine import StubEngine
 
 pytestmark = [pytest.mark.integration]
 
@@ -35,7 +36,7 @@ API = "/workshop/api"
 @dataclass
 class Site:
     app: RunningApp
-    engine: FakeEngine
+    engine: StubEngine
     prompts: Path
 
 
@@ -45,8 +46,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(PASSWORD) for name in ROLES}, ROLES)
-    with FakeEngine() as engine:
-        engine.ready.set()
+    with StubEngine() as engine:
         app = start_app(
             root / "data",
             auth__enabled="true",

@@ -1,14 +1,12 @@
-"""The chat workload: conversations drawn from the seed, and the runner against a tiny in-process stub server."""
+"""The chat workload: conversations drawn from the seed, and the runner against the stand-in engine in process."""
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ from backend.benchmarks.chat_workload import (
     tag,
 )
 from backend.benchmarks.workload import WORDS
+from tests.stub_engine import DONE, Exchange, StubEngine, chunk, piece, status, usage, word_ids
 
 CHUNK_S = 0.01  # the stub's time per streamed token: long enough that concurrent conversations overlap
 TAG = re.compile(r"^\[c(\d{4})-(\d{6})\] ")
@@ -79,13 +78,45 @@ class Seen:
 
 @dataclass
 class Stub:
-    """An OpenAI-like server streaming `max_tokens` one-word chunks; conversation `fail` gets HTTP 500 at turn 2."""
+    """The stand-in engine (tests/stub_engine.py) streaming `max_tokens` one-word chunks, as llama-server would: an
+    opening chunk, the words, the usage with how much of the prompt its slot held; conversation `fail` gets HTTP 500
+    at turn 2."""
 
     url: str = ""
     fail: int | None = None
     burst: bool = False  # send every chunk at once (a server whose sending thread was starved of CPU)
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, ex: Exchange) -> None:
+        messages = ex.body["messages"]
+        found = TAG.match(messages[1]["content"])
+        assert found, messages
+        seen = Seen(int(found[1]), int(found[2]), ex.body, time.monotonic())
+        with self.lock:
+            self.seen.append(seen)
+        turn = (len(messages) - 2) // 2
+        if seen.conversation == self.fail and turn == 1:
+            seen.end = time.monotonic()
+            status(500, "boom")(ex)
+            return
+        opening = chunk(ex.model, [{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        replied = [piece(ex.model, " " + word) for word in reply_words(seen.conversation, turn, ex.body["max_tokens"])]
+        prompt = len(word_ids(messages))
+        counts = usage(ex.model, prompt, ex.body["max_tokens"])
+        # llama-server's way of saying how much of the prompt its slot already held: all but the new message
+        counts["timings"] = {"cache_n": prompt - len(word_ids(messages[-1:])) if turn else 0}
+        events = [opening, *replied, counts]
+        ex.open_stream()
+        if self.burst:
+            time.sleep(CHUNK_S * len(events))
+        for data in events:
+            ex.send(data)
+            if not self.burst:
+                time.sleep(CHUNK_S)
+        seen.end = time.monotonic()  # before [DONE]: the client sends its next turn only after it
+        ex.send(DONE)
+        ex.end_stream()
 
 
 def reply_words(conv: int, turn: int, n: int) -> list[str]:
@@ -95,61 +126,9 @@ def reply_words(conv: int, turn: int, n: int) -> list[str]:
 @pytest.fixture
 def stub() -> Iterator[Stub]:
     state = Stub()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            messages = body["messages"]
-            found = TAG.match(messages[1]["content"])
-            assert found, messages
-            seen = Seen(int(found[1]), int(found[2]), body, time.monotonic())
-            with state.lock:
-                state.seen.append(seen)
-            turn = (len(messages) - 2) // 2
-            if seen.conversation == state.fail and turn == 1:
-                seen.end = time.monotonic()
-                self.send_response(500)
-                self.send_header("Content-Length", "4")
-                self.end_headers()
-                self.wfile.write(b"boom")
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-            events = [role] + [
-                {"choices": [{"index": 0, "delta": {"content": " " + word}}]}
-                for word in reply_words(seen.conversation, turn, body["max_tokens"])
-            ]
-            prompt = sum(len(m["content"].split()) for m in messages)
-            usage = {"prompt_tokens": prompt, "completion_tokens": body["max_tokens"]}
-            # llama-server's way of saying how much of the prompt its slot already held: all but the new message
-            cached = prompt - len(messages[-1]["content"].split()) if turn else 0
-            events.append({"choices": [], "usage": usage, "timings": {"cache_n": cached}})
-            if state.burst:
-                time.sleep(CHUNK_S * len(events))
-            for event in events:
-                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-                self.wfile.flush()
-                if not state.burst:
-                    time.sleep(CHUNK_S)
-            seen.end = time.monotonic()  # before [DONE]: the client sends its next turn only after it
-            self.wfile.write(b"data: [DONE]\n\n")
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with StubEngine(state.answer) as server:
+        state.url = server.url
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 SMALL = ChatShape(turns=3, message_tokens=(5, 10), reply_tokens=(3, 6), seed=3)

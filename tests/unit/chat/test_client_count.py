@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 from backend.chat.client import ChatClient, Message
 from backend.engines.base import Api, Endpoint
 from backend.errors import BackendError
+from tests.stub_engine import StubEngine
 
 
 def chatml(messages: list[Message]) -> str:
@@ -117,3 +118,20 @@ async def test_no_tokens_for_a_conversation_is_no_count() -> None:
     assert await client.count_tokens([{"role": "user", "content": "hello"}]) is None
     await client.http.aclose()
     await client.aclose()
+
+
+@pytest.mark.parametrize("api", list(Api))
+async def test_each_dialects_count_over_http_is_the_servers_own(api: Api) -> None:
+    """Against the stand-in engine speaking `api` over HTTP (tests/stub_engine.py: a token a word), the count is the
+    server's: vLLM's /tokenize of the messages, llama-server's /tokenize of its /apply-template's text; without a
+    dialect, /tokenize answers 404 and there is no count (the caller estimates)."""
+    conversation: list[Message] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]
+    for dialect, expected in ((api.value, 4), (None, None)):
+        async with StubEngine(dialect=dialect) as server:
+            client = ChatClient(Endpoint(server.url, "key", "m", api), retries=0)
+            try:
+                assert await client.count_tokens(conversation) == expected, dialect
+                assert await client.count_tokens(conversation[1:]) == (expected and 2), "a message after a head"
+            finally:
+                await client.aclose()
+        assert server.requests == [], "a count is no chat request"

@@ -7,22 +7,23 @@ from typing import Any
 
 from backend.chat.client import ChatClient
 from tests.deadlines import HANG_S
-from tests.unit.chat.test_client_retry import STREAM_HEAD, USAGE, Behaviour, Reader, ScriptedServer, Writer, sse, stream
+from tests.stub_engine import stream
+from tests.unit.chat.test_client_retry import endpoint, scripted
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 async def sent(**sampling: Any) -> dict[str, Any]:
     """The body the client sends for one reply with `sampling`."""
-    async with ScriptedServer(stream("ok")) as server:
-        client = ChatClient(server.endpoint, connect_timeout_s=2.0)
+    async with scripted(stream("ok")) as server:
+        client = ChatClient(endpoint(server), connect_timeout_s=2.0)
         try:
             async with client.stream(MESSAGES, **sampling) as s:
                 pieces = await asyncio.wait_for(_all(s), HANG_S)
         finally:
             await client.aclose()
     assert pieces == ["ok"] and s.stats.finish_reason == "stop"
-    [body] = server.bodies
+    [body] = server.requests
     return body
 
 
@@ -51,25 +52,9 @@ class OwnIds:
         return [7, 8, 9]
 
 
-def completion(*pieces: str) -> Behaviour:
-    """A completion's stream (a prompt of token ids): its text in `text`, then the finish, the usage and [DONE]."""
-
-    async def answer(server: ScriptedServer, reader: Reader, writer: Writer) -> None:
-        writer.write(STREAM_HEAD)
-        for text in pieces:
-            writer.write(
-                sse({"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": None}]})
-            )
-        writer.write(sse({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}) + sse(USAGE) + sse("[DONE]"))
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-
-    return answer
-
-
 async def test_a_prompt_of_the_models_own_ids_goes_to_completions_and_its_text_is_read() -> None:
-    async with ScriptedServer(completion("o", "k")) as server:
-        client = ChatClient(server.endpoint, connect_timeout_s=2.0)
+    async with scripted(stream("o", "k")) as server:  # a completion's stream: its text in `text`
+        client = ChatClient(endpoint(server), connect_timeout_s=2.0)
         client.prompt_ids = OwnIds()  # type: ignore[assignment]
         try:
             async with client.stream(MESSAGES, max_tokens=7, temperature=0.5) as s:
@@ -77,7 +62,7 @@ async def test_a_prompt_of_the_models_own_ids_goes_to_completions_and_its_text_i
         finally:
             await client.aclose()
     assert (pieces, s.stats.finish_reason, s.stats.completion_tokens) == (["o", "k"], "stop", 2)
-    [body] = server.bodies
+    [body] = server.requests
     assert server.paths == ["/v1/completions"]
     assert (body["prompt"], body["max_tokens"], body["temperature"], body["stream"]) == ([7, 8, 9], 7, 0.5, True)
     assert "messages" not in body

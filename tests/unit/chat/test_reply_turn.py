@@ -5,12 +5,8 @@ a message that has to wait for the engine."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,74 +19,12 @@ from backend.errors import BackendError, EngineStartError
 from backend.ops.metrics import AppMetrics
 from backend.serving.process import free_port
 from backend.serving.supervisor import State
-from tests.conftest import MakeConfig
+from tests.conftest import MakeConfig, StartStub
 from tests.deadlines import WAIT_S
 from tests.unit.chat.test_quota import FakeQuotas
 
-STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
 SERVED = "stub-model"
 REPLY = "Hello from the stub engine."
-CHAT_REQUEST = "request POST /v1/chat/completions"
-
-
-@dataclass
-class Stub:
-    port: int
-    log: Path
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def chat_requests(self) -> int:
-        """How many chat requests reached the engine (the stub prints one line for each)."""
-        return self.log.read_text().count(CHAT_REQUEST)
-
-
-StartStub = Callable[..., Stub]
-
-
-async def listening(stub: Stub) -> None:
-    """Wait until the stub accepts connections (its interpreter takes a moment to start)."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", stub.port)
-        except OSError:
-            assert time.monotonic() < deadline, "the stub engine did not start"
-            assert stub.proc.poll() is None, stub.log.read_text()
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        await writer.wait_closed()
-        return
-
-
-@pytest.fixture
-def start_stub(tmp_path: Path) -> Iterator[StartStub]:
-    """Start the stub engine (a real process on its own port); every one started is stopped afterwards."""
-    started: list[Stub] = []
-
-    def start(*args: str, port: int | None = None) -> Stub:
-        port = port or free_port()
-        log = tmp_path / f"stub-{port}-{len(started)}.log"
-        with log.open("wb") as out:
-            argv = [sys.executable, str(STUB), str(port), SERVED, *args]
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        stub = Stub(port, log, proc)
-        started.append(stub)
-        return stub
-
-    yield start
-    for stub in started:
-        stub.proc.terminate()
-    for stub in started:
-        try:
-            stub.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            stub.proc.kill()
-            stub.proc.wait()
 
 
 class ListRecorder:
@@ -122,10 +56,10 @@ def prompts(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config(make_config: MakeConfig, prompts: Path) -> Callable[..., AppConfig]:
-    def make(base_url: str, **overrides: object) -> AppConfig:
+    def make(root: str, **overrides: object) -> AppConfig:
         settings: dict[str, object] = {
             "engine__name": "external",
-            "server__base_url": base_url,
+            "server__base_url": root + "/v1",
             "model__served_name": SERVED,
             "paths__prompts_dir": prompts,
             "timeouts__startup_s": 180,  # a stub starts in about a second; a busy machine takes longer
@@ -171,7 +105,7 @@ async def test_an_empty_message_is_refused_and_never_reaches_the_engine(
 ) -> None:
     stub = start_stub()
     recorder = ListRecorder()
-    async with running(config(stub.base_url), recorder) as svc:
+    async with running(config(stub.url), recorder) as svc:
         session = svc.new_session()
         events = await turn(svc, session, text)
     assert len(events) == 1 and isinstance(events[0], Refused), events
@@ -184,7 +118,7 @@ async def test_a_message_over_the_size_limit_is_refused(
     start_stub: StartStub, config: Callable[..., AppConfig]
 ) -> None:
     stub = start_stub()
-    async with running(config(stub.base_url, chat__max_input_chars=100), ListRecorder()) as svc:
+    async with running(config(stub.url, chat__max_input_chars=100), ListRecorder()) as svc:
         events = await turn(svc, svc.new_session(), "x" * 101)
     assert [type(e) for e in events] == [Refused]
     assert isinstance(events[0], Refused) and events[0].error.code == "input.too_large"
@@ -197,7 +131,7 @@ async def test_a_reply_streams_then_finishes_and_is_recorded(
 ) -> None:
     stub = start_stub()
     recorder = ListRecorder()
-    async with running(config(stub.base_url), recorder) as svc:
+    async with running(config(stub.url), recorder) as svc:
         session = svc.new_session()
         texts, done = split(await turn(svc, session, "Hello there"))
         assert texts, "the reply is streamed as Text events before Done"
@@ -223,7 +157,7 @@ async def test_a_reply_broken_mid_stream_is_interrupted_and_keeps_what_arrived(
 ) -> None:
     stub = start_stub("--break-after", "2")  # "Hello from " arrives, then the engine goes away
     recorder = ListRecorder()
-    async with running(config(stub.base_url), recorder) as svc:
+    async with running(config(stub.url), recorder) as svc:
         session = svc.new_session()
         texts, done = split(await turn(svc, session, "Hello there"))
     assert done.ending == "interrupted"
@@ -244,7 +178,7 @@ async def test_a_reply_that_breaks_before_any_text_fails_after_the_retries_and_a
 ) -> None:
     stub = start_stub("--break-after", "0")
     recorder = ListRecorder()
-    async with running(config(stub.base_url, restart__request_retries=1), recorder) as svc:
+    async with running(config(stub.url, restart__request_retries=1), recorder) as svc:
         session = svc.new_session()
         texts, done = split(await turn(svc, session, "Hello there"))
     assert texts == [] and done.text == ""
@@ -262,7 +196,7 @@ async def test_a_stop_mid_reply_ends_it_as_stopped_and_keeps_what_arrived(
     engine still decodes; the turn ends with its Done, the text that arrived kept."""
     stub = start_stub("--reply", "one two three four five six seven eight", "--word-s", "0.3")
     recorder = ListRecorder()
-    async with running(config(stub.base_url, chat__stream_flush_ms=0), recorder) as svc:
+    async with running(config(stub.url, chat__stream_flush_ms=0), recorder) as svc:
         session = svc.new_session()
         events: list[Event] = []
         first_text = asyncio.Event()
@@ -293,7 +227,7 @@ async def test_an_interrupted_reply_keeps_all_the_text_that_arrived(
     start_stub: StartStub, config: Callable[..., AppConfig]
 ) -> None:
     stub = start_stub("--break-after", "3")  # "Hello from the " arrives at once, then the connection drops
-    async with running(config(stub.base_url, chat__stream_flush_ms=1000), ListRecorder()) as svc:
+    async with running(config(stub.url, chat__stream_flush_ms=1000), ListRecorder()) as svc:
         _, done = split(await turn(svc, svc.new_session(), "Hello there"))
     assert done.ending == "interrupted"
     assert done.text == "Hello from the "
@@ -307,7 +241,7 @@ async def test_a_users_turn_within_their_quota_is_counted_once_in_the_metrics(
     stub = start_stub()
     metrics = AppMetrics()
     quotas = FakeQuotas()
-    async with running(config(stub.base_url), metrics) as svc:
+    async with running(config(stub.url), metrics) as svc:
         svc.quota.store = quotas
         _, done = split([e async for e in svc.answer("alice", svc.new_session(), "Hello there")])
     assert done.ending == "finished"
@@ -335,7 +269,7 @@ async def test_a_message_waits_for_a_starting_engine_then_gets_its_reply(
     monkeypatch.setattr(service_module, "WAIT_STEP_S", 0.2)
     stub = start_stub("--ready-after", "1.5")
     recorder = ListRecorder()
-    async with running(config(stub.base_url), recorder, wait=False) as svc:
+    async with running(config(stub.url), recorder, wait=False) as svc:
         session = svc.new_session()
         events = await turn(svc, session, "Hello there")
     waits = [e for e in events if isinstance(e, EngineWait)]
@@ -356,7 +290,7 @@ async def test_a_message_for_an_engine_that_never_comes_is_told_it_failed_and_th
 ) -> None:
     monkeypatch.setattr(service_module, "WAIT_STEP_S", 0.2)
     port = free_port()  # nothing listens there yet
-    cfg = config(f"http://127.0.0.1:{port}/v1", timeouts__startup_s=1, restart__max_attempts=1)
+    cfg = config(f"http://127.0.0.1:{port}", timeouts__startup_s=1, restart__max_attempts=1)
     recorder = ListRecorder()
     async with running(cfg, recorder, wait=False) as svc:
         session = svc.new_session()
@@ -371,7 +305,7 @@ async def test_a_message_for_an_engine_that_never_comes_is_told_it_failed_and_th
         assert recorder.errors == ["unavailable"] and recorder.finished == [] and session.history == []
         assert svc.supervisor.status.state == State.FAILED
 
-        await listening(start_stub(port=port))  # the cause is fixed: the next message starts a new round
+        await asyncio.to_thread(start_stub(port=port).wait_listening)  # the cause is fixed: a new round
         events = await turn(svc, session, "Hello again")
     waits = [e for e in events if isinstance(e, EngineWait)]
     assert waits and waits[-1].state == "ready"

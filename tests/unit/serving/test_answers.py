@@ -1,6 +1,6 @@
 """The log-probability check on synthetic data: a faithful engine passes (also on flat distributions full of near
-ties), shuffled logits, another model's logits and a wrong template fail; over HTTP against small stub servers
-that speak vLLM's and llama-server's formats, an HTTP error is a failed verdict and a dead port the one error."""
+ties), shuffled logits, another model's logits and a wrong template fail; over HTTP against the stand-in engine
+speaking vLLM's and llama-server's dialects, an HTTP error is a failed verdict and a dead port the one error."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ from backend.serving.answers.check import LogprobCheckError, check_engine
 from backend.serving.answers.comparison import Observed, compare, template_mismatch
 from backend.serving.answers.reference import Reference
 from backend.serving.answers.tolerance import TOLERANCES, tolerance_for
-from tests.http_server import ThreadedServer
+from tests.stub_engine import StubEngine, status
 
 VOCAB = 400
 TOP = 20
@@ -247,68 +245,15 @@ def test_reference_file_round_trip(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ stub servers over HTTP
 
 
-class Stub(ThreadedServer):
-    """A tiny HTTP server answering like vLLM or llama-server from a synthetic model; `fail` forces HTTP 500."""
-
-    def __init__(self, kind: str, logits: Logits, reference: Reference) -> None:
-        self.kind, self.logits, self.fail, self.add_bos = kind, logits, False, False
-        self.templates = {json.dumps(p.messages): p.prompt_ids for p in reference.prompts}
-        self.seen_auth: set[str] = set()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.seen_auth.add(self.headers.get("Authorization", ""))
-                if stub.fail:
-                    self._send(500, {"error": "boom"})
-                    return
-                self._send(200, stub.answer(self.path, body))
-
-            def _send(self, status: int, data: Any) -> None:
-                raw = json.dumps(data).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        super().__init__(Handler, "answer-check-stub")
-
-    def answer(self, path: str, body: dict[str, Any]) -> Any:
-        if self.kind == "vllm" and path == "/tokenize":
-            return {"tokens": self.templates[json.dumps(body["messages"])], "count": 0}
-        if self.kind == "vllm" and path == "/v1/completions":
-            ids, k = body["prompt"], body["prompt_logprobs"]
-            entries: list[Any] = [None]
-            for i in range(1, len(ids)):
-                lp = log_softmax(self.logits(ids[:i]))
-                ranks = np.argsort(-lp, kind="stable")
-                entry = {
-                    str(int(t)): {"logprob": float(lp[t]), "rank": r + 1, "decoded_token": "x"}
-                    for r, t in enumerate(ranks[:k])
-                }
-                rank = int(np.where(ranks == ids[i])[0][0]) + 1
-                entry.setdefault(str(ids[i]), {"logprob": float(lp[ids[i]]), "rank": rank, "decoded_token": "x"})
-                entries.append(entry)
-            return {"choices": [{"text": "x", "prompt_logprobs": entries}]}
-        if self.kind == "llama.cpp" and path == "/apply-template":
-            return {"prompt": json.dumps(body["messages"])}
-        if self.kind == "llama.cpp" and path == "/tokenize":
-            return {"tokens": self.templates.get(body["content"], [5])}
-        if self.kind == "llama.cpp" and path == "/completion":
-            ids = body["prompt"]
-            lp = log_softmax(self.logits(ids))
-            top = [{"id": t, "token": "x", "bytes": [120], "logprob": v} for t, v in top_of(lp, body["n_probs"])]
-            best = top[0]
-            return {
-                "tokens_evaluated": len(ids) + self.add_bos,
-                "completion_probabilities": [{**best, "top_logprobs": top}],
-            }
-        return {"unexpected": path}
+def synthetic_engine(kind: str, logits: Logits, reference: Reference) -> StubEngine:
+    """The stand-in engine speaking `kind`'s dialect (tests/stub_engine.py) from a synthetic model: its chat template
+    renders the reference's conversations as their prompt ids, its log-probabilities are `logits`' softmax."""
+    templates = {json.dumps(p.messages): p.prompt_ids for p in reference.prompts}
+    return StubEngine(
+        dialect=kind,
+        tokens=lambda messages: templates[json.dumps(messages)],
+        logprobs=lambda prefix: log_softmax(logits(prefix)),
+    )
 
 
 @pytest.fixture
@@ -320,11 +265,11 @@ def truth_and_reference() -> Iterator[tuple[Logits, Reference]]:
 @pytest.mark.parametrize("kind", ["vllm", "llama.cpp"])
 async def test_check_engine_passes_a_faithful_server(kind: str, truth_and_reference: tuple[Logits, Reference]) -> None:
     truth, reference = truth_and_reference
-    with Stub(kind, truth, reference) as stub:
+    with synthetic_engine(kind, truth, reference) as stub:
         verdict = await check_engine(stub.url, "sk-x", "m", Api(kind), reference, TOLERANCES["float32"], 10)
     assert verdict.passed, verdict.reason
     assert verdict.stats.max < 1e-6 and verdict.stats.positions == 12
-    assert stub.seen_auth == {"Bearer sk-x"}
+    assert stub.authorizations == {"Bearer sk-x"}
 
 
 @pytest.mark.parametrize("kind", ["vllm", "llama.cpp"])
@@ -332,7 +277,7 @@ async def test_check_engine_fails_a_server_with_shuffled_logits(
     kind: str, truth_and_reference: tuple[Logits, Reference]
 ) -> None:
     truth, reference = truth_and_reference
-    with Stub(kind, shuffled(truth), reference) as stub:
+    with synthetic_engine(kind, shuffled(truth), reference) as stub:
         verdict = await check_engine(stub.url, "k", "m", Api(kind), reference, BF16, 10)
     assert not verdict.passed
 
@@ -346,8 +291,11 @@ async def test_a_faulty_server_gives_a_failed_verdict_that_says_why(
     truth_and_reference: tuple[Logits, Reference], kind: str, fault: str, words: list[str]
 ) -> None:
     truth, reference = truth_and_reference
-    with Stub(kind, truth, reference) as stub:
-        setattr(stub, fault, True)
+    with synthetic_engine(kind, truth, reference) as stub:
+        if fault == "fail":
+            stub.script = (status(500, "boom"),)  # every request
+        else:
+            stub.bos_added = True
         verdict = await check_engine(stub.url, "k", "m", Api(kind), reference, BF16, 10)
     assert not verdict.passed
     assert all(w in verdict.reason for w in words), verdict.reason
@@ -357,7 +305,7 @@ async def test_a_dead_port_raises_the_documented_error(
     truth_and_reference: tuple[Logits, Reference],
 ) -> None:
     _, reference = truth_and_reference
-    with Stub("vllm", model(1.0), reference) as stub:
+    with synthetic_engine("vllm", model(1.0), reference) as stub:
         url = stub.url  # the port is free again once the stub is gone
     with pytest.raises(LogprobCheckError, match="could not be reached"):
         await check_engine(url, "k", "m", Api.VLLM, reference, BF16, 5)

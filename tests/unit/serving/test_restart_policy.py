@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,7 @@ from backend.errors import EngineStartError
 from backend.serving.process import free_port
 from backend.serving.supervisor import RestartPolicy, State, Status, Supervisor
 from tests.deadlines import WAIT_S
-
-STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
+from tests.stub_engine import command
 
 
 def policy(**settings: float) -> RestartPolicy:
@@ -131,7 +129,7 @@ def dying_supervisor(tmp_path: Path, max_attempts: int) -> tuple[Supervisor, Cal
     port = free_port()
 
     def prepare() -> LaunchSpec:
-        argv = [sys.executable, str(STUB), str(port), "m", "--exit-at-start", "3"]
+        argv = command(port, "m", "--exit-at-start", "3")
         return LaunchSpec("stub", argv, dict(os.environ), "127.0.0.1", port, "m", "k")  # type: ignore[arg-type]
 
     sup = Supervisor(cfg, prepare, Endpoint(f"http://127.0.0.1:{port}", "k", "m"), EngineFlags())

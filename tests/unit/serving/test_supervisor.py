@@ -20,9 +20,8 @@ from backend.serving.canary import Canary
 from backend.serving.process import free_port
 from backend.serving.supervisor import State, Supervisor
 from tests.deadlines import WAIT_S
+from tests.stub_engine import command
 from tests.waiting import until
-
-STUB = Path(__file__).resolve().parents[2] / "stub_engine.py"
 
 
 def make(tmp_path: Path, *stub_args: str, **env: str) -> tuple[Supervisor, Callable[[list[str]], None]]:
@@ -42,7 +41,7 @@ def make(tmp_path: Path, *stub_args: str, **env: str) -> tuple[Supervisor, Calla
     args = [list(stub_args)]
 
     def prepare() -> LaunchSpec:
-        argv = [sys.executable, str(STUB), str(port), "m", *args[0]]
+        argv = command(port, "m", *args[0])
         return LaunchSpec("stub", argv, dict(os.environ), "127.0.0.1", port, "m", "k")
 
     def set_args(new: list[str]) -> None:
@@ -207,7 +206,7 @@ async def test_an_external_server_that_stops_answering_is_waited_for_and_said_so
     """The app does not run an external server (engine.name external): when it stops answering, the notice says the
     app waits for it at its address, not that it restarts it; once it answers again the app is ready again."""
     port = free_port()
-    argv = [sys.executable, str(STUB), str(port), "m"]
+    argv = command(port, "m")
     server = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
     cfg = load_config(
         environ={
@@ -280,7 +279,7 @@ def guarded(tmp_path: Path, plan: dict[str, list[str]], may_refuse: tuple[str, .
     port = free_port()
 
     def prepare() -> LaunchSpec:
-        argv = [sys.executable, str(STUB), str(port), "m", *plan[canary.ladder.current.variant]]
+        argv = command(port, "m", *plan[canary.ladder.current.variant])
         spec = LaunchSpec("stub", argv, dict(os.environ), "127.0.0.1", port, "m", "k")
         return spec.with_check(Weights(str(tmp_path / "model"), None, "bfloat16"), "stub-build-1")
 
