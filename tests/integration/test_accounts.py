@@ -14,7 +14,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -25,8 +24,8 @@ from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.saved import counts_from_thread
 from tests.app_process import RunningApp, launch_app, login_env, storage_problems
-from tests.chat_api import ChatSocket, login, rendered_finished
-from tests.waiting import until, wait_until
+from tests.chat_api import ChatSocket, login, rendered_finished, saved_thread
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -135,16 +134,6 @@ async def test_each_user_sees_only_their_own_threads(
         await anonymous_chat.connect()
     # and the thread is still alice's, as she left it
     assert (await alice.get(f"/project/thread/{tid}")).json()["name"].startswith("Alice asks")
-
-
-async def saved_thread(http: httpx.AsyncClient, tid: str) -> dict[str, Any]:
-    """The thread as saved, once its reply is: Chainlit writes the steps in the background, after the page has them."""
-
-    async def saved() -> dict[str, Any] | None:
-        thread: dict[str, Any] = (await http.get(f"/project/thread/{tid}")).json()
-        return thread if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])} else None
-
-    return await until(saved, f"thread {tid}'s steps saved", interval=0.2)
 
 
 async def prompt_tokens_of(site: Site, chat: ChatSocket, text: str) -> int:

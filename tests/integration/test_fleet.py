@@ -50,10 +50,10 @@ from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import new_api_key
 from backend.storage.database import open_engine
 from tests.app_process import RunningApp, launch_app, login_env
-from tests.chat_api import ChatSocket, login, rendered_finished
+from tests.chat_api import ChatSocket, login, rendered_finished, saved_thread
 from tests.fleet import Child, StickyProxy, llama_engine, router, samples
 from tests.postgres_server import PostgresForTests
-from tests.waiting import until, wait_until
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -332,16 +332,6 @@ def chat_turns(app: RunningApp) -> float:
     with httpx.Client(trust_env=False, timeout=10) as http:
         totals = sample_totals(http.get(app.url + "/metrics").text)
     return totals.get("ernie_requests_total", 0.0)
-
-
-async def saved_thread(http: httpx.AsyncClient, tid: str) -> dict[str, Any]:
-    """The thread once its reply is saved (Chainlit writes steps in the background)."""
-
-    async def probe() -> dict[str, Any] | None:
-        thread: dict[str, Any] = (await http.get(f"/project/thread/{tid}")).json()
-        return thread if {"user_message", "assistant_message"} <= {s["type"] for s in thread.get("steps", [])} else None
-
-    return await until(probe, f"thread {tid}'s steps saved", interval=0.2)
 
 
 class PollingChat(ChatSocket):
