@@ -15,6 +15,8 @@
 #             PRICE_EXTRAS=0 for the engines' levels alone)
 #        bash scripts/gpu/gpu_run.sh start                 (issue 43: a fresh start on warm caches, vLLM's `serve` command
 #             against its API server module, alternated: scripts/gpu/gpu_start.py; env START_ROUNDS, START_PROFILE)
+#        bash scripts/gpu/gpu_run.sh clients               (issue 43: the first token at 16 users measured from one client
+#             process or from 16: scripts/gpu/gpu_clients.py; env CLIENTS_ROUNDS)
 #        bash scripts/gpu/gpu_run.sh supervise CONFIG...  (readiness, a GPU process killed, stop: scripts/gpu/gpu_supervise.py)
 #        bash scripts/gpu/gpu_run.sh chat [PROFILE]        (the Chainlit app on the GPU, driven by `python -m backend
 #             loadtest`; needs .gpu/app/appsite.tar.xz, the app's packages for Python 3.12: scripts/gpu/gpu_appsite.py.
@@ -145,6 +147,10 @@ elif [ "$LABEL" = price ]; then  # issue 43: FP8 priced against bf16, the first 
     echo "[price] import $m: $( { time python3 -X importtime -c "import $m" 2> "$f"; } 2>&1 )"
   done
   ls -l "$OUT"; exit 0
+elif [ "$LABEL" = clients ]; then  # issue 43: the first token's time in one client process or 16 (gpu_clients.py)
+  python3 scripts/gpu/gpu_clients.py "$OUT/clients" "$W/gpubundle/ernie03b" 2>&1 | grep -v "^The model hub" \
+    | tee "$OUT/console-$LABEL.txt"
+  (cd "$OUT/clients" && gzip -f engine-clients.log 2>/dev/null); ls -l "$OUT" "$OUT/clients"; exit 0
 elif [ "$LABEL" = supervise ]; then
   python3 scripts/gpu/gpu_supervise.py "$OUT" "$W/gpubundle/ernie03b" "$@" 2>&1 | tee "$OUT/console-$LABEL.txt"
 elif [ "$LABEL" = start ]; then  # a fresh start on warm caches: `serve` against the API server module (gpu_start.py)
