@@ -31,7 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gpu_metrics import machine, metrics_delta, scrape
+from gpu_metrics import machine, metrics_delta, out_and_model, scrape
 from gpu_price import INPUT_LEN, OUTPUT_LEN, SAMPLING, Engine, IdsSender, Prompts, brief
 
 from backend.benchmarks.loadgen import run_level
@@ -153,7 +153,5 @@ async def main(out: Path, model: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="the results folder")
-    parser.add_argument("model", help="the model folder whose architecture is measured")
-    args = parser.parse_args()
+    args = out_and_model(parser)
     asyncio.run(main(args.out, args.model))

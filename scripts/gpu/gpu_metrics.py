@@ -5,6 +5,7 @@ that say what it ran with. Imported by scripts/gpu/gpu_tune.py, gpu_price.py, gp
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import platform
@@ -197,3 +198,10 @@ def log_excerpt(path: Path) -> list[str]:
         kept.append(line[:6000])
         serving = serving or "Starting vLLM server" in line
     return kept
+
+
+def out_and_model(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments of a measurement that starts the engine itself: its results folder and the model folder."""
+    parser.add_argument("out", type=Path, help="the results folder")
+    parser.add_argument("model", help="the model folder whose architecture is measured")
+    return parser.parse_args()

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import itertools
 
-from gpu_metrics import log_excerpt, machine, metrics_delta, scrape
+from gpu_metrics import log_excerpt, machine, metrics_delta, out_and_model, scrape
 
 from backend.benchmarks.loadgen import AppSender, RawSender, Sampling, run_level
 from backend.benchmarks.stats import RequestResult, level_metrics
@@ -476,8 +476,6 @@ def _tree(root: int) -> list[int]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="the results folder")
-    parser.add_argument("model", help="the model folder whose architecture is measured")
-    args = parser.parse_args()
+    args = out_and_model(parser)
     asyncio.run(main(args.out, args.model))
     print("[price] summary:", json.dumps({k: v for k, v in doc.items() if k in ("start_s", "weights_s")}), flush=True)

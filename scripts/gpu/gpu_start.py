@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gpu_metrics import machine, wait_gpu_free
+from gpu_metrics import machine, out_and_model, wait_gpu_free
 from gpu_price import ms_logging
 
 from backend.benchmarks.stats import spread
@@ -148,7 +148,5 @@ async def main(out: Path, model: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="the results folder")
-    parser.add_argument("model", help="the model folder whose architecture is measured")
-    args = parser.parse_args()
+    args = out_and_model(parser)
     asyncio.run(main(args.out, args.model))
