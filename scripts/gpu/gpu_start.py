@@ -73,7 +73,7 @@ def phases(log: str, started: float) -> dict[str, float]:
 
 def patch(variant: str) -> None:
     """`before`: the engine core spawned (it imports vLLM again), as vLLM's command line does unless told;
-    `after`: the app's start now, the engine core forked from the API server (backend.engines.vllm.Vllm.extra_env)."""
+    `after`: the app's start now, the engine core forked from the API server (backend.engines.vllm.Vllm.default_env)."""
     if variant == "before":
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     else:
