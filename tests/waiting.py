@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tests.deadlines import WAIT_S
+from tests.deadlines import SPIN_S, WAIT_S
 
 T = TypeVar("T")
 TAIL_CHARS = 3000
@@ -45,6 +45,12 @@ async def until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def spin_until(condition: Callable[[], bool], timeout_s: float = SPIN_S) -> None:
+    """Until `condition()` holds, the event loop turned without sleeping, so that the test's own tasks (a reply, a
+    page) run between checks."""
+    await until(condition, "the condition", timeout_s, interval=0)
 
 
 def wait_alive(

@@ -12,6 +12,7 @@ import pytest
 from backend.chat.live import LiveReplies, LiveReply
 from backend.chat.request import UserSettings
 from backend.chat.turn import ChatSession, Done, Event, Notice, Started, Text
+from tests.waiting import spin_until
 
 
 class ScriptedTurn:
@@ -53,20 +54,13 @@ async def texts(reply: LiveReply, start: int = 0) -> tuple[str, Done | None]:
     return shown, done
 
 
-async def until(condition) -> None:  # type: ignore[no-untyped-def]
-    """Until `condition()` holds (the reply's task runs meanwhile); fails after 5 s."""
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0)
-
-
 async def test_pages_that_come_in_the_middle_see_the_text_so_far_and_the_rest_live() -> None:
     replies, turn = LiveReplies(detached_s=60), ScriptedTurn()
     reply = await replies.start("thread-1", "user:alice", "r1", "u1", chat(), turn.events())
     first = asyncio.create_task(texts(reply))
     for piece in ("Hello", ", wor"):
         turn.pieces.put_nowait(piece)
-    await until(lambda: reply.text == "Hello, wor")
+    await spin_until(lambda: reply.text == "Hello, wor")
     snapshot = reply.snapshot()
     assert snapshot.text == "Hello, wor"
     second = asyncio.create_task(texts(reply, snapshot.index))  # a reloaded page, a second tab
@@ -94,7 +88,7 @@ async def test_a_stop_from_any_page_closes_the_stream_and_ends_the_reply_as_stop
     replies, turn = LiveReplies(detached_s=60), ScriptedTurn()
     reply = await replies.start("thread-1", "user:alice", "r1", "u1", chat(), turn.events())
     turn.pieces.put_nowait("Once upon")
-    await until(lambda: reply.text == "Once upon")
+    await spin_until(lambda: reply.text == "Once upon")
     found = replies.find("thread-1", "user:alice")  # the reloaded page's stop button
     assert found is not None and found.stop()
     await reply.wait()
@@ -120,7 +114,7 @@ async def test_a_reply_nobody_watches_goes_on_for_the_configured_time_then_stops
     replies, turn = LiveReplies(detached_s=0.05), ScriptedTurn()
     reply = await replies.start("thread-1", "user:alice", "r1", "u1", chat(), turn.events())
     turn.pieces.put_nowait("partial")
-    await until(lambda: reply.text == "partial")
+    await spin_until(lambda: reply.text == "partial")
     reply.detach()  # the page was closed
     reply.attach()  # ... and came back in time
     reply.detach()  # closed again, for good
@@ -162,7 +156,7 @@ async def test_a_shutdown_cuts_every_reply_off_and_waits_until_it_is_saved(saved
     replies, turn = LiveReplies(detached_s=60), ScriptedTurn()
     reply = await replies.start("thread-1", "user:alice", "r1", "u1", chat(), turn.events())
     turn.pieces.put_nowait("half")
-    await until(lambda: reply.text == "half")
+    await spin_until(lambda: reply.text == "half")
 
     async def save() -> None:  # the page that asked it saves it as it ends
         await reply.wait()

@@ -20,6 +20,7 @@ from backend.chat.request import UserSettings
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession, Done, Event, Started, Text
 from backend.ops.drain import Drain
+from tests.waiting import spin_until
 
 
 async def turn(line: Admission, pieces: asyncio.Queue[str | None]) -> AsyncGenerator[Event, None]:
@@ -73,23 +74,17 @@ def drain_of(line: Admission, replies: LiveReplies, drain_s: float, pages: list[
     return drain, handed
 
 
-async def until(condition) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0)
-
-
 async def test_the_signal_is_handed_on_only_once_every_page_has_rendered_its_turns_end() -> None:
     line, replies = Admission(4, 8, 60, 15), LiveReplies(detached_s=60)
     pages = [Page(replies, line, f"thread-{i}") for i in range(2)]
     handlers = [asyncio.create_task(page.handle()) for page in pages]
-    await until(lambda: len(line.running) == 2)
+    await spin_until(lambda: len(line.running) == 2)
     drain, handed = drain_of(line, replies, 30, pages)
     draining = asyncio.create_task(drain.drain())
     for page in pages:
         page.pieces.put_nowait("Once upon a time.")
         page.pieces.put_nowait(None)
-    await until(lambda: not line.running)  # both replies ended: the line is drained
+    await spin_until(lambda: not line.running)  # both replies ended: the line is drained
     pages[0].rendering.set()
     await asyncio.sleep(0.05)
     assert handed == [], "the second page still renders its turn's end: the web server must not stop yet"
@@ -106,7 +101,7 @@ async def test_a_page_that_never_ends_its_turn_does_not_hold_the_restart_past_dr
     line, replies = Admission(4, 8, 60, 15), LiveReplies(detached_s=60)
     page = Page(replies, line, "thread-1")
     handler = asyncio.create_task(page.handle())
-    await until(lambda: len(line.running) == 1)
+    await spin_until(lambda: len(line.running) == 1)
     drain, handed = drain_of(line, replies, 0.3, [page])
     with caplog.at_level(logging.WARNING, logger="backend.ops.drain"):
         draining = asyncio.create_task(drain.drain(signal.SIGTERM))
@@ -124,7 +119,7 @@ async def test_a_page_that_came_back_and_follows_a_reply_is_waited_for_too() -> 
     line, replies = Admission(4, 8, 60, 15), LiveReplies(detached_s=60)
     page = Page(replies, line, "thread-1")
     handler = asyncio.create_task(page.handle())
-    await until(lambda: len(line.running) == 1)
+    await spin_until(lambda: len(line.running) == 1)
     shown = asyncio.Event()
     live = replies.running("thread-1")
     assert live is not None
@@ -138,7 +133,7 @@ async def test_a_page_that_came_back_and_follows_a_reply_is_waited_for_too() -> 
     drain, handed = drain_of(line, replies, 30, [page])
     draining = asyncio.create_task(drain.drain())
     page.pieces.put_nowait(None)
-    await until(lambda: page.ended)
+    await spin_until(lambda: page.ended)
     await asyncio.sleep(0.05)
     assert handed == [], "the page that came back still shows the turn's end"
     shown.set()
