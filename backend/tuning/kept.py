@@ -136,11 +136,13 @@ def figures(m: Measured) -> dict[str, Any]:
     }
 
 
-def tune_key(cfg: AppConfig, cpu: str, builds: list[str], model: str) -> str:
-    """What a result holds for: the CPU, the engine builds, the model and the settings that change the answer."""
+def tune_key(cfg: AppConfig, cpu: str, builds: list[str], model: str, candidates: list[str]) -> str:
+    """What a result holds for: the CPU, the engine builds, the model, the settings that change the answer and the
+    candidates measured (a release that measures another candidate measures again)."""
     t = cfg.tune
     parts = [str(VERSION), cpu, *builds, model, cfg.engine.name, cfg.llamacpp.quantization, str(t.users),
-             ",".join(t.formats), str(t.rounds), str(t.replies), cfg.model.load_format]  # fmt: skip
+             ",".join(t.formats), str(t.rounds), str(t.replies), cfg.model.load_format,
+             ",".join(candidates)]  # fmt: skip
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 

