@@ -352,7 +352,8 @@ class VllmCpu(Vllm):
         answers fail the check)."""
         if fmt != "float32" or not self.format_on_auto(cfg):
             return cfg
-        flags = cfg.engine.flags.merged(EngineFlags(dtype="float32"))
+        # model_copy, not merged(): only what the user set and the dtype are set, so the profile's other flags stay
+        flags = cfg.engine.flags.model_copy(update={"dtype": "float32"})
         return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"flags": flags})})
 
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:

