@@ -1,8 +1,9 @@
 #!/bin/bash
 # Three `python -m backend tune --force` in a row with the default configuration, offline (the demo model), on a
-# quiet machine; each one's table and the kept JSON.
-cd /work/main
-OUT=results/cpu-engines/tune-three
+# quiet machine; each one's table and the kept JSON, in the folder given (default: this one).
+cd "$(dirname "$0")/../../.."  # the repository root
+OUT=${1:-results/cpu-engines/tune-three}  # where the tables and kept records go
+mkdir -p "$OUT"
 lscpu | grep "Model name" > $OUT/cpu.txt
 export HF_ENDPOINT=http://127.0.0.1:9 HF_HOME=/tmp/three-tunes-hf ERNIE_MODEL__HUB_TIMEOUT_S=1
 for i in 1 2 3; do
