@@ -19,7 +19,7 @@ from backend.config import AppConfig
 
 log = logging.getLogger(__name__)
 
-VERSION = 3  # bump when the workload, the rule or the record's fields change
+VERSION = 4  # bump when the workload, the rule or the record's fields change
 
 
 @dataclass
@@ -43,6 +43,9 @@ class Measured:
     check: str = ""  # the answer check's verdict ("passed", "passed (cached)", "skipped: random weights")
     ready_s: float = 0.0
     rounds: list[Round] = field(default_factory=list)
+    # Why it measured no further rounds though it served: so much slower than the quickest in a round that no later
+    # round could make it the choice (backend.tuning.tuner.DROP); "" where it ran every round.
+    dropped: str = ""
 
     @property
     def ok(self) -> bool:
@@ -133,6 +136,7 @@ def figures(m: Measured) -> dict[str, Any]:
         "output_tok_s_n": round(output[0], 1) if output else None,
         "turns": sum(int(r.one["turns"]) + int(r.many["turns"]) for r in m.rounds),
         "other_max": max(r.other for r in m.rounds),
+        **({"dropped": m.dropped} if m.dropped else {}),
     }
 
 

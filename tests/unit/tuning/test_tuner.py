@@ -202,8 +202,11 @@ def test_the_starting_notice_shows_the_tune_progress_in_the_users_language() -> 
 class Figures:
     """Scripted measurements for the tune's own loop: each candidate's (1 user, N users) figures per call."""
 
-    def __init__(self, figures: dict[str, tuple[tuple[float, float], tuple[float, float]]]) -> None:
+    def __init__(
+        self, figures: dict[str, tuple[tuple[float, float], tuple[float, float]]], busy: frozenset[str] = frozenset()
+    ) -> None:
         self.figures = figures
+        self.busy = busy  # candidates whose rounds other work disturbed
         self.started: list[str] = []
         self.rounds: list[str] = []
         self.stopped: list[str] = []
@@ -230,7 +233,7 @@ class Figures:
             self.rounds.append(label)
             await asyncio.sleep(0.002)  # a round takes time
             one, many = self.figures[label]
-            return Round(level(*one), level(*many))
+            return Round(level(*one), level(*many), other=0.5 if label in self.busy else 0.0)
 
         monkeypatch.setattr(tuner, "start", start)
         monkeypatch.setattr(tuner, "measure_round", measure_round)
@@ -288,6 +291,56 @@ def test_past_the_budget_no_further_round_starts_and_the_rounds_measured_decide(
     done = asyncio.run(tuner.tune(config(tmp_path, tune__budget_s=0.0001), sys.executable, lambda _: None))
     assert done is not None and done.chosen == "llama.cpp q4_k_m"
     assert script.rounds == ["llama.cpp q8_0", "llama.cpp q4_k_m"], "one round, then the budget was spent"
+
+
+VLLM = (engine("vllm-cpu"), "bfloat16")
+FIGURES = {
+    "llama.cpp q8_0": ((50, 200), (30, 300)),  # a typical reply: 5.41 s
+    "llama.cpp q4_k_m": ((55, 200), (32, 300)),  # 5.03 s
+    "vllm-cpu bfloat16": ((20, 800), (15, 900)),  # 12.4 s: 2.5x as long as q4_k_m
+}
+
+
+def test_a_candidate_far_slower_in_a_round_measures_no_further_rounds_and_is_never_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Figures(FIGURES)
+    script.install(monkeypatch, tmp_path, [Q8, Q4, VLLM])
+    steps: list[Phrase | None] = []
+    done = asyncio.run(tuner.tune(config(tmp_path), sys.executable, steps.append))
+    assert done is not None
+    close = ["llama.cpp q8_0", "llama.cpp q4_k_m"]
+    assert script.rounds == [*close, "vllm-cpu bfloat16", *close, *close], "dropped after round 1; the close pair: 3"
+    measuring = [(p.params["number"], p.params["total"]) for p in steps if p and p.code == "tune.measuring"]
+    assert measuring == [(1, 9), (2, 9), (3, 9), (4, 7), (5, 7), (6, 7), (7, 7)], "the progress counts what is left"
+    slow = done.measured[2]
+    assert len(slow.rounds) == 1
+    assert slow.dropped == "after round 1: a typical reply took 2.5x as long as llama.cpp q4_k_m's"
+    assert done.chosen == "llama.cpp q8_0" and "default order" in done.reason, "the close pair: the default order"
+    assert "dropped after round 1" in done.reason and "dropped after round 1" in tuner.describe(done)
+    assert kept.figures(slow)["dropped"] == slow.dropped and "dropped" not in kept.figures(done.measured[0])
+    again = kept.load(config(tmp_path), done.key)
+    assert again is not None and again.measured[2].dropped == slow.dropped, "kept with the result"
+
+
+def test_a_round_disturbed_by_other_work_drops_nothing_and_a_dropped_candidate_never_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Figures(FIGURES, busy=frozenset({"vllm-cpu bfloat16"}))
+    script.install(monkeypatch, tmp_path, [Q8, Q4, VLLM])
+    done = asyncio.run(tuner.tune(config(tmp_path), sys.executable, lambda _: None))
+    assert done is not None and script.rounds.count("vllm-cpu bfloat16") == 3 and not done.measured[2].dropped
+    # the only one left after the others were dropped: chosen, saying why
+    fast = measured("llama.cpp q8_0", (60, 200), (30, 300))
+    slow = measured("llama.cpp q4_k_m", (20, 900), (10, 900))
+    tuner.drop_slow(0, [fast, slow])
+    assert slow.dropped and not fast.dropped
+    decision = tuner.decide([slow, fast])
+    assert decision.chosen is fast and decision.reason.startswith("every other candidate took 1.5x as long")
+    # a dropped candidate is not chosen even where its one round's score is the lowest median and it comes first
+    lucky = measured("llama.cpp q4_k_m", (90, 100), (50, 200))
+    lucky.dropped = "after round 2: a typical reply took 1.6x as long as llama.cpp q8_0's"
+    assert tuner.decide([lucky, fast]).chosen is fast
 
 
 def test_a_candidate_that_does_not_start_is_skipped_with_its_reason(
