@@ -6,12 +6,17 @@ missing and reports failures.
 Cache layout: <paths.cache_dir>/gguf/<folder name>-<key>/<folder name>.<quant>.gguf, where the key
 hashes the folder's path and the size and time of every file the conversion reads. The bf16 file
 stays beside the quantized one: it is the quantizer's input, so switching quantization is quick.
+
+Each cache folder records its source (source.txt); whenever a file is served from the cache, the folders made from
+the same source under another key (the source changed, or a converter that writes other files) and those whose
+source is gone (a checkout removed, a model deleted) are removed, so the cache holds one copy per living source.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -50,6 +55,30 @@ def cached_gguf(cfg: AppConfig, source: Path, quant: str) -> Path:
     """The cache file for `source` converted to `quant` (it may not exist yet)."""
     name = source.resolve().name
     return cfg.paths.cache / "gguf" / f"{name}-{source_key(source)}" / f"{name}.{quant}.gguf"
+
+
+SOURCE_RECORD = "source.txt"  # in each cache folder: the absolute path of what it was made from
+
+
+def keep_one_per_source(cfg: AppConfig, made: Path, source: Path) -> None:
+    """Record `made`'s source in its folder, and remove the cache folders of the same source under another key and
+    those whose source is gone (module docstring). Folders without a record (older releases') are left alone."""
+    folder, origin = made.parent, str(source.resolve())
+    try:
+        (folder / SOURCE_RECORD).write_text(origin + "\n", encoding="utf-8")
+        others = [f for f in folder.parent.iterdir() if f.is_dir() and f != folder]
+    except OSError as exc:
+        log.warning("GGUF cache %s not tidied: %s", folder.parent, exc)
+        return
+    for other in others:
+        try:
+            recorded = (other / SOURCE_RECORD).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if recorded == origin or not Path(recorded).exists():
+            why = "its source changed" if recorded == origin else f"its source {recorded} is gone"
+            log.info("Removing the GGUF cache folder %s: %s", other, why)
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def convert_log(cfg: AppConfig) -> Path:
@@ -93,6 +122,7 @@ def ensure_gguf(
     """Return the cached GGUF of `source` at `quant`, converting (bf16 first) and quantizing once when missing."""
     target = cached_gguf(cfg, source, quant)
     if target.is_file():
+        keep_one_per_source(cfg, target, source)
         return target
     started = time.monotonic()
     bf16 = cached_gguf(cfg, source, "bf16")
@@ -106,6 +136,7 @@ def ensure_gguf(
         args = [str(source), str(target), "--quant", quant, "--bf16", str(bf16), *tool, *progress]
         _run_converter(python, args, log_file)
     log.info("GGUF %s ready in %.1f s", target, time.monotonic() - started)
+    keep_one_per_source(cfg, target, source)
     return target
 
 
@@ -129,6 +160,7 @@ def ensure_requantized(
         args = ["--gguf", str(source), str(target), "--quant", quant, "--quantize-tool", str(quantize_tool)]
         _run_converter(python, [*args, *progress], log_file)
         log.info("GGUF %s ready in %.1f s", target, time.monotonic() - started)
+    keep_one_per_source(cfg, target, source)
     return target
 
 

@@ -25,7 +25,7 @@ from backend.engines.llamacpp import (
 )
 from backend.engines.registry import engine, engines_to_try
 from backend.errors import ConfigError, EngineNotInstalledError, ModelConversionError, ModelNotFoundError
-from backend.models.gguf import cached_gguf, ensure_gguf, quantization, source_key
+from backend.models.gguf import SOURCE_RECORD, cached_gguf, ensure_gguf, ensure_requantized, quantization, source_key
 from backend.models.resolve import ResolvedModel
 from backend.serving.launch import make_supervisor
 from backend.serving.profiles import effective_flags
@@ -235,6 +235,37 @@ def test_cache_key_follows_the_source_files(tmp_path: Path) -> None:
     assert source_key(src) != key
     (src / "README.md").write_text("not read by the conversion")
     assert cached_gguf(config(tmp_path), src, "bf16").parent.name.startswith("ernie-")
+
+
+def test_the_cache_keeps_one_copy_per_living_source(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+
+    def shipped(name: str) -> Path:
+        path = tmp_path / name / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"GGUF " + name.encode())
+        return path
+
+    def made(source: Path) -> Path:  # as llama-quantize leaves it: a cache hit from here on
+        target = llamacpp.requantized_gguf(cfg, source, "q8_0")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"GGUF q8_0")
+        return ensure_requantized(cfg, "/nonexistent/python", source, "q8_0", tmp_path / "no-quantize")
+
+    first, second = shipped("clone-1"), shipped("clone-2")
+    one, two = made(first), made(second)
+    assert (one.parent / SOURCE_RECORD).read_text().strip() == str(first.resolve())
+    assert one.is_file() and two.is_file(), "two living checkouts: a copy each"
+    older = tmp_path / "cache" / "gguf" / "made-by-an-older-release-0123456789ab"
+    older.mkdir()
+    os.utime(first, ns=(1, 1))  # the source changed: another key
+    again = made(first)
+    assert again != one and not one.parent.exists() and two.is_file(), "the copy of the old file is removed"
+    (second.parent / second.name).unlink()  # a checkout removed
+    made(first)
+    assert not two.parent.exists() and again.is_file() and older.is_dir(), (
+        "a gone source's copy removed, no record kept"
+    )
 
 
 def test_a_failed_conversion_shows_the_log_tail(tmp_path: Path) -> None:
