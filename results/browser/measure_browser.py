@@ -1,12 +1,19 @@
-"""Measure what a user sees: time to first token and tokens/s in a real browser, against a running app.
+"""Measure what a user sees in a real browser, alone and while others chat: first text and tokens/s on the page.
 
-usage: .venv/bin/python results/browser/measure_browser.py [--url http://127.0.0.1:8501] [--runs 5]
-           [--out results/browser]
+usage: .venv/bin/python results/browser/measure_browser.py [--url http://127.0.0.1:8501] [--users 1,4,8]
+           [--rounds 3] [--replies 32] [--out results/browser/NAME]
 
-Timing is taken inside the page (performance.now() from a MutationObserver) from the moment Enter is
-pressed to the first reply text, and from the first to the last text update. Token counts come from
-the engine's own counter (vllm:generation_tokens_total, llamacpp:tokens_predicted_total) read before and
-after each reply.
+At each level of N users, one real page (headless Chromium) is the user measured while N-1 others chat through the
+app's websocket as pages do (backend.benchmarks.loadtest's sessions: no rendering, so the machine's cores go to the
+app and the engine, as where each user has a browser of their own), in conversations of four turns, with the same
+prompts and reply length (256 tokens at most). The levels take turns (1 4 8 1 4 8 ..., `--rounds` rounds); the page
+sends `--replies` messages per level in all, each in a fresh chat so that prompts stay equal in length.
+
+Timing is taken inside the page (performance.now() from a MutationObserver) from the moment Enter is pressed to the
+first reply text ("first text"), and from the first to the last text update (its pace: the reply's tokens, from its
+details, over that time); the longest pause between two updates shows bursts. "First text, every user" pools the
+page's replies with the other sessions' (the websocket's stream_start, loadtest.FIRST_TEXT). The total is the
+engine's own counter of generated tokens over the page's replies (every user's tokens).
 """
 
 from __future__ import annotations
@@ -14,14 +21,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import re
 import statistics
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from backend.benchmarks.loadtest import Reply, ask, open_chat
+from backend.benchmarks.stats import percentile
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.hardware import cpu_model
 from tests.app_process import CHROMIUM, CHROMIUM_ARGS, REPLY
@@ -31,8 +43,10 @@ PROMPTS = [
     "What are three good habits for learning a new language? Explain each one.",
     "Describe a walk through a forest in autumn.",
 ]
+MAX_TOKENS = 256  # the page's own default (chat.max_tokens); the other sessions set the same
+TURNS = 4  # an other session's conversation, then a new one
 OBSERVER = """([sel, n]) => {
-  window.__t = {sent: performance.now()};
+  window.__t = {sent: performance.now(), gap: 0};
   new MutationObserver(() => {
     const el = document.querySelectorAll(sel)[n];
     if (!el) return;
@@ -40,29 +54,28 @@ OBSERVER = """([sel, n]) => {
     if (!text.trim()) return;
     const now = performance.now();
     if (el.querySelector(".reply-details")) { window.__t.done ??= now; return; }  // the details come last
+    if (window.__t.last !== undefined) window.__t.gap = Math.max(window.__t.gap, now - window.__t.last);
     window.__t.first ??= now;
     window.__t.last = now;
     window.__t.updates = (window.__t.updates || 0) + 1;
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
-
-
+REPLY_TOKENS = re.compile(r"(\d+) prompt \+ (\d+) reply tokens")  # the details line (catalogue: en)
 GENERATED = {"llama.cpp": "llamacpp:tokens_predicted_total"}  # else vLLM's name
-# The engine's own seconds spent generating (after each request's first token), for its own pace.
-DECODING = {"llama.cpp": "llamacpp:tokens_predicted_seconds_total"}  # else vLLM's
 
 
-def engine_counters(app_url: str) -> tuple[float, float]:
-    """Tokens the engine generated so far and its seconds decoding, by its own counters (the app's /metrics/engine)."""
-    health = json.load(urllib.request.urlopen(app_url + "/healthz", timeout=10))
-    name = health["engine"].get("name")
+def health(app_url: str) -> dict[str, Any]:
+    return dict(json.load(urllib.request.urlopen(app_url + "/healthz", timeout=10)))
+
+
+def generated_tokens(app_url: str) -> float:
+    """Tokens the engine generated so far, by its own counter (the app's /metrics/engine)."""
+    name = health(app_url)["engine"].get("name")
     text = urllib.request.urlopen(app_url + "/metrics/engine", timeout=10).read().decode()
-    totals = sample_totals(text)
-    tokens = totals.get(GENERATED.get(name, "vllm:generation_tokens_total"), 0.0)
-    return tokens, totals.get(DECODING.get(name, "vllm:request_decode_time_seconds_sum"), 0.0)
+    return sample_totals(text).get(GENERATED.get(name, "vllm:generation_tokens_total"), 0.0)
 
 
-async def fresh_chat(page, url: str) -> None:  # type: ignore[no-untyped-def]
+async def fresh_chat(page: Any, url: str) -> None:
     """A new chat whose first turn is over: that turn brings the notices (the demo model's), not a reply to time."""
     await page.goto(url)
     await page.wait_for_selector("#chat-input", timeout=60_000)
@@ -77,93 +90,165 @@ async def fresh_chat(page, url: str) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-async def measure(url: str, runs: int) -> list[dict]:
+async def page_reply(page: Any, url: str, prompt: str) -> dict[str, Any]:
+    """One reply in a fresh chat, timed in the page."""
+    await fresh_chat(page, url)
+    n = await page.locator(REPLY).count()
+    await page.click("#chat-input")
+    await page.keyboard.type(prompt)
+    await page.evaluate(OBSERVER, [REPLY, n])
+    await page.keyboard.press("Enter")
+    await page.wait_for_function("() => window.__t && window.__t.done", timeout=600_000, polling=100)
+    t = await page.evaluate("() => window.__t")
+    shown = REPLY_TOKENS.search(await page.locator(REPLY).nth(n).inner_text())
+    tokens = int(shown.group(2)) if shown else 0
+    stream_s = (t["last"] - t["first"]) / 1000
+    return {
+        "prompt": prompt,
+        "first_text_s": round((t["first"] - t["sent"]) / 1000, 4),
+        "stream_s": round(stream_s, 3),
+        "tokens": tokens,
+        "tokens_per_s": round((tokens - 1) / stream_s, 2) if stream_s > 0 and tokens > 1 else None,
+        "page_updates": t.get("updates", 0),
+        "longest_pause_s": round(t["gap"] / 1000, 3),
+    }
+
+
+async def other_user(index: int, url: str, done: list[Reply], stop: asyncio.Event) -> None:
+    """One more user chatting through the websocket until `stop`, in conversations of TURNS turns."""
+    turn = 0
+    while not stop.is_set():
+        chat = await open_chat(url, MAX_TOKENS)
+        try:
+            for _ in range(TURNS):
+                if stop.is_set():
+                    break
+                reply = await ask(chat, index, turn % TURNS, PROMPTS[(index + turn) % len(PROMPTS)])
+                if not stop.is_set():  # a reply that ended after the page's last one is not counted
+                    done.append(reply)
+                turn += 1
+        finally:
+            await chat.close()
+
+
+async def level(browser: Any, url: str, users: int, replies: int) -> dict[str, Any]:
+    """`replies` page replies while users-1 others chat; the page's replies and every user's first text."""
+    stop, others = asyncio.Event(), []
+    background: list[Reply] = []
+    tasks = [asyncio.create_task(other_user(i + 1, url, background, stop)) for i in range(users - 1)]
+    page = await (await browser.new_context(locale="en-US")).new_page()
+    try:
+        if tasks:
+            await asyncio.sleep(3)  # the others under way before the page sends
+        before, started = generated_tokens(url), time.monotonic()
+        rows = [await page_reply(page, url, PROMPTS[i % len(PROMPTS)]) for i in range(replies)]
+        wall = time.monotonic() - started
+        await asyncio.sleep(0.5)  # the engine's counter may trail the reply by a moment
+        total = (generated_tokens(url) - before) / wall
+        others = list(background)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await page.context.close()
+    firsts = [r["first_text_s"] for r in rows] + [r.first_text_s for r in others if r.ok and r.first_text_s]
+    rates = [r["tokens_per_s"] for r in rows if r["tokens_per_s"]]
+    return {
+        "users": users,
+        "page": rows,
+        "others_ok": sum(r.ok for r in others),
+        "others_failed": sum(not r.ok for r in others),
+        "first_text_s_p50": round(statistics.median(r["first_text_s"] for r in rows), 4),
+        "tokens_per_s_p50": round(statistics.median(rates), 2) if rates else None,
+        "longest_pause_s_p50": round(statistics.median(r["longest_pause_s"] for r in rows), 3),
+        "every_user_first_text_s": {
+            "p50": round(percentile(firsts, 50), 4),
+            "p90": round(percentile(firsts, 90), 4),
+            "replies": len(firsts),
+        },
+        "total_tok_s": round(total, 1),
+        "seconds": round(wall, 1),
+    }
+
+
+async def measure(url: str, levels: list[int], rounds: int, replies: int) -> list[dict[str, Any]]:
     from playwright.async_api import async_playwright
 
-    results = []
+    per_round = math.ceil(replies / rounds)
+    runs = []
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = await browser.new_page()
-        await fresh_chat(page, url)
-        for i in range(runs):
-            n = await page.locator(REPLY).count()
-            before, decoding = engine_counters(url)
-            await page.click("#chat-input")
-            await page.keyboard.type(PROMPTS[i % len(PROMPTS)])
-            await page.evaluate(OBSERVER, [REPLY, n])
-            await page.keyboard.press("Enter")
-            await page.wait_for_function("() => window.__t && window.__t.done", timeout=300_000, polling=100)
-            t = await page.evaluate("() => window.__t")
-            await asyncio.sleep(0.5)  # the engine's counters may trail the reply by a moment
-            after, decoded = engine_counters(url)
-            tokens, engine_s = after - before, decoded - decoding
-            stream_s = (t["last"] - t["first"]) / 1000
-            results.append(
-                {
-                    "prompt": PROMPTS[i % len(PROMPTS)],
-                    "ttft_s": round((t["first"] - t["sent"]) / 1000, 4),
-                    "stream_s": round(stream_s, 3),
-                    "tokens": int(tokens),
-                    "tokens_per_s": round((tokens - 1) / stream_s, 2) if stream_s > 0 else None,
-                    "engine_tokens_per_s": round((tokens - 1) / engine_s, 2) if engine_s > 0 else None,
-                    "page_updates": t.get("updates", 0),
-                }
-            )
-            print(results[-1], flush=True)
-            await fresh_chat(page, url)  # a fresh conversation per run keeps prompts equal in length
+        for r in range(rounds):
+            for users in levels:
+                found = await level(browser, url, users, per_round)
+                found["round"] = r + 1
+                runs.append(found)
+                print(json.dumps({k: v for k, v in found.items() if k != "page"}), flush=True)
         await browser.close()
-    return results
+    return runs
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})" if values else "-"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8501")
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--users", default="1", help="levels of users at once, in turn: 1,4,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--replies", type=int, default=32, help="the page's replies per level, over all rounds")
     parser.add_argument("--out", default="results/browser")
     args = parser.parse_args()
+    levels = [int(u) for u in args.users.split(",")]
     load = os.getloadavg()
-    rows = asyncio.run(measure(args.url, args.runs))
-    health = json.load(urllib.request.urlopen(args.url + "/healthz", timeout=10))
-    cpu = cpu_model()
-    ttfts = sorted(r["ttft_s"] for r in rows)
-    rates = sorted(r["tokens_per_s"] for r in rows if r["tokens_per_s"])
-    summary = {
+    runs = asyncio.run(measure(args.url, levels, args.rounds, args.replies))
+    state = health(args.url)
+    summary: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": f"{cpu}, {os.cpu_count()} CPU cores, load average before {load[0]:.2f}",
-        "check": health.get("check"),
-        "ttft_s_quartiles": [ttfts[len(ttfts) // 4], ttfts[(3 * len(ttfts)) // 4]],
-        "tokens_per_s_quartiles": [rates[len(rates) // 4], rates[(3 * len(rates)) // 4]],
-        "engine": health["engine"],
-        "ttft_s_median": statistics.median(r["ttft_s"] for r in rows),
-        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rows if r["tokens_per_s"]),
-        "engine_tokens_per_s_median": round(
-            statistics.median(r["engine_tokens_per_s"] for r in rows if r["engine_tokens_per_s"]), 2
-        ),
-        "runs": rows,
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPU cores, load average before {load[0]:.2f}, after "
+        f"{os.getloadavg()[0]:.2f}",
+        "engine": state["engine"],
+        "check": state.get("check"),
+        "tune": {k: (state.get("tune") or {}).get(k) for k in ("chosen", "reason", "seconds")},
+        "settings": {
+            "users": levels,
+            "rounds": args.rounds,
+            "page_replies_per_round": math.ceil(args.replies / args.rounds),
+            "max_tokens": MAX_TOKENS,
+            "others_turns": TURNS,
+        },
+        "runs": runs,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "browser_latency.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
     lines = [
-        "| run | TTFT in browser (s) | tokens | streaming (s) | tokens/s in browser | engine's own tokens/s "
-        "| page updates |",
-        "|---|---|---|---|---|---|---|",
+        "| users | page: first text s | page: tokens/s | page: longest pause s | every user: first text P50 s "
+        "| every user: P90 s | total tok/s (engine) | replies (page + others) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for i, r in enumerate(rows, 1):
-        cells = [i, f"{r['ttft_s']:.3f}", r["tokens"], f"{r['stream_s']:.2f}", r["tokens_per_s"],
-                 r["engine_tokens_per_s"], r["page_updates"]]  # fmt: skip
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines.append(
-        f"| **median** | **{summary['ttft_s_median']:.3f}** | | | **{summary['tokens_per_s_median']}** | "
-        f"**{summary['engine_tokens_per_s_median']}** | |"
-    )
-    q_ttft, q_rate = summary["ttft_s_quartiles"], summary["tokens_per_s_quartiles"]
-    lines.append(f"| quartiles | {q_ttft[0]:.3f}-{q_ttft[1]:.3f} | | | {q_rate[0]}-{q_rate[1]} | | |")
+    for users in levels:
+        mine = [r for r in runs if r["users"] == users]
+
+        def col(key: str, rows: list[dict[str, Any]] = mine) -> str:
+            return spread([float(r[key]) for r in rows if r[key] is not None])
+
+        every = [r["every_user_first_text_s"] for r in mine]
+        count = sum(len(r["page"]) for r in mine) + sum(r["others_ok"] for r in mine)
+        failed = sum(r["others_failed"] for r in mine)
+        lines.append(
+            f"| {users} | {col('first_text_s_p50')} | {col('tokens_per_s_p50')} | {col('longest_pause_s_p50')} | "
+            f"{spread([e['p50'] for e in every])} | {spread([e['p90'] for e in every])} | {col('total_tok_s')} | "
+            f"{count}{f' ({failed} failed)' if failed else ''} |"
+        )
+    engine = state["engine"]
     (out / "browser_latency.md").write_text(
-        f"Measured {summary['when']} on {summary['machine']}; engine {health['engine'].get('name')} "
-        f"({(health.get('check') or {}).get('candidate')}); model: {health['engine']['note'] or 'configured'}\n\n"
-        + "\n".join(lines)
-        + "\n"
+        f"Measured {summary['when']} on {summary['machine']}; engine {engine.get('name')} "
+        f"({(state.get('check') or {}).get('candidate')}; the tune: {summary['tune']['chosen']}); model: "
+        f"{engine.get('note') or 'configured'}\n\nMedians over {args.rounds} rounds (min-max of the rounds' medians); "
+        "levels alternated; one page measured, the other users on the app's websocket.\n\n" + "\n".join(lines) + "\n"
     )
     print("\n".join(lines))
 
