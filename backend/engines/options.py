@@ -12,7 +12,9 @@ import difflib
 import hashlib
 import json
 import logging
+import os
 import re
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
@@ -259,6 +261,24 @@ def has_distribution(python: str, name: str) -> bool:
 def has_package(python: str, package: str) -> bool:
     """Tell whether `python` can import `package`, without importing it (a fraction of a second)."""
     return _answers(python, f"import importlib.util, sys; sys.exit(importlib.util.find_spec({package!r}) is None)")
+
+
+def missing_build_tools(python: str) -> list[str]:
+    """What vLLM's run-time compilation (torch.compile's C++ on the CPU, Triton's launchers on a GPU) needs and this
+    machine lacks, by name: a C++ compiler ("g++": CXX, else g++ or c++ on PATH) and `python`'s C headers (the path
+    of the Python.h it would include: a Debian Python without python3-dev has none)."""
+    missing = []
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++") if c):
+        missing.append("g++")
+    probe = "import os, sysconfig; print(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+        header = Path(found.stdout.strip()) if found.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        header = None
+    if header is None or not header.is_file():
+        missing.append(str(header or "Python.h"))
+    return missing
 
 
 def _answers(python: str, probe: str) -> bool:

