@@ -16,7 +16,8 @@ from backend.chat.client import Endpoint
 from backend.config import AppConfig, EngineFlags, load_config
 from backend.engines.base import Candidate, LaunchSpec, Weights
 from backend.errors import EngineStartError, Phrase
-from backend.serving.canary import Canary
+from backend.serving.answers.comparison import Stats, Verdict
+from backend.serving.canary import Canary, Rejected
 from backend.serving.process import free_port
 from backend.serving.supervisor import State, Supervisor
 from tests.deadlines import WAIT_S
@@ -355,3 +356,29 @@ async def test_a_candidate_the_engine_may_refuse_gives_way_when_it_exits_and_ano
         assert isinstance(problem, EngineStartError), problem
     finally:
         await plain.stop()
+
+
+@pytest.mark.parametrize(
+    ("positions", "said"),
+    [(0, "failed to answer: prompt 'en-capital': POST /v1/completions answered HTTP 500"),
+     (69, "answers differ from the float32 reference: prompt 'en-capital'")],
+)  # fmt: skip
+async def test_an_engine_that_fails_the_checks_requests_is_not_said_to_answer_wrongly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, positions: int, said: str
+) -> None:
+    """An engine whose every check request failed (HTTP 500: stock Debian without python3-dev) compared no answer."""
+    cfg = load_config(environ={"ERNIE_PATHS__CACHE_DIR": str(tmp_path / "cache")})
+    canary = Canary(cfg, [Candidate("vllm-cpu", None)], sys.executable)
+
+    async def reference(weights: Weights) -> None:
+        return None
+
+    async def check(*args: object, **kwargs: object) -> Verdict:
+        return Verdict(False, "prompt 'en-capital': POST /v1/completions answered HTTP 500" if not positions
+                       else "prompt 'en-capital' position 3: |Δ| 2.1", Stats(positions=positions))  # fmt: skip
+
+    monkeypatch.setattr(canary, "reference", reference)
+    monkeypatch.setattr("backend.serving.canary.check_engine", check)
+    with pytest.raises(Rejected) as rejected:
+        await canary.verify("http://127.0.0.1:9", "k", "m", Weights(str(tmp_path / "m"), None, "bfloat16"), "b")
+    assert rejected.value.reason.startswith(said)
