@@ -7,7 +7,10 @@ At each level of N users, one real page (headless Chromium) is the user measured
 app's websocket as pages do (backend.benchmarks.loadtest's sessions: no rendering, so the machine's cores go to the
 app and the engine, as where each user has a browser of their own), in conversations of four turns, with the same
 prompts and reply length (256 tokens at most). The levels take turns (1 4 8 1 4 8 ..., `--rounds` rounds); the page
-sends `--replies` messages per level in all, each in a fresh chat so that prompts stay equal in length.
+sends `--replies` messages per level in all, each in a fresh chat of a new tab (browser context) so that prompts stay
+equal in length. A new tab each time: in one tab reloaded for each new chat (page.goto), Chromium's renderer took more
+of the CPU with every chat and the engine, sharing the 2 cores, decoded one chat at 62, then 49, 41 ... 22 tok/s by
+the twelfth (its own timings; 66-76 throughout with a tab per chat, 73-91 over the websocket alone).
 
 Timing is taken inside the page (performance.now() from a MutationObserver) from the moment Enter is pressed to the
 first reply text ("first text"), and from the first to the last text update (its pace: the reply's tokens, from its
@@ -46,18 +49,24 @@ PROMPTS = [
 MAX_TOKENS = 256  # the page's own default (chat.max_tokens); the other sessions set the same
 TURNS = 4  # an other session's conversation, then a new one
 OBSERVER = """([sel, n]) => {
-  window.__t = {sent: performance.now(), gap: 0};
+  // Every assistant message from the n-th on is timed on its own; the one whose details come is the reply (an app
+  // notice before it, "waiting for the engine" say, never gets details).
+  window.__t = {sent: performance.now(), each: {}};
   new MutationObserver(() => {
-    const el = document.querySelectorAll(sel)[n];
-    if (!el) return;
-    const text = el.innerText || "";
-    if (!text.trim()) return;
     const now = performance.now();
-    if (el.querySelector(".reply-details")) { window.__t.done ??= now; return; }  // the details come last
-    if (window.__t.last !== undefined) window.__t.gap = Math.max(window.__t.gap, now - window.__t.last);
-    window.__t.first ??= now;
-    window.__t.last = now;
-    window.__t.updates = (window.__t.updates || 0) + 1;
+    document.querySelectorAll(sel).forEach((el, i) => {
+      if (i < n || window.__t.done !== undefined) return;
+      const text = el.innerText || "";
+      if (!text.trim()) return;
+      const t = window.__t.each[i] ??= {gap: 0, updates: 0};
+      if (el.querySelector(".reply-details")) { window.__t.done = i; t.done = now; return; }  // the details come last
+      if (t.last !== undefined && text !== t.text) t.gap = Math.max(t.gap, now - t.last);
+      if (text === t.text) return;
+      t.text = text;
+      t.first ??= now;
+      t.last = now;
+      t.updates += 1;
+    });
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
 REPLY_TOKENS = re.compile(r"(\d+) prompt \+ (\d+) reply tokens")  # the details line (catalogue: en)
@@ -98,9 +107,11 @@ async def page_reply(page: Any, url: str, prompt: str) -> dict[str, Any]:
     await page.keyboard.type(prompt)
     await page.evaluate(OBSERVER, [REPLY, n])
     await page.keyboard.press("Enter")
-    await page.wait_for_function("() => window.__t && window.__t.done", timeout=600_000, polling=100)
-    t = await page.evaluate("() => window.__t")
-    shown = REPLY_TOKENS.search(await page.locator(REPLY).nth(n).inner_text())
+    await page.wait_for_function("() => window.__t && window.__t.done !== undefined", timeout=600_000, polling=100)
+    found = await page.evaluate("() => window.__t")
+    done = found["done"]
+    t = {**found["each"][str(done)], "sent": found["sent"], "gap": found["each"][str(done)]["gap"]}
+    shown = REPLY_TOKENS.search(await page.locator(REPLY).nth(done).inner_text())
     tokens = int(shown.group(2)) if shown else 0
     stream_s = (t["last"] - t["first"]) / 1000
     return {
@@ -110,6 +121,7 @@ async def page_reply(page: Any, url: str, prompt: str) -> dict[str, Any]:
         "tokens": tokens,
         "tokens_per_s": round((tokens - 1) / stream_s, 2) if stream_s > 0 and tokens > 1 else None,
         "page_updates": t.get("updates", 0),
+        "notices_before": done - n,  # app notices between the message and its reply
         "longest_pause_s": round(t["gap"] / 1000, 3),
     }
 
@@ -141,7 +153,11 @@ async def level(browser: Any, url: str, users: int, replies: int) -> dict[str, A
         if tasks:
             await asyncio.sleep(3)  # the others under way before the page sends
         before, started = generated_tokens(url), time.monotonic()
-        rows = [await page_reply(page, url, PROMPTS[i % len(PROMPTS)]) for i in range(replies)]
+        rows = []
+        for i in range(replies):  # each reply in a new tab (below)
+            await page.context.close()
+            page = await (await browser.new_context(locale="en-US")).new_page()
+            rows.append(await page_reply(page, url, PROMPTS[i % len(PROMPTS)]))
         wall = time.monotonic() - started
         await asyncio.sleep(0.5)  # the engine's counter may trail the reply by a moment
         total = (generated_tokens(url) - before) / wall
@@ -172,16 +188,24 @@ async def level(browser: Any, url: str, users: int, replies: int) -> dict[str, A
     }
 
 
-async def measure(url: str, levels: list[int], rounds: int, replies: int) -> list[dict[str, Any]]:
+def wait_serving(url: str, timeout_s: float = 3600) -> None:
+    """Until the engine serves (a first start's tune done): a page that sends before would time the wait."""
+    deadline = time.monotonic() + timeout_s
+    while health(url)["engine"].get("state") != "ready" and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+async def measure(url: str, levels: list[int], rounds: int, replies: list[int]) -> list[dict[str, Any]]:
     from playwright.async_api import async_playwright
 
-    per_round = math.ceil(replies / rounds)
+    wait_serving(url)
+
     runs = []
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for r in range(rounds):
             for users in levels:
-                found = await level(browser, url, users, per_round)
+                found = await level(browser, url, users, math.ceil(replies[levels.index(users)] / rounds))
                 found["round"] = r + 1
                 runs.append(found)
                 print(json.dumps({k: v for k, v in found.items() if k != "page"}), flush=True)
@@ -198,12 +222,16 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8501")
     parser.add_argument("--users", default="1", help="levels of users at once, in turn: 1,4,8")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--replies", type=int, default=32, help="the page's replies per level, over all rounds")
+    parser.add_argument(
+        "--replies", default="32", help="the page's replies per level over all rounds: one for all, or one per level"
+    )
     parser.add_argument("--out", default="results/browser")
     args = parser.parse_args()
     levels = [int(u) for u in args.users.split(",")]
+    replies = [int(r) for r in args.replies.split(",")]
+    replies = replies * len(levels) if len(replies) == 1 else replies
     load = os.getloadavg()
-    runs = asyncio.run(measure(args.url, levels, args.rounds, args.replies))
+    runs = asyncio.run(measure(args.url, levels, args.rounds, replies))
     state = health(args.url)
     summary: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -215,7 +243,7 @@ def main() -> None:
         "settings": {
             "users": levels,
             "rounds": args.rounds,
-            "page_replies_per_round": math.ceil(args.replies / args.rounds),
+            "page_replies": replies,
             "max_tokens": MAX_TOKENS,
             "others_turns": TURNS,
         },
