@@ -312,6 +312,10 @@ async def measure_all(
                 disturbed += result.other > OTHER_WORK
             if rnd + 1 < cfg.tune.rounds:
                 drop_slow(rnd, [run.measured for run in active])
+                # a dropped candidate's engine is stopped now: its memory and any idle work leave the later rounds
+                dropped = [run for run in active if run.measured.dropped]
+                await asyncio.gather(*(run.supervisor.stop() for run in dropped), return_exceptions=True)
+                running = [run for run in running if run not in dropped]
     finally:
         await asyncio.gather(*(run.supervisor.stop() for run in running), return_exceptions=True)
     return records, disturbed

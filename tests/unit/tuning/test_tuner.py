@@ -311,6 +311,8 @@ def test_a_candidate_far_slower_in_a_round_measures_no_further_rounds_and_is_nev
     assert done is not None
     close = ["llama.cpp q8_0", "llama.cpp q4_k_m"]
     assert script.rounds == [*close, "vllm-cpu bfloat16", *close, *close], "dropped after round 1; the close pair: 3"
+    assert sorted(script.stopped) == sorted(script.started), "every candidate stopped once"
+    assert script.stopped[0] == "vllm-cpu bfloat16", "the dropped one stopped before the later rounds"
     measuring = [(p.params["number"], p.params["total"]) for p in steps if p and p.code == "tune.measuring"]
     assert measuring == [(1, 9), (2, 9), (3, 9), (4, 7), (5, 7), (6, 7), (7, 7)], "the progress counts what is left"
     slow = done.measured[2]
