@@ -9,20 +9,40 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from playwright.async_api import Error as PlaywrightError
+
 LONG_ASK = "Tell me a long story about a small robot who learns to paint, with many details."
 
 
 class Frames:
     """The chat's socket.io events a page received, each with the time it came (time.monotonic()); a refused
-    connection is the event "(refused)"."""
+    connection is the event "(refused)".
+
+    Chainlit leaves Socket.IO's transports at the client's default: a connection begins on HTTP long-polling and
+    moves to a websocket. What the server answers before the move (a refusal of the connection comes that soon, at
+    times) is in a polling response, not a websocket frame: both are read."""
 
     def __init__(self, page: Any) -> None:
         self.events: list[tuple[float, str, Any]] = []
         page.on("websocket", self._socket)
+        page.on("response", self._polled)
 
     def _socket(self, ws: Any) -> None:
         self.events.append((time.monotonic(), "(connected)", None))
         ws.on("framereceived", self._frame)
+
+    async def _polled(self, response: Any) -> None:
+        """A long-polling response's Engine.IO packets (separated by the record separator), each read as a frame."""
+        if "/ws/socket.io/" not in response.url or "transport=polling" not in response.url:
+            return
+        if response.request.method != "GET":
+            return
+        try:
+            body = await response.text()
+        except PlaywrightError:  # the page was closed or navigated away meanwhile
+            return
+        for packet in body.split("\x1e"):
+            self._frame(packet)
 
     def _frame(self, payload: str | bytes) -> None:
         if isinstance(payload, str) and payload.startswith("44"):  # Socket.IO's CONNECT_ERROR: the server refused
