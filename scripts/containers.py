@@ -444,7 +444,11 @@ def compose_files(log: Log) -> dict[str, str]:
     """Whether each compose file's configuration parses (`config -q`), with stand-in secrets for those its example
     .env asks for; they are not run here (their images are the vLLM release's, from a registry, and need a GPU)."""
     tool = ["docker-compose"] if shutil.which("docker-compose") else [os.environ.get("DOCKER", "docker"), "compose"]
-    version = subprocess.run([*tool, "version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    answer = subprocess.run([*tool, "version"], capture_output=True, text=True)
+    if answer.returncode != 0:  # Debian's docker.io has no compose plugin
+        said = f"{' '.join(tool)} version: exit {answer.returncode}"
+        raise SystemExit(f"no Compose to check deploy/*.yaml with ({said}): apt-get install -y docker-compose")
+    version = answer.stdout.splitlines()[:1]
     example = (ROOT / "deploy" / "fleet.env.example").read_text().splitlines()
     secrets = {line.split("=")[0]: "stand-in" for line in example if re.match(r"^[A-Z_]+=", line)}
     found = {}
