@@ -128,8 +128,8 @@ bench-cpu: setup
 ## Python, from a fresh clone of this commit: `make run` answers a chat, `make test` passes (slow: 1-2 hours on 2
 ## cores; run before an issue is resolved, not in CI). image-test: the CPU image built cold and again after a change,
 ## and run (health check, a chat, not root, data kept across a restart). Logs and timings: results/containers/.
-## Docker with BuildKit is needed (and Compose for image-test: docker-compose on Debian); where no daemon answers, CONTAINERS_FLAGS="--dockerd-root DIR" starts one for the
-## run (scripts/containers.py --help).
+## Docker with BuildKit is needed (and Compose for image-test: docker-compose on Debian); where no daemon answers,
+## CONTAINERS_FLAGS="--dockerd-root DIR" starts one for the run (scripts/containers.py --help).
 CONTAINERS_FLAGS ?=
 fresh-debian12 fresh-debian13:
 	$(PYTHON) scripts/containers.py $(CONTAINERS_FLAGS) fresh $(@:fresh-%=%) --test
