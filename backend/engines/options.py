@@ -281,6 +281,21 @@ def missing_build_tools(python: str) -> list[str]:
     return missing
 
 
+# What vLLM's worker process and engine core exchange through shared memory (vLLM 0.32's message queues: 10
+# chunks of 16 MiB one way, 10 of 24 MiB the other), with room to spare. Docker gives a container 64 MiB of /dev/shm
+# unless told otherwise, and a queue written past it kills the engine with SIGBUS before it is ready.
+VLLM_SHARED_MEMORY_MIB = 512
+
+
+def shared_memory_mib(path: str = "/dev/shm") -> int | None:
+    """The size of the machine's shared memory (/dev/shm) in MiB, or None where there is none to measure."""
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return None
+    return found.f_blocks * found.f_frsize // 2**20
+
+
 def _answers(python: str, probe: str) -> bool:
     """Whether `python -c probe` exits 0."""
     try:

