@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.catalogue import CATALOG
 from backend.config import ROOT, EngineName, load_config
+from backend.engines.base import LaunchSpec
 from backend.ops.prometheus_text import sample_totals
 from backend.serving.process import free_port, new_api_key
 from tests.deadlines import ENGINE_S, WAIT_S
@@ -287,12 +289,16 @@ class RecordingProxy(ThreadedServer):
 
 
 @contextmanager
-def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterator[tuple[str, str]]:
-    """The real engine `name` serving `model` as the app would launch it, alone in its process group; (its root URL,
-    its API key) once /health answers. For tests that need to see what the engine was sent (RecordingProxy)."""
+def engine_process(
+    name: EngineName, model: str, data: Path, python: str, settings: dict[str, str] | None = None
+) -> Iterator[LaunchSpec]:
+    """The real engine `name` serving `model` as the app would launch it (with the ERNIE_* `settings` added to the
+    configuration), alone in its process group; its launch spec (root URL, API key, served name, places) once /health
+    answers. Stopped (the whole group) at the end."""
     data.mkdir(parents=True, exist_ok=True)
     port, key = free_port(), new_api_key()
-    cfg = load_config(environ={"ERNIE_PATHS__DATA_DIR": str(data), "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1"})
+    environ = {"ERNIE_PATHS__DATA_DIR": str(data), "ERNIE_ENGINE__FLAGS__CPU_KVCACHE_SPACE_GIB": "1"}
+    cfg = load_config(environ=environ | (settings or {}))
     spec = launch(cfg, name, model, port, key, python=python)
     with (data / "engine.log").open("wb") as log:
         proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=log, stderr=subprocess.STDOUT,
@@ -308,7 +314,7 @@ def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterat
 
         engine_log = (data / "engine.log").read_text
         wait_alive(proc, healthy, f"{name} serving {model}", engine_log, timeout=ENGINE_S)
-        yield spec.base_url, key
+        yield spec
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -317,3 +323,63 @@ def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterat
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@contextmanager
+def real_engine(name: EngineName, model: str, data: Path, python: str) -> Iterator[tuple[str, str]]:
+    """engine_process's engine as (its root URL, its API key): for tests that need to see what the engine was sent
+    (RecordingProxy)."""
+    with engine_process(name, model, data, python) as spec:
+        yield spec.base_url, spec.api_key
+
+
+@dataclass(frozen=True)
+class SharedEngine:
+    """A real engine that the apps of several test modules use as their external server: one start for the whole
+    session, for tests whose subject is the app (accounts, history, documents, the API, the page), not the engine's
+    own life (its start, restarts and stop have tests of their own, on engines of their own). Its counters grow
+    over the session: a test reads them before and after what it does."""
+
+    base_url: str  # the root, without /v1
+    api_key: str
+    served_name: str
+    places: int | None  # the replies at once an app that started it would let through (vllm-cpu: max_num_seqs)
+    argv: tuple[str, ...]  # its command line
+
+    def env(self) -> dict[str, str]:
+        """The ERNIE_* settings that put an app on this engine (launch_app's env, e.g. login_env(...) | env())."""
+        return {
+            "ERNIE_ENGINE__NAME": "external",
+            "ERNIE_SERVER__BASE_URL": self.base_url + "/v1",
+            "ERNIE_SERVER__API_KEY": self.api_key,
+            "ERNIE_MODEL__SERVED_NAME": self.served_name,
+            **({"ERNIE_SERVER__PLACES": str(self.places)} if self.places else {}),
+        }
+
+    def overrides(self) -> dict[str, str]:
+        """The same as start_app's keyword arguments (engine__name="external", ...)."""
+        return {k.removeprefix("ERNIE_").lower(): v for k, v in self.env().items()}
+
+
+class SharedEngines:
+    """The session's shared engines, each started at its first use by (engine, model) and stopped at the end."""
+
+    def __init__(self, root: Path, python: str) -> None:
+        self.root, self.python = root, python
+        self._stack = contextlib.ExitStack()
+        self._started: dict[tuple[str, str], SharedEngine] = {}
+
+    def get(self, name: EngineName, model: str, settings: dict[str, str] | None = None) -> SharedEngine:
+        """The engine `name` serving `model` (started now if it is not yet; `settings` as engine_process's, which
+        only its first start uses: give the same ones wherever the same engine is asked for)."""
+        if (name, model) not in self._started:
+            need_engine(name)
+            folder = self.root / f"{name}-{len(self._started)}"
+            spec = self._stack.enter_context(engine_process(name, model, folder, self.python, settings))
+            self._started[name, model] = SharedEngine(
+                spec.base_url, spec.api_key, spec.served_name, spec.capacity, tuple(spec.argv)
+            )
+        return self._started[name, model]
+
+    def close(self) -> None:
+        self._stack.close()

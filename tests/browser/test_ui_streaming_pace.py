@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_process import CHROMIUM, REPLY, RunningApp, start_app
+from tests.app_process import CHROMIUM, REPLY, RunningApp, SharedEngine, start_app
 from tests.browser.pages import DETAILS, open_page, send, wait_finished, wait_turn_over
 from tests.waiting import wait_until
 
@@ -53,8 +53,12 @@ def app(
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: apt-get install -y chromium (make browser-deps does it)")
     data = tmp_path_factory.mktemp("pace")
-    app = start_app(data, engine__name=request.param, demo__max_tokens=REPLY_TOKENS,
-                    HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))  # fmt: skip
+    if request.param == "vllm-cpu":  # the session's shared engine, an external server to the app (the same pace)
+        shared: SharedEngine = request.getfixturevalue("shared_demo_vllm")
+        app = start_app(data, model__id=str(demo_model), demo__max_tokens=REPLY_TOKENS, **shared.overrides())
+    else:
+        app = start_app(data, engine__name=request.param, demo__max_tokens=REPLY_TOKENS,
+                        HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(data / "hf"))  # fmt: skip
     try:
         app.wait_ready()
         yield app

