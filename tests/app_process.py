@@ -346,6 +346,11 @@ class SharedEngine:
     places: int | None  # the replies at once an app that started it would let through (vllm-cpu: max_num_seqs)
     argv: tuple[str, ...]  # its command line
 
+    @classmethod
+    def of(cls, spec: LaunchSpec) -> SharedEngine:
+        """The engine `spec` launched."""
+        return cls(spec.base_url, spec.api_key, spec.served_name, spec.capacity, tuple(spec.argv))
+
     def env(self) -> dict[str, str]:
         """The ERNIE_* settings that put an app on this engine (launch_app's env, e.g. login_env(...) | env())."""
         return {
@@ -376,9 +381,7 @@ class SharedEngines:
             need_engine(name)
             folder = self.root / f"{name}-{len(self._started)}"
             spec = self._stack.enter_context(engine_process(name, model, folder, self.python, settings))
-            self._started[name, model] = SharedEngine(
-                spec.base_url, spec.api_key, spec.served_name, spec.capacity, tuple(spec.argv)
-            )
+            self._started[name, model] = SharedEngine.of(spec)
         return self._started[name, model]
 
     def close(self) -> None:

