@@ -6,7 +6,6 @@ prompt templates in the workshop) or "admin" (everything an editor may)."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import yaml
 from backend.accounts.passwords import PasswordHashError, parse_hash
 from backend.config import yaml_error_line, yaml_problem
 from backend.errors import Phrase, UsersFileError
+from backend.files import atomic_write
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 ROLES = ("user", "editor", "admin")
@@ -147,8 +147,4 @@ def write_users_file(path: Path, users: dict[str, str], roles: dict[str, str] | 
     if kept:
         document["roles"] = kept
     body = yaml.safe_dump(document, sort_keys=False, width=1000)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(HEADER + body)
-    os.replace(tmp, path)
+    atomic_write(path, HEADER + body, mode=0o600)

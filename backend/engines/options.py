@@ -25,6 +25,7 @@ from typing import Any
 from backend.child.engine_probe import MARKER
 from backend.config import ROOT
 from backend.errors import EngineNotInstalledError, Phrase
+from backend.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +119,7 @@ def read_options(parser: FlagParser, python: str, cache_dir: Path, timeout_s: fl
         except (OSError, ValueError):
             log.info("Reading %s %s's command-line options once (cached in %s)", engine, version, cache_file)
             data = _probe(engine, python, timeout_s)
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data), encoding="utf-8")
-            tmp.replace(cache_file)
+            atomic_write(cache_file, json.dumps(data))
         options = EngineOptions(
             parser=parser,
             version=str(data.get("version", version)),

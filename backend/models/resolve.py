@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 from backend.config import ROOT, AppConfig
 from backend.errors import ModelNotFoundError, ServiceError
+from backend.files import one_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,13 @@ def prepare_demo_model(cfg: AppConfig, python: str) -> Path:
     target = demo_model_dir(cfg)
     if (target / DEMO_MARKER).exists():
         return target
+    with one_at_a_time(target.with_name(f"{target.name}.lock")):  # another process may be making it: wait for it
+        if (target / DEMO_MARKER).exists():
+            return target
+        return _convert_demo(python, target)
+
+
+def _convert_demo(python: str, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     work = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)

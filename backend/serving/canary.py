@@ -21,6 +21,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ class Canary:
 
     async def _compute_reference(self, weights: Weights, target: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # another process may compute it too
         cmd = [self.python, "-m", "backend.child.logprob_reference", weights.model, str(tmp)]
         if weights.gguf_file:
             cmd += ["--gguf-file", weights.gguf_file]

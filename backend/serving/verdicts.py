@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.engines.base import Weights
+from backend.files import atomic_write
 
 REMEMBERED = " (remembered from an earlier start)"  # how a cached rejection is told
 
@@ -71,10 +72,7 @@ class VerdictCache:
         """Keep `record` (passed, reason, ...) as this candidate's verdict, with the candidate, CPU and time."""
         data = self._load()
         data[self.key(label, weights, build)] = {"candidate": label, **record, "cpu": self.cpu, "when": now()}
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
-        tmp.replace(self.file)
+        atomic_write(self.file, json.dumps(data, indent=1, ensure_ascii=False))
 
     def rejection(self, label: str, weights: Weights, build: str) -> str | None:
         """Why this candidate failed before on this machine, if it did (said as remembered)."""

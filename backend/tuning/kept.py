@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import AppConfig
+from backend.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +176,5 @@ def load(cfg: AppConfig, key: str) -> TuneResult | None:
 def save(cfg: AppConfig, result: TuneResult) -> Path:
     """Keep `result` (atomically) and return its file."""
     path = result_path(cfg, result.key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(result), indent=1, ensure_ascii=False))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(asdict(result), indent=1, ensure_ascii=False))
     return path

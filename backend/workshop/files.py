@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from backend.errors import WorkshopError
+from backend.files import atomic_write
 from backend.prompts.schema import DEFAULT_NAME, TemplateProblem, display_path
 from backend.workshop.drafts import draft_folder, template_files, valid_stem
 from backend.workshop.history import History
-from backend.workshop.versions import ABSENT, OUTSIDE, Action, Version, atomic_write, version_tag
+from backend.workshop.versions import ABSENT, OUTSIDE, Action, Version, version_tag
 
 _NAME_LINE = re.compile(r"^name:.*$", re.MULTILINE)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+
+from backend.files import atomic_write
 
 Action = Literal["created", "saved", "restored", "deleted", "found"]
 ABSENT = "absent"  # the version tag of a file that does not exist
@@ -25,24 +25,6 @@ ABSENT = "absent"  # the version tag of a file that does not exist
 def version_tag(text: str | None) -> str:
     """A short tag of a file's text (its SHA-256, 16 hex digits); ABSENT when there is no file."""
     return ABSENT if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the new one, never a part of it.
-
-    The temporary file starts with "." (the template store skips such names) and lives in the same folder, so
-    os.replace is a rename on one file system."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def unified_diff(old: str, new: str, old_label: str, new_label: str) -> str:

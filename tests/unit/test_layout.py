@@ -1,12 +1,11 @@
 """The house rules of backend/, checked on its source: arrows run one way, no cycles, nothing hidden in functions.
 
 Layers, lowest first (a module imports its own package and lower layers only): catalogue (the words) →
-errors/logs and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop, api,
-documents →
-ops, benchmarks → tuning → web, cli (and app.py on top). child/ holds the scripts the engine's own interpreter runs: it
-imports nothing of backend outside child/. Engine names are compared only in backend/engines/registry.py. The web
-framework is met in one room: only web/ and storage/ (Chainlit's data layer) import Chainlit, and app.py, whose hooks
-forward to web/.
+errors/logs/files and child/ → config → models → engines → serving, prompts → chat → accounts, storage → workshop,
+api, documents → ops, benchmarks → tuning → web, cli (and app.py on top). child/ holds the scripts the engine's own
+interpreter runs: it imports nothing of backend outside child/. Engine names are compared only in
+backend/engines/registry.py. The web framework is met in one room: only web/ and storage/ (Chainlit's data layer)
+import Chainlit, and app.py, whose hooks forward to web/.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ RANKS = {
     "catalogue": -1,
     "errors": 0,
     "logs": 0,
+    "files": 0,
     "child": 0,
     "config": 1,
     "models": 2,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.workshop.versions import ABSENT, VersionStore, atomic_write, unified_diff, version_tag
+from backend.files import atomic_write
+from backend.workshop.versions import ABSENT, VersionStore, unified_diff, version_tag
 
 
 def test_versions_are_numbered_and_keep_their_text(tmp_path: Path) -> None:
