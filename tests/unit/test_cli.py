@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -138,8 +139,10 @@ def _run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_help_as_a_process_reads_no_configuration() -> None:
     """The commands that took --help for a file, a flag to act on, or nothing: a missing ERNIE_CONFIG is fine."""
     missing = str(ROOT / "no-such-config.yaml")
-    for command in ("check-config", "build-trt-engine", "prepare-model", "check-flags", "doctor"):
-        done = _run(command, "--help", ERNIE_CONFIG=missing)
+    commands = ("check-config", "build-trt-engine", "prepare-model", "check-flags", "doctor")
+    with ThreadPoolExecutor(len(commands)) as pool:  # at once: each process takes seconds to import the app
+        runs = list(pool.map(lambda command: _run(command, "--help", ERNIE_CONFIG=missing), commands))
+    for command, done in zip(commands, runs, strict=True):
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.startswith(f"usage: python -m backend {command}") and not done.stderr
     # and without --help the same variable is an error, reported in one place for every command
