@@ -19,7 +19,7 @@ from tests.app_process import CHROMIUM, REPLY, RunningApp, SharedEngine, start_a
 from tests.browser.pages import DETAILS, open_page, send, wait_finished, wait_turn_over
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration]
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.xdist_group("shared-demo-vllm")]
 
 # Every change of the n-th reply's text length, with the page's clock (ms), until its details arrive.
 WATCH = """([sel, n, details]) => {

@@ -35,7 +35,7 @@ from tests.app_process import CHROMIUM, REPLY, RecordingProxy, RunningApp, Share
 from tests.browser.pages import LOCALES, WAIT_MS, details_of, open_page, open_workshop, send
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration]
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.xdist_group("shared-tiny-vllm")]
 
 SYSTEM = "Always begin your answer with the word ZEBRA."
 

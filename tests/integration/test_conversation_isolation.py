@@ -24,7 +24,7 @@ from tests.conftest import service_config
 from tests.deadlines import ENGINE_S
 from tests.isolation import Transcript, leaks, new_markers, shows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("shared-demo-vllm")]
 
 CONVERSATIONS = 16
 REPLY_TOKENS = 32  # the session's max_tokens: enough for a code word and a sentence

@@ -10,6 +10,7 @@ import dataclasses
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -49,8 +50,14 @@ def references(
     }
 
 
+def on(name: str, dtype: str) -> Any:
+    """The case (name, dtype), run in the test process that holds the session's shared engine of that model
+    (tests/conftest.py: SHARED_GROUPS)."""
+    return pytest.param((name, dtype), marks=pytest.mark.xdist_group(f"shared-{name}-vllm"))
+
+
 @pytest_asyncio.fixture(
-    scope="module", params=[("tiny", "bfloat16"), ("tiny", "float32"), ("demo", "bfloat16"), ("demo", "float32")]
+    scope="module", params=[on(name, dtype) for name in ("tiny", "demo") for dtype in ("bfloat16", "float32")]
 )
 async def engine(
     request: pytest.FixtureRequest, tiny_model: Path, demo_model: Path, tmp_path_factory: pytest.TempPathFactory
