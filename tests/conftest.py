@@ -305,5 +305,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
+UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook has given each grouped test its group
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In a test process of `make test` whose groups did not take, every test fails at once saying so: the tests
+    would be sent one by one, and every process would start every shared engine (pytest 9.2 with pytest-xdist 3.8,
+    requirements-dev.txt)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        session.config.stash[UNGROUPED] = (
+            f"pytest-xdist's --dist loadgroup did not group {lost[0]} (and {len(lost) - 1} more): see the pytest pin "
+            "in requirements-dev.txt"
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if UNGROUPED in item.config.stash:
+        pytest.fail(item.config.stash[UNGROUPED], pytrace=False)
+
+
 def pytest_report_header() -> list[str]:
     return [f"engine python: {_engine_python()}", f"app python: {sys.executable}", f"CI={os.environ.get('CI')}"]
