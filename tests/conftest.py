@@ -43,16 +43,20 @@ def engine_py() -> str:
     return _engine_python()
 
 
+def made_once(out: Path, files: tuple[str, ...], cmd: list[str]) -> Path:
+    """`out`, made by `cmd` (a script of tests/ run by the engine's interpreter) unless it already holds `files`;
+    under a lock beside it, since the other test process of `make test` may be making it too."""
+    with one_at_a_time(out.with_name(f"{out.name}.lock")):
+        if not all((out / name).exists() for name in files):
+            subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    return out
+
+
 def build_tiny_model(python: str, arch: str = "tiny") -> Path:
     """Build (once, cached) the tiny random Ernie4_5 model, or the 0.3B architecture's config-only folder."""
     out = CACHE / ("tiny-ernie" if arch == "tiny" else "ernie-0.3b-arch")
-    with one_at_a_time(out.with_name(f"{out.name}.lock")):  # the other test process may be building it
-        if not (out / "config.json").exists() or not (out / "tokenizer.json").exists():
-            cmd = [python, str(ROOT / "tests" / "make_tiny_ernie.py"), str(out)]
-            if arch != "tiny":
-                cmd += ["--arch", arch]
-            subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-    return out
+    cmd = [python, str(ROOT / "tests" / "make_tiny_ernie.py"), str(out)] + (["--arch", arch] if arch != "tiny" else [])
+    return made_once(out, ("config.json", "tokenizer.json"), cmd)
 
 
 @pytest.fixture(scope="session")
@@ -67,11 +71,8 @@ def spm_model(engine_py: str) -> Path:
     """The tiny random ERNIE model with a SentencePiece tokenizer.model (built once, cached): llama.cpp serves it
     (from its own GGUF conversion) and starts in seconds, for tests that need a real engine but not a particular one."""
     out = CACHE / "tiny-ernie-spm2"  # 2: keeps newlines (identity normalization)
-    with one_at_a_time(out.with_name(f"{out.name}.lock")):
-        if not (out / "model.safetensors").exists() or not (out / "generation_config.json").exists():
-            script = ROOT / "tests" / "make_tiny_ernie_spm.py"
-            subprocess.run([engine_py, str(script), str(out)], check=True, capture_output=True, timeout=600)
-    return out
+    cmd = [engine_py, str(ROOT / "tests" / "make_tiny_ernie_spm.py"), str(out)]
+    return made_once(out, ("model.safetensors", "generation_config.json"), cmd)
 
 
 @pytest.fixture(scope="session")
