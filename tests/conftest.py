@@ -21,6 +21,7 @@ from backend.files import one_at_a_time
 from backend.models.resolve import prepare_demo_model
 from backend.serving.process import free_port
 from backend.serving.supervisor import State
+from tests import durations
 from tests.app_process import SharedEngine, SharedEngines
 from tests.deadlines import ENGINE_S
 from tests.installed import need_engine, need_vllm
@@ -234,6 +235,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every test run checks the engines' answers for real: no verdict cached by an earlier run (or by the
     # app on this machine) may stand in for the check. Converted models stay cached (paths.cache_dir).
     os.environ.setdefault("ERNIE_CANARY__DIR", tempfile.mkdtemp(prefix="canary-"))
+    config.pluginmanager.register(durations, "tests.durations")  # the longest groups start first
 
 
 def service_config(data_dir: Path, model: Path | str, **overrides: object) -> AppConfig:
