@@ -243,6 +243,11 @@ class Engine:
         """`cfg` set to run this engine in `fmt` (one of tune_formats); a format that is no setting changes nothing."""
         return cfg
 
+    def with_places(self, cfg: AppConfig, places: int) -> AppConfig:
+        """`cfg` with this engine running `places` replies at once (the tune's measured places); an engine without
+        such a setting is left as it is."""
+        return cfg
+
     def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
         """What the canary compares the candidate with: the weights it serves, loaded in float32 by transformers."""
         return Weights(resolved.source or resolved.model, None, self.number_format(cfg, variant, resolved))

@@ -283,6 +283,9 @@ class LlamaCpp(Engine):
             return cfg
         return cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"quantization": fmt})})
 
+    def with_places(self, cfg: AppConfig, places: int) -> AppConfig:
+        return cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"parallel": places})})
+
     def weights(self, cfg: AppConfig, variant: str, resolved: ResolvedModel) -> Weights:
         # A GGUF served as it is: the reference loads the same file; one requantized (the demo): the file it was
         # made from, whose weights are the model's (the served format's error is what the check measures).

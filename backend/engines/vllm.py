@@ -390,6 +390,10 @@ class VllmCpu(Vllm):
         flags = cfg.engine.flags.merged(EngineFlags(dtype="float32"))
         return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"flags": flags})})
 
+    def with_places(self, cfg: AppConfig, places: int) -> AppConfig:
+        flags = cfg.engine.flags.merged(EngineFlags(max_num_seqs=places))
+        return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"flags": flags})})
+
     def extra_env(self, flags: EngineFlags, python: str) -> dict[str, str]:
         env: dict[str, str] = {}
         if flags.cpu_kvcache_space_gib is not None:

@@ -103,7 +103,19 @@ def tune_line(tune: dict[str, Any] | None) -> str:
         f"; engine tune ({tune.get('when')}, {tune.get('seconds')} s): {tune.get('chosen')}, "
         f"{won['decode_tok_s_1']} tok/s and first text {won['first_text_ms_1']} ms at 1 user, "
         f"{won['decode_tok_s_n']} tok/s per reply at {tune.get('users')}"
+    ) + places_text(tune.get("places"))
+
+
+def places_text(places: dict[str, Any] | None) -> str:
+    """The replies at once the tune measured best (empty when it measured none)."""
+    if not places:
+        return ""
+    levels = ", ".join(
+        f"{users} at once {level['total_tok_s']} tok/s in total ({level['per_reply_tok_s']} per reply)"
+        for users, level in (places.get("levels") or {}).items()
+        if level.get("total_tok_s") is not None
     )
+    return f"; replies at once measured best at {places['chosen']}" + (f" ({levels})" if levels else "")
 
 
 def line_text(line: dict[str, Any] | None) -> str:

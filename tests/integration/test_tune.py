@@ -21,6 +21,7 @@ from backend.chat.turn import Done, EngineWait
 from backend.engines.base import engine_python
 from backend.engines.vllm import VllmCpu
 from backend.errors import Phrase
+from backend.ops.doctor import tune_line
 from backend.ops.health import health_payload
 from backend.tuning import tuner
 from backend.tuning.tuner import describe, first_start_choice, tune
@@ -80,7 +81,17 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
             assert f["decode_tok_s_1"] > 0 and f["first_text_ms_1"] > 0 and f["decode_tok_s_n"] > 0
         spec = service.supervisor.spec
         assert spec is not None and f"{spec.engine} " in f"{tune['chosen']} ", "the app serves what the tune chose"
-        assert health_payload(service)["tune"]["chosen"] == tune["chosen"], "/healthz shows the choice"
+        health = health_payload(service)
+        assert health["tune"]["chosen"] == tune["chosen"], "/healthz shows the choice"
+        # its places: measured at tune.users (2), 4 and 8 at once; the engine runs the number chosen, the line lets
+        # that many through, and the doctor says so
+        places = tune["places"]
+        assert places is not None and set(places["levels"]) == {"2", "4", "8"}, places
+        assert all(level["total_tok_s"] > 0 for level in places["levels"].values()), places
+        assert spec.capacity == places["chosen"] and str(places["chosen"]) in places["levels"], (spec, places)
+        assert health["line"]["places"] == places["chosen"], health["line"]
+        assert f"replies at once measured best at {places['chosen']}" in tune_line(health["tune"])
+        assert any(p.code == "tune.places" for p in progress), "the chat's starting notice showed that step too"
         measuring = [p for p in progress if p.code == "tune.measuring"]  # the warm-up after it has its own phrase
         shown = {(p.params["candidate"], p.params["number"], p.params["total"]) for p in measuring}
         rounds = cfg.tune.rounds * len(installed)  # the candidates take turns

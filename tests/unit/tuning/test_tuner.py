@@ -18,9 +18,10 @@ from backend.engines.base import Engine
 from backend.engines.registry import engine, tunable
 from backend.errors import Phrase
 from backend.models.resolve import ResolvedModel
+from backend.ops.doctor import places_text, tune_line
 from backend.serving.profiles import effective_flags
 from backend.tuning import kept, tuner
-from backend.tuning.kept import Measured, Round, TuneResult
+from backend.tuning.kept import Measured, Places, Round, TuneResult
 
 
 def config(tmp_path: Path, **overrides: object) -> AppConfig:
@@ -115,8 +116,11 @@ def test_the_key_changes_with_the_cpu_the_builds_the_model_the_settings_and_the_
         kept.tune_key(config(tmp_path, tune__users=8), "AMD EPYC [1]", ["b1"], "m", two),
         kept.tune_key(config(tmp_path, tune__formats="[q8_0]"), "AMD EPYC [1]", ["b1"], "m", two),
         kept.tune_key(cfg, "AMD EPYC [1]", ["b1"], "m", [*two, "vllm-cpu float32"]),  # a candidate more: again
+        kept.tune_key(config(tmp_path, tune__places="false"), "AMD EPYC [1]", ["b1"], "m", two),
+        kept.tune_key(config(tmp_path, llamacpp__parallel=4), "AMD EPYC [1]", ["b1"], "m", two),  # the most measured
+        kept.tune_key(config(tmp_path, engine__flags__max_num_seqs=4), "AMD EPYC [1]", ["b1"], "m", two),
     }
-    assert base not in others and len(others) == 6
+    assert base not in others and len(others) == 9
 
 
 def test_only_what_is_left_on_auto_is_measured(tmp_path: Path, bf16_cpu: None) -> None:
@@ -210,6 +214,8 @@ class Figures:
         self.started: list[str] = []
         self.rounds: list[str] = []
         self.stopped: list[str] = []
+        self.places: list[str] = []  # the candidates whose places were measured
+        self.stopped_before_places: list[str] = []
 
     def install(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pairs: list[tuple[Engine, str]]) -> None:
         test = self
@@ -235,8 +241,14 @@ class Figures:
             one, many = self.figures[label]
             return Round(level(*one), level(*many), other=0.5 if label in self.busy else 0.0)
 
+        async def measure_places(cfg: AppConfig, running: tuner.Running, progress: object) -> Places:
+            self.places.append(running.measured.label)
+            self.stopped_before_places = list(self.stopped)
+            return Places(8, "scripted", {"4": [100.0], "8": [150.0]}, {"4": [25.0], "8": [19.0]}, 16)
+
         monkeypatch.setattr(tuner, "start", start)
         monkeypatch.setattr(tuner, "measure_round", measure_round)
+        monkeypatch.setattr(tuner, "measure_places", measure_places)
         monkeypatch.setattr(tuner, "candidates", lambda cfg, python, model: pairs)
         monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
 
@@ -268,6 +280,14 @@ def test_a_tune_that_measured_before_is_kept_and_force_measures_again(
     assert forced is not None and len(script.rounds) == 12
     choice = tuner.applied(cfg, forced)
     assert choice is not None and choice.engine == "llama.cpp" and choice.cfg.llamacpp.quantization == "q4_k_m"
+    assert script.places == ["llama.cpp q4_k_m"] * 2, "the chosen one's places, measured with it (twice: forced)"
+    assert script.stopped_before_places[-1:] == ["llama.cpp q8_0"], "the other one stopped before the places"
+    assert choice.cfg.llamacpp.parallel == 8 and forced.places is not None and forced.places.chosen == 8
+    assert "Replies at once: 8: scripted." in tuner.describe(forced)
+    assert choice.summary["places"]["levels"]["8"] == {
+        "total_tok_s": 150.0, "total_tok_s_range": [150.0, 150.0], "per_reply_tok_s": 19.0
+    }  # fmt: skip
+    assert kept.load(cfg, forced.key) == forced, "the places are kept with the choice"
     assert "typical reply" in tuner.describe(forced) and "(" in tuner.describe(forced), "figures with their spread"
 
 
@@ -409,3 +429,66 @@ def test_the_demo_keeps_one_key_before_and_after_its_folder_is_made(tmp_path: Pa
     )
     for other in others:
         assert tuner.key_for(other, sys.executable, demo, pairs) == before, "nothing else enters"
+
+
+def test_more_places_win_only_with_a_higher_total_in_every_round_by_the_margin() -> None:
+    assert tuner.place_levels(4, 16) == [4, 8, 16] and tuner.place_levels(4, 6) == [4, 6]
+    assert tuner.place_levels(4, 2) == [2], "never more than the engine is configured for"
+    # 8 at once: 30 % more in every round; 16: no more than 8 (the same work, each reply later)
+    chosen, why = tuner.decide_places({4: [100, 110, 95], 8: [130, 145, 125], 16: [135, 150, 120]}, 16)
+    assert chosen == 8 and "no total at least 20% higher in every round" in why and "8 at once 130 (125-145)" in why
+    # 16 at once higher at the median, but lower in one round: not beyond the spread
+    assert tuner.decide_places({4: [100, 100, 100], 8: [105, 104, 110], 16: [150, 99, 160]}, 16)[0] == 4
+    assert tuner.decide_places({4: [100, 100], 8: [150, 160], 16: [190, 200]}, 16) == (
+        16, "the highest total (tokens a second in total, median (min-max) over the rounds: 4 at once 100 (100-100), "
+        "8 at once 155 (150-160), 16 at once 195 (190-200))"
+    )  # fmt: skip
+    assert tuner.decide_places({2: [50.0]}, 2) == (2, "as configured (2): fewer than two levels to compare")
+
+
+def test_the_places_levels_take_turns_and_a_disturbed_level_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured_at: list[int] = []
+
+    async def measure_level(
+        running: object, users: int, turns: int, shape: object
+    ) -> tuple[dict[str, Any], float, int]:
+        measured_at.append(users)
+        assert turns == users * tuner.PLACES_SHAPE.turns and shape is tuner.PLACES_SHAPE
+        total = {2: 60.0, 4: 100.0, 8: 104.0}[users]
+        return {"output_tok_s": total, "decode_tok_s": {"p50": total / users}}, 0.4 if users == 8 else 0.0, 0
+
+    class Spec:
+        capacity = 8
+
+    class Supervisor:
+        spec = Spec()
+
+    monkeypatch.setattr(tuner, "measure_level", measure_level)
+    steps: list[Phrase | None] = []
+    running = tuner.Running(Supervisor(), Measured("llama.cpp q4_1", "llama.cpp", "q4_1", "measured"))  # type: ignore[arg-type]
+    cfg = load_config(environ={"ERNIE_TUNE__USERS": "2"})
+    places = asyncio.run(tuner.measure_places(cfg, running, steps.append))
+    assert measured_at == [2, 4, 8, 8, 4, 2, 2, 4, 8], "A B C, C B A, A B C: the levels take turns"
+    assert places is not None and places.chosen == 4 and places.configured == 8 and places.disturbed == 3
+    assert places.totals == {"2": [60.0] * 3, "4": [100.0] * 3, "8": [104.0] * 3}
+    assert [(p.params["users"], p.params["number"]) for p in steps if p][:4] == [(2, 1), (4, 2), (8, 3), (8, 4)]
+    assert all(p is not None and p.params["total"] == 9 for p in steps)
+    zh = Phrase("tune.places", users=4, number=2, total=9).text("zh-CN")
+    assert "4 条同时进行" in zh and "（第 2 个，共 9 个）" in zh
+
+
+def test_the_engines_run_the_measured_places_and_the_doctor_says_so(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    assert engine("llama.cpp").with_places(cfg, 6).llamacpp.parallel == 6
+    vllm_cfg = engine("vllm-cpu").with_places(cfg, 6)
+    assert effective_flags(vllm_cfg, "cpu").max_num_seqs == 6, "over the CPU profile's own 16"
+    places = Places(8, "why", {"4": [100.0, 90.0], "8": [150.0, 140.0]}, {"4": [25.0, 22.0], "8": [19.0, 18.0]}, 16)
+    text = places_text(places.summary())
+    assert text == (
+        "; replies at once measured best at 8 (4 at once 95.0 tok/s in total (23.5 per reply), "
+        "8 at once 145.0 tok/s in total (18.5 per reply))"
+    )
+    won = {"decode_tok_s_1": 130, "first_text_ms_1": 80, "decode_tok_s_n": 30}
+    tune = {"chosen": "llama.cpp q4_1", "when": "now", "seconds": 90, "users": 4, "places": places.summary(),
+            "figures": {"llama.cpp q4_1": won}}  # fmt: skip
+    assert tune_line(tune).endswith(text) and places_text(None) == ""
