@@ -11,6 +11,7 @@ from backend.chat.context import Message
 from backend.chat.i18n import MESSAGES, describe, describe_parts, t
 from backend.chat.sources import Source, asked
 from backend.chat.turn import Done, EngineWait, Notice, Queued, Refused, Serving
+from backend.errors import Phrase
 from backend.prompts.schema import Reason
 
 SOURCES_KEY = "ernie_sources"  # a reply message's metadata: the passages of the user's documents it was given
@@ -23,7 +24,8 @@ def notice_text(event: Notice | Refused, locale: str) -> str:
     """A message of its own: a notice with its list, or why the message was refused."""
     if isinstance(event, Refused):
         return t("error", locale, error=describe(event.error, locale))
-    return t(event.key, locale, **event.params) + "".join(f"\n- {item}" for item in event.items)
+    params = {k: v.text(locale) if isinstance(v, Phrase) else v for k, v in event.params.items()}
+    return t(event.key, locale, **params) + "".join(f"\n- {item}" for item in event.items)
 
 
 def wait_text(event: EngineWait | Queued, locale: str) -> str:

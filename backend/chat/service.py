@@ -44,7 +44,7 @@ from backend.chat.turn import (
 from backend.config import AppConfig, load_config
 from backend.engines.base import Endpoint
 from backend.engines.registry import configured_engine, dialect, engine
-from backend.errors import InvalidInputError, PromptTooLongError, ServerFullError, ServiceError
+from backend.errors import InvalidInputError, Phrase, PromptTooLongError, ServerFullError, ServiceError
 from backend.models.prompt_ids import verified
 from backend.models.resolve import DEMO_NAME
 from backend.prompts.store import Templates, TemplateStore
@@ -163,13 +163,16 @@ class ChatService:
         return spec.demo or external_demo
 
     @property
-    def demo_note(self) -> str | None:
-        """Why the demo model answers, while it does (for the chat's first notice): the engine's fall-back to it, or
-        the server the app uses serving it."""
-        note = self.supervisor.status.note
-        if not note and self.serving_demo:
-            return f"The server this app uses serves the offline demo model {DEMO_NAME}."
-        return note
+    def demo_note(self) -> Phrase | None:
+        """Why the demo model answers, while it does (for the chat's first notice, in the reader's language): the
+        engine's fall-back to it (the only one: the hub out of reach, backend.models.resolve), the server the app uses
+        serving it, or the configuration naming it."""
+        spec = self.supervisor.spec
+        if not self.serving_demo or spec is None:
+            return None
+        if self.supervisor.status.note:
+            return Phrase("demo.hub", model=self.cfg.model.id, demo=DEMO_NAME)
+        return Phrase("demo.named" if engine(spec.engine).spawns else "demo.server", demo=DEMO_NAME)
 
     def serving(self) -> Serving:
         """Which model, engine and device answer (or will: the configured ones until the engine is resolved)."""

@@ -16,6 +16,7 @@ import pytest
 from backend.chat.i18n import MESSAGES, lang_of, t
 from backend.chat.render import STARTERS
 from backend.config import ROOT
+from backend.errors import Phrase
 from backend.models.resolve import DEMO_NAME
 from tests.app_process import READY, REPLY, USER, start_app
 from tests.browser.pages import DETAILS, LOCALES, app_with_stub_engine, details_of, send, wait_finished
@@ -110,6 +111,8 @@ async def test_the_first_chat_gets_the_demo_notice_with_its_first_reply(browser,
         demo_parts = [part.strip() for part in MESSAGES["demo"][lang_of(locale)].split("{note}")]
         told = [i for i, text in enumerate(texts) if all(part in text for part in demo_parts)]
         assert len(told) == 1 and told[0] == len(texts) - 2, texts  # the notice, then the reply
+        why = Phrase("demo.hub", model="baidu/ERNIE-4.5-0.3B-PT", demo=DEMO_NAME).text(locale)
+        assert why in texts[told[0]], "why the demo answers, in the page's language"
         await send(page, "And goodbye")
         await replies_finished(page, 2)
         assert await page.locator(REPLY).count() == len(texts) + 1, "the chat is told once"

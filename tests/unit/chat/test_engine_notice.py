@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.chat.render import wait_text
+from backend.chat.render import notice_text, wait_text
 from backend.chat.service import ChatService
-from backend.chat.turn import EngineWait
+from backend.chat.turn import EngineWait, Notice
 from backend.errors import BackendError, EngineStartError, Phrase
 from backend.serving.supervisor import State
 from tests.conftest import MakeConfig
@@ -62,3 +62,25 @@ async def test_the_engines_log_tail_is_shown_in_the_chat_only_without_login(
     waits = [wait async for wait in service.wait_for_engine()]
     assert [w.state for w in waits] == ["failed"]
     assert waits[0].log_tail == ("" if login else "OSError: /home/admin/models/secret.gguf")
+
+
+@pytest.mark.parametrize(
+    ("code", "en", "zh"),
+    [
+        ("demo.hub", "cannot be reached and no local copy of baidu/ERNIE-4.5-0.3B-PT", "无法连接模型仓库"),
+        ("demo.server", "The server this app uses serves", "本应用所连接的服务器"),
+        ("demo.named", "The configuration (model.id) names", "配置（model.id）指定"),
+    ],
+)
+def test_the_demo_notice_says_why_the_demo_answers_in_the_readers_language(code: str, en: str, zh: str) -> None:
+    """Each reason the demo model answers, said in the chat's language (the Chinese text used to say the hub was out
+    of reach whatever the reason)."""
+    why = Phrase(code, model="baidu/ERNIE-4.5-0.3B-PT", demo="SmolLM2-135M-Instruct")
+    english = notice_text(Notice("demo", {"note": why}), "en-US")
+    chinese = notice_text(Notice("demo", {"note": why}), "zh-CN")
+    assert english.startswith(f"ℹ️ Demo mode: {why.text('en')} This tiny stand-in") and en in english
+    assert (
+        chinese.startswith(f"ℹ️ 演示模式：{why.text('zh')}这是") and zh in chinese and "SmolLM2-135M-Instruct" in chinese
+    )
+    for other in {"demo.hub", "demo.server", "demo.named"} - {code}:
+        assert Phrase(other, model="baidu/ERNIE-4.5-0.3B-PT", demo="SmolLM2-135M-Instruct").text("zh") not in chinese
