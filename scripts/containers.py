@@ -579,7 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     name = args.command if args.command != "fresh" else args.distribution
-    out: Path = getattr(args, "out", None) or ROOT / "results" / "containers" / name
+    # a base image is a step towards a result, not one: its log stays out of results/ (in the ignored .cache/)
+    kept = ROOT / ".cache" / "containers" / f"base-{args.distribution}" if args.command == "base" else None
+    out: Path = getattr(args, "out", None) or kept or ROOT / "results" / "containers" / name
     log = Log(out / "log.txt")
     docker = Docker(log)
     started = time.monotonic()
