@@ -163,3 +163,11 @@ def cpu_model() -> str:
 def detect_cpu_flags() -> set[str]:
     """This machine's CPU flags (empty when /proc/cpuinfo cannot be read)."""
     return parse_cpu_flags(_read(CPUINFO))
+
+
+def cpu_identity() -> tuple[str, set[str]]:
+    """/proc/cpuinfo's model name of the first CPU ("unknown CPU" where it has none) and its flags: what a cached
+    verdict or tune holds for (backend.serving.verdicts.cpu_signature)."""
+    text = _read(CPUINFO)
+    match = re.search(r"^model name[ \t]*:[ \t]*(\S.*)$", text, re.MULTILINE)
+    return (match.group(1).strip() if match else "unknown CPU"), parse_cpu_flags(text)

@@ -3,7 +3,6 @@ candidate that passed costs nothing and one that crashed or failed is skipped at
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -12,20 +11,15 @@ from typing import Any
 
 from backend.engines.base import Weights
 from backend.files import atomic_write
+from backend.serving.hardware import cpu_identity
 
 REMEMBERED = " (remembered from an earlier start)"  # how a cached rejection is told
 
 
 def cpu_signature() -> str:
     """The CPU model name and a hash of the instruction sets it advertises (a verdict holds for these only)."""
-    model, flags = "unknown CPU", ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name") and model == "unknown CPU":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:8]}]"
+    model, flags = cpu_identity()
+    return f"{model} [{hashlib.sha256(' '.join(sorted(flags)).encode()).hexdigest()[:8]}]"
 
 
 def files_key(path: Path) -> str:

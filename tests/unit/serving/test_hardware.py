@@ -10,6 +10,7 @@ import pytest
 
 from backend.serving import hardware
 from backend.serving.hardware import Gpu, gpu_label, parse_cpu_flags, parse_jetson, parse_nvidia_smi, visible_gpus
+from backend.serving.verdicts import cpu_signature
 
 
 def test_parse_with_compute_capability() -> None:
@@ -90,3 +91,23 @@ def test_the_cpu_model_is_lscpu_s_else_proc_cpuinfo_s(monkeypatch: pytest.Monkey
     assert hardware.cpu_model() == "Example CPU 9000"
     cpuinfo.write_text("processor\t: 0\n")
     assert hardware.cpu_model() == "unknown CPU"
+
+
+def test_a_cached_verdict_holds_for_the_cpu_model_and_its_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: sse avx2\n\nprocessor\t: 1\nmodel name\t: X\n"
+    )
+    assert hardware.cpu_identity() == ("AMD EPYC", {"sse", "avx2"})
+    same = cpu_signature()
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: avx2 sse\n")
+    assert cpu_signature() == same and same.startswith("AMD EPYC ["), "the flags' order changes nothing"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse avx2 avx512f\n")
+    assert cpu_signature() != same, "another instruction set: verdicts are made again"
+    cpuinfo.write_text("model name\t:\nflags\t\t: sse\n")
+    assert hardware.cpu_identity() == ("unknown CPU", {"sse"})
+    monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "missing")
+    assert hardware.cpu_identity() == ("unknown CPU", set())
