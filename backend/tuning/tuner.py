@@ -22,10 +22,10 @@ It stays in the table with its rounds and is never chosen.
 
 PLACES (tune.places): then the chosen candidate's places, the replies it runs at once, are measured: its total
 tokens a second with tune.users, twice and four times as many users at once (up to the configured places), the
-levels in turns (alternated rounds, tune.rounds of them). More places win only on THE RULE's terms: a higher total
-in every round and at least MARGIN higher at the median of the rounds' ratios; else the fewer places (the same work
-done, each reply sooner). The chosen number is what the app then starts the engine with, and what its admission lets
-through at once.
+levels in turns (alternated rounds, tune.rounds of them). Fewer places win only on THE RULE's terms: a higher total
+in every round and at least MARGIN higher at the median of the rounds' ratios; else the more places stay (the same
+work done, and every chat starts at once, without a wait in line for its first text). The chosen number is what the
+app then starts the engine with, and what its admission lets through at once.
 
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
 it at once; `tune --force` measures again. A user who names the engine (engine.name) or the format
@@ -385,21 +385,26 @@ async def measure_places(cfg: AppConfig, running: Running, progress: Progress) -
 
 
 def decide_places(totals: dict[int, list[float]], configured: int) -> tuple[int, str]:
-    """PLACES: from the fewest places up, more places win only where their total was higher in every round (paired)
-    and at least MARGIN higher at the median of the rounds' ratios; (places, why)."""
+    """PLACES: from the most places down, fewer places win only where their total was higher in every round
+    (paired) and at least MARGIN higher at the median of the rounds' ratios; (places, why). Where the totals are
+    alike the more places stay: the same work done, and every chat starts at once (no wait in line for its first
+    text)."""
     levels = sorted(n for n, v in totals.items() if v)
     if len(levels) < 2:
         return configured, f"as configured ({configured}): fewer than two levels to compare"
-    chosen = levels[0]
-    for n in levels[1:]:
+    chosen = levels[-1]
+    for n in reversed(levels[:-1]):
         pairs = list(zip(totals[n], totals[chosen], strict=False))
         if all(a > b for a, b in pairs) and statistics.median(a / b for a, b in pairs) >= 1 + MARGIN:
             chosen = n
     table = ", ".join(
         f"{n} at once {statistics.median(totals[n]):.0f} ({min(totals[n]):.0f}-{max(totals[n]):.0f})" for n in levels
     )
-    more = [n for n in levels if n > chosen]
-    why = f"more at once gave no total at least {MARGIN:.0%} higher in every round" if more else "the highest total"
+    why = (
+        f"fewer at once gave no total at least {MARGIN:.0%} higher in every round"
+        if chosen == levels[-1]
+        else f"more at once gave at least {MARGIN:.0%} less in total in every round"
+    )
     return chosen, f"{why} (tokens a second in total, median (min-max) over the rounds: {table})"
 
 
