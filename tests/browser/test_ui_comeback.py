@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from tests.app_process import CHROMIUM, READY, REPLY, USER, RunningApp, SharedEn
 from tests.browser.comeback import LONG_ASK, Frames, engine_tokens
 from tests.browser.pages import DETAILS, LOCALES, send, sign_in, wait_finished
 from tests.deadlines import WAIT_MS
+from tests.sqlite_file import opened
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -372,7 +372,7 @@ async def test_an_app_killed_mid_reply_keeps_what_was_written_marked_cut_off(sit
     page, _, reply = await asked(browser, site, "en-US")
 
     def saved_growing() -> str | None:  # the reply as saved while it was written
-        with sqlite3.connect(site.data / "chat.db") as db:
+        with opened(site.data / "chat.db") as db:
             row = db.execute("SELECT output, metadata FROM steps WHERE id = ?", (reply,)).fetchone()
         live = row and len(row[0] or "") >= 20 and json.loads(row[1] or "{}").get("ernie_live")
         return row[0] if live else None

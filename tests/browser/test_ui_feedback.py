@@ -8,7 +8,6 @@ The engine is a StubEngine (tests/stub_engine.py); the conversations go to the a
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from backend.accounts.passwords import hash_password
 from backend.accounts.users import write_users_file
 from tests.app_process import READY, REPLY, RunningApp
 from tests.browser.pages import LOCALES, app_with_stub_engine, send, wait_finished
+from tests.sqlite_file import opened
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -43,7 +43,7 @@ def kept(database: Path) -> list[tuple[str, str, int, str | None]]:
     page rates the run (on_message) that sent a reply: the reply is that run's step."""
     query = """SELECT r."threadId", r.output, f.value, f.comment FROM feedbacks f
                JOIN steps r ON r."parentId" = f."forId" AND r.type = 'assistant_message' ORDER BY r."createdAt" ASC"""
-    with sqlite3.connect(database) as db:
+    with opened(database) as db:
         return [tuple(row) for row in db.execute(query)]
 
 

@@ -9,7 +9,6 @@ llama.cpp serving the tiny SentencePiece ERNIE (any engine will do there, and it
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import stat
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +25,7 @@ from backend.accounts.users import write_users_file
 from backend.chat.saved import counts_from_thread
 from tests.app_process import RunningApp, SharedEngine, launch_app, login_env, storage_problems
 from tests.chat_api import ChatSocket, login, rendered_finished, saved_thread
+from tests.sqlite_file import opened
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -207,7 +207,7 @@ async def test_deleted_thread_is_gone_with_its_messages(site: Site, alice: httpx
     assert tid not in await thread_ids(alice)
     assert (await alice.get(f"/project/thread/{tid}")).status_code == 404
     if not site.database_url:
-        with sqlite3.connect(site.data / "chat.db") as db:
+        with opened(site.data / "chat.db") as db:
             left = db.execute('SELECT COUNT(*) FROM steps WHERE "threadId" = ?', (tid,)).fetchone()
         assert left == (0,)
     assert storage_problems(site.app.log_text()) == [], "no storage errors"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -38,6 +37,7 @@ from backend.accounts.users import write_users_file
 from backend.config import ROOT
 from tests.app_process import RunningApp, start_app
 from tests.chat_api import ChatSocket, login
+from tests.sqlite_file import opened
 from tests.stub_engine import StubEngine
 from tests.waiting import wait_until
 
@@ -112,7 +112,7 @@ async def make_key(url: str, user: str) -> str:
 
 
 def usage(site: Site, user: str) -> list[tuple[str, int]]:
-    with sqlite3.connect(site.database) as db:
+    with opened(site.database) as db:
         rows = db.execute('SELECT "route", "requests" FROM usage_daily WHERE "user_name" = ?', (user,)).fetchall()
     return sorted(rows)
 
@@ -362,7 +362,7 @@ async def test_retry_after_waits_for_a_dead_processs_place_and_not_for_a_live_on
     says when it frees itself (api.lease_s, 60 s, after that), not 5 s over and over. A place a live process holds (a
     reply being written) may end any moment: 5 s."""
     key = await make_key(site.app.url, "dave")
-    with sqlite3.connect(site.database) as db:
+    with opened(site.database) as db:
         db.execute(
             'INSERT INTO quota_leases ("id", "user_name", "started") VALUES (?, ?, ?)',
             ("dead-process-lease", "dave", time.time() - 40),
@@ -372,7 +372,7 @@ async def test_retry_after_waits_for_a_dead_processs_place_and_not_for_a_live_on
     body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
     busy = await api.post("/chat/completions", json=body)
     assert busy.status_code == 429 and 15 <= int(busy.headers["Retry-After"]) <= 20, busy.headers
-    with sqlite3.connect(site.database) as db:
+    with opened(site.database) as db:
         db.execute("DELETE FROM quota_leases WHERE \"id\" = 'dead-process-lease'")
     site.engine.held.clear()
     site.engine.release.clear()
@@ -430,7 +430,7 @@ async def rate_replies(site: Site, users: dict[str, httpx.AsyncClient], chats: d
     bob_step, _, bob_session = replies["bob"]
 
     def saved() -> bool:  # Chainlit saves a reply's step in a task of its own
-        with sqlite3.connect(site.database) as db:
+        with opened(site.database) as db:
             found = db.execute('SELECT COUNT(*) FROM steps WHERE "id" IN (?, ?)', (alice_step, bob_step)).fetchone()
         return bool(found[0] == 2)
 
@@ -453,7 +453,7 @@ async def rate_replies(site: Site, users: dict[str, httpx.AsyncClient], chats: d
     ]
     for answer in await asyncio.gather(*attempts):
         assert answer.status_code == 404, answer.text
-    with sqlite3.connect(site.database) as db:
+    with opened(site.database) as db:
         rows = db.execute('SELECT "forId", "value" FROM feedbacks WHERE "id" = ?', (feedback_id,)).fetchall()
     assert rows == [(alice_step, 1)], "alice's rating is hers, as she gave it"
     assert (await users["bob"].put("/feedback", json=rating(bob_step, bob_session))).status_code == 200

@@ -5,6 +5,7 @@ development machines' 3.11.7 passed every test.)"""
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import re
@@ -152,3 +153,18 @@ def test_the_backend_imports_on_the_oldest_python(tmp_path: Path) -> None:
                HOME=str(tmp_path))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.split()[-1]) > 100, proc.stdout
+
+
+def test_no_sqlite_connection_is_left_open_by_a_with_block() -> None:
+    """The newest Python in the range (3.13, Debian 13's) warns of a sqlite3 connection collected while open, and
+    `with sqlite3.connect(...)` only commits: the tests after such a block failed there (tests/sqlite_file.py)."""
+    found = []
+    for path in sorted(
+        [ROOT / "app.py", *(p for d in ("backend", "tests", "scripts") for p in (ROOT / d).rglob("*.py"))]
+    ):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for item in node.items if isinstance(node, ast.With | ast.AsyncWith) else []:
+                call = item.context_expr
+                if isinstance(call, ast.Call) and ast.unparse(call.func) == "sqlite3.connect":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], f"use tests.sqlite_file.opened (or close the connection) instead: {found}"

@@ -232,6 +232,7 @@ async def test_bad_flag_stops_the_start_before_any_child(
 def test_check_flags_says_where_the_profile_came_from(
     profile: str, said: str, make_config: Callable[..., AppConfig], engine_py: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    need_vllm()  # the flags are checked against the installed vLLM's own parser
     cfg = make_config(
         engine__name="vllm-cpu", engine__python=engine_py, engine__profile=profile, paths__cache_dir=str(OPTIONS_CACHE)
     )
