@@ -70,11 +70,12 @@ class Places:
         """For /healthz and the doctor: the places, why, and each level's median total and per-reply pace."""
         levels = {}
         for users, totals in self.totals.items():
-            paces = self.per_reply.get(users, [])
+            total = median_and_range(totals)
+            pace = median_and_range(self.per_reply.get(users, []))
             levels[users] = {
-                "total_tok_s": round(statistics.median(totals), 1) if totals else None,
-                "total_tok_s_range": [round(min(totals), 1), round(max(totals), 1)] if totals else None,
-                "per_reply_tok_s": round(statistics.median(paces), 1) if paces else None,
+                "total_tok_s": round(total[0], 1) if total else None,
+                "total_tok_s_range": [round(total[1], 1), round(total[2], 1)] if total else None,
+                "per_reply_tok_s": round(pace[0], 1) if pace else None,
             }
         return {"chosen": self.chosen, "reason": self.reason, "configured": self.configured, "levels": levels}
 

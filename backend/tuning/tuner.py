@@ -239,8 +239,19 @@ def clearly_quicker(a: Measured, b: Measured) -> bool:
     Rounds are compared in pairs (A and B measured one after the other): what drifts on the machine between rounds
     (other work, the host's clocks) moves both alike, and no single round may say otherwise."""
     pairs = [(round_score(x), round_score(y)) for x, y in zip(a.rounds, b.rounds, strict=False)]
-    pairs = [(x, y) for x, y in pairs if x < float("inf") and y < float("inf")]
-    return bool(pairs) and all(x < y for x, y in pairs) and statistics.median(x / y for x, y in pairs) <= 1 - MARGIN
+    return beyond_margin([(x, y) for x, y in pairs if x < float("inf") and y < float("inf")], lower_wins=True)
+
+
+def beyond_margin(pairs: list[tuple[float, float]], lower_wins: bool) -> bool:
+    """THE RULE's test of A against B on their paired rounds ((A's figure, B's figure) per round): A better in every
+    round, and by at least MARGIN at the median of the rounds' ratios (a time MARGIN shorter, or a total MARGIN
+    higher); False without a pair."""
+    if not pairs:
+        return False
+    ratio = statistics.median(a / b for a, b in pairs)
+    if lower_wins:
+        return all(a < b for a, b in pairs) and ratio <= 1 - MARGIN
+    return all(a > b for a, b in pairs) and ratio >= 1 + MARGIN
 
 
 def decide(measured: list[Measured]) -> Decision:
@@ -394,8 +405,7 @@ def decide_places(totals: dict[int, list[float]], configured: int) -> tuple[int,
         return configured, f"as configured ({configured}): fewer than two levels to compare"
     chosen = levels[-1]
     for n in reversed(levels[:-1]):
-        pairs = list(zip(totals[n], totals[chosen], strict=False))
-        if all(a > b for a, b in pairs) and statistics.median(a / b for a, b in pairs) >= 1 + MARGIN:
+        if beyond_margin(list(zip(totals[n], totals[chosen], strict=False)), lower_wins=False):
             chosen = n
     table = ", ".join(
         f"{n} at once {statistics.median(totals[n]):.0f} ({min(totals[n]):.0f}-{max(totals[n]):.0f})" for n in levels

