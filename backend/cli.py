@@ -30,7 +30,7 @@ from backend.config import APP_PORT, AppConfig, load_config, print_config
 from backend.engines.base import Api, engine_python
 from backend.engines.registry import GENERIC_API, build_prebuilt, gguf_quantizer, prebuilt_engine
 from backend.errors import ConfigError
-from backend.logs import setup_logging
+from backend.logs import plain_messages, setup_logging
 from backend.models.gguf import QUANTS, convert_gguf_command
 from backend.models.resolve import prepare_model_command
 from backend.ops.doctor import doctor_command
@@ -157,7 +157,7 @@ def _api_key(cfg: AppConfig, args: argparse.Namespace) -> int:
 # ----- the parser ------------------------------------------------------------------------------------
 def _messages(level: int) -> Callable[[], None]:
     """Log setup of the commands that show progress as plain log lines."""
-    return lambda: logging.basicConfig(level=level, format="%(message)s")
+    return lambda: plain_messages(level)
 
 
 def _no_logging() -> None:
