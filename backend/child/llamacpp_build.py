@@ -29,7 +29,9 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections import deque
 from pathlib import Path
+from typing import TextIO
 
 VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what gets built
 BUILD_REVISION = 1  # bump when the CMake options below change
@@ -132,6 +134,43 @@ def fetch_sources(work: Path) -> Path:
     return work / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 
 
+# A build step's progress: Ninja's "[141/292] Building ..." or Make's "[ 45%] Building ...".
+STEP = re.compile(r"^\[\s*(?:(\d+)/(\d+)|(\d+)%)\]")
+FAILED_TAIL = 40  # lines of the log shown when a step fails
+
+
+def progress_percent(line: str) -> int | None:
+    """How far the build is, from one of its output lines; None where the line says nothing of it."""
+    step = STEP.match(line)
+    if step is None:
+        return None
+    done, total, percent = step.groups()
+    return int(percent) if percent is not None else 100 * int(done) // max(1, int(total))
+
+
+def run_logged(cmd: list[str], sink: TextIO, log: Path, every: int = 10) -> None:
+    """Run one build step with its whole output in the log and its progress on the console, a line each `every` %.
+
+    On an AVX-512 machine g++ 12 warns ~80,000 lines about its own intrinsics headers while compiling llama.cpp's
+    kernels (-Wmaybe-uninitialized, harmless): printed, they buried `make run`'s own lines. A step that fails shows
+    the end of its output and where the rest is."""
+    sink.write(f"$ {' '.join(cmd)}\n")
+    sink.flush()
+    shown = 0
+    tail: deque[str] = deque(maxlen=FAILED_TAIL)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        for line in proc.stdout or ():
+            sink.write(line)
+            tail.append(line)
+            percent = progress_percent(line)
+            if percent is not None and percent >= shown + every:
+                shown = percent - percent % every
+                print(f"  llama.cpp: {shown} % compiled", flush=True)
+    if proc.returncode:
+        sys.stdout.writelines(tail)
+        raise SystemExit(f"llama.cpp's build failed ({cmd[0]} exit code {proc.returncode}); its whole output: {log}")
+
+
 def build(variants: list[str] | None, out: Path, jobs: int) -> None:
     """Configure and build into `out` (bin/ with the programs, bin/cpu/ with one library per variant). The sources and
     the build tree stay beside it (`out`.work) until the build is done: one stopped half way (Ctrl-C, a time limit, a
@@ -149,8 +188,11 @@ def build(variants: list[str] | None, out: Path, jobs: int) -> None:
     ninja = shutil.which("ninja") is not None  # Debian's ninja-build, where installed
     build_dir = work / ("build-ninja" if ninja else "build-make")  # a build tree keeps the generator it began with
     generator = ["-G", "Ninja"] if ninja else []
-    subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_OPTIONS], check=True)
-    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], check=True)
+    log = out.with_name(out.name + ".log")
+    print(f"The compiler's whole output goes to {log}", flush=True)
+    with log.open("w") as sink:
+        run_logged(["cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_OPTIONS], sink, log)
+        run_logged(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS], sink, log)
     staged = out.with_name(out.name + ".partial")
     shutil.rmtree(staged, ignore_errors=True)
     (staged / "bin" / "cpu").mkdir(parents=True)

@@ -5,8 +5,9 @@ image's 32 minutes on 2 cores)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
@@ -41,27 +42,78 @@ def test_a_build_stopped_half_way_goes_on_where_it_stopped(tmp_path: Path, monke
         src.mkdir(parents=True)
         return src
 
-    def cmake(cmd: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+    def cmake(cmd: list[str], sink: TextIO, log: Path) -> None:
         if "--build" in cmd:
             build_dir = Path(cmd[cmd.index("--build") + 1])
             seen.append((build_dir / "ggml.o").is_file())
             (build_dir / "ggml.o").write_text("compiled")
             if len(seen) == 1:
-                raise subprocess.CalledProcessError(130, cmd)  # stopped half way
+                raise SystemExit("stopped half way")
             (build_dir / "bin").mkdir()
             for name in ("llama-server", "llama-quantize", "libllama.so", "libggml-cpu-x64.so"):
                 (build_dir / "bin" / name).write_text(name)
         else:
             Path(cmd[cmd.index("-B") + 1]).mkdir(parents=True, exist_ok=True)
-        return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(llamacpp_build, "fetch_sources", fetch)
-    monkeypatch.setattr(llamacpp_build.subprocess, "run", cmake)
+    monkeypatch.setattr(llamacpp_build, "run_logged", cmake)
     out = tmp_path / "0.3.36-key"
-    with pytest.raises(subprocess.CalledProcessError):
+    with pytest.raises(SystemExit):
         llamacpp_build.build(None, out, 2)
     llamacpp_build.build(None, out, 2)
     assert len(fetched) == 1, "the sources were fetched once"
     assert seen == [False, True], "the second compile found the first one's objects"
     assert (out / "bin" / "llama-server").is_file() and (out / "bin" / "cpu" / "libggml-cpu-x64.so").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name], "nothing but the result is left"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, f"{out.name}.log"], "the result and its log"
+
+
+# A build step's output as Ninja writes it, with a compiler warning after every step (g++ 12 on AVX-512 kernels).
+STEPS = """
+import sys
+print("-- The C compiler identification is GNU 12.2.0")
+for i in range(1, 41):
+    print(f"[{i}/40] Building CXX object ggml/src/kernel{i}.cpp.o")
+    print("avx512fintrin.h:5946:10: warning: '__Y' is used uninitialized [-Wuninitialized]", file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_build_step_shows_its_progress_and_keeps_the_compilers_output_in_its_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first `make run` on an AVX-512 machine printed ~80,000 lines of g++'s warnings about its own headers."""
+    log = tmp_path / "build.log"
+    with log.open("w") as sink:
+        llamacpp_build.run_logged([sys.executable, "-c", STEPS, "0"], sink, log)
+    shown = capsys.readouterr().out.splitlines()
+    assert shown == [f"  llama.cpp: {p} % compiled" for p in range(10, 101, 10)], shown
+    kept = log.read_text()
+    lines = kept.splitlines()
+    assert sum(line.startswith("avx512fintrin.h") for line in lines) == 40, "every warning"
+    assert "[40/40] Building CXX object ggml/src/kernel40.cpp.o" in lines and "GNU 12.2.0" in kept
+
+
+def test_a_failed_build_step_shows_its_last_lines_and_where_the_rest_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "build.log"
+    with log.open("w") as sink, pytest.raises(SystemExit) as failed:
+        llamacpp_build.run_logged([sys.executable, "-c", STEPS, "3"], sink, log)
+    assert "exit code 3" in str(failed.value) and str(log) in str(failed.value), failed.value
+    out = capsys.readouterr().out
+    assert "[40/40] Building" in out and "warning: '__Y'" in out, "the end of the output, where the error is"
+    assert "[1/40] Building" not in out, "only its end"
+
+
+@pytest.mark.parametrize(
+    ("line", "percent"),
+    [
+        ("[141/292] Building CXX object src/llama.cpp.o", 48),
+        ("[ 45%] Building CXX object src/llama.cpp.o", 45),
+        ("[100%] Linking CXX executable bin/llama-server", 100),
+        ("/usr/lib/gcc/x86_64-linux-gnu/12/include/avx512fintrin.h:5946:10: warning: ...", None),
+        ("  [1/2] not at the start", None),
+    ],
+)
+def test_progress_is_read_from_ninjas_and_makes_lines(line: str, percent: int | None) -> None:
+    assert llamacpp_build.progress_percent(line) == percent
