@@ -67,13 +67,14 @@ def test_a_build_stopped_half_way_goes_on_where_it_stopped(tmp_path: Path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, f"{out.name}.log"], "the result and its log"
 
 
-# A build step's output as Ninja writes it, with a compiler warning after every step (g++ 12 on AVX-512 kernels).
+# A build step's output as Ninja writes it, line by line (flushed: whatever PYTHONUNBUFFERED says), with a compiler
+# warning after every step (g++ 12 on AVX-512 kernels).
 STEPS = """
 import sys
 print("-- The C compiler identification is GNU 12.2.0")
 for i in range(1, 41):
-    print(f"[{i}/40] Building CXX object ggml/src/kernel{i}.cpp.o")
-    print("avx512fintrin.h:5946:10: warning: '__Y' is used uninitialized [-Wuninitialized]", file=sys.stderr)
+    print(f"[{i}/40] Building CXX object ggml/src/kernel{i}.cpp.o", flush=True)
+    print("avx512fintrin.h:5946:10: warning: '__Y' is used uninitialized", file=sys.stderr, flush=True)
 sys.exit(int(sys.argv[1]))
 """
 
