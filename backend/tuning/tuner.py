@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.benchmarks.chat_workload import ChatShape, run_chat_level
+from backend.benchmarks.stats import spread_text
 from backend.config import AppConfig
 from backend.engines.base import Engine, engine_python
 from backend.engines.registry import cpu_engines, engine_named, tunable
@@ -407,9 +408,7 @@ def decide_places(totals: dict[int, list[float]], configured: int) -> tuple[int,
     for n in reversed(levels[:-1]):
         if beyond_margin(list(zip(totals[n], totals[chosen], strict=False)), lower_wins=False):
             chosen = n
-    table = ", ".join(
-        f"{n} at once {statistics.median(totals[n]):.0f} ({min(totals[n]):.0f}-{max(totals[n]):.0f})" for n in levels
-    )
+    table = ", ".join(f"{n} at once {spread_text(totals[n], digits=0)}" for n in levels)
     why = (
         f"fewer at once gave no total at least {MARGIN:.0%} higher in every round"
         if chosen == levels[-1]
