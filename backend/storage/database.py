@@ -36,6 +36,22 @@ UNREACHABLE = (
     "timeout",
 )
 REFUSED = ("authentication failed", "no pg_hba.conf entry", "not permitted to log in")
+NUL = "\x00"
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with the NUL characters taken out of every string in it (dict values and list items too).
+
+    PostgreSQL's text and JSONB cannot hold NUL (it refuses the whole write: "invalid byte sequence for encoding
+    UTF8: 0x00"), and a model can emit one as a byte token: the reply is kept without it, on SQLite alike, so both
+    databases give back the same conversation. A NUL shows as nothing on the page."""
+    if isinstance(value, str):
+        return value.replace(NUL, "") if NUL in value else value
+    if isinstance(value, dict):
+        return {key: without_nul(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    return value
 
 
 def redact(url: str) -> str:
@@ -171,7 +187,9 @@ class HistoryStore(SQLAlchemyDataLayer):
             raise storage_error(exc, self.where, "opening") from exc
 
     def _bindable(self, value: Any) -> Any:
-        # Chainlit passes some JSON values as dicts and tag lists as lists; SQLite stores both as text.
+        # Chainlit passes some JSON values as dicts and tag lists as lists; SQLite stores both as text. (JSON it
+        # encoded itself arrives as a string: its NULs are taken out before, in create_step and update_thread.)
+        value = without_nul(value)
         if isinstance(value, dict) or (isinstance(value, list) and self.dialect == "sqlite"):
             return json.dumps(value, ensure_ascii=False)
         return value
@@ -206,7 +224,9 @@ class HistoryStore(SQLAlchemyDataLayer):
         if thread_id in self.deleted:
             log.debug("not saved: thread %s was deleted", thread_id)
             return
-        await super().update_thread(thread_id, name=name, user_id=user_id, metadata=metadata, tags=tags)
+        await super().update_thread(
+            thread_id, name=without_nul(name), user_id=user_id, metadata=without_nul(metadata), tags=without_nul(tags)
+        )
 
     async def create_step(self, step_dict: StepDict) -> None:  # update_step comes here too
         if step_dict.get("threadId") in self.deleted:
@@ -214,12 +234,14 @@ class HistoryStore(SQLAlchemyDataLayer):
             return
         if step_dict.get("output") == CHAINLIT_STOP_NOTICE and step_dict.get("name") != SYSTEM_AUTHOR:
             return  # the page removes it at once: saved, it came back in the reopened thread
-        await super().create_step(step_dict)
+        await super().create_step(without_nul(step_dict))
 
     async def upsert_feedback(self, feedback: Feedback) -> str:
         if feedback.threadId in self.deleted:
             log.debug("not saved: feedback on deleted thread %s", feedback.threadId)
             return feedback.id or ""
+        if feedback.comment:
+            feedback.comment = without_nul(feedback.comment)
         return await super().upsert_feedback(feedback)
 
     def _failed(self, exc: BaseException) -> None:

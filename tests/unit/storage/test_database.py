@@ -199,6 +199,29 @@ async def test_chainlit_data_layer_round_trip(store: HistoryStore, db_url: str) 
     assert store.failures == 0, store.problem
 
 
+async def test_a_nul_character_from_the_model_or_the_user_is_left_out_and_the_turn_is_saved(
+    store: HistoryStore, db_url: str
+) -> None:
+    """PostgreSQL refuses NUL in text and JSONB (the whole write failed, the history was lost, every chat was told
+    the database was broken); a small model emits it as a byte token. Both databases keep the turn without it."""
+    alice = await store.create_user(User(identifier="alice"))
+    assert alice
+    thread = str(uuid.uuid4())
+    await save_turn(store, thread, alice.id, "Why\x00?", "Because\x00 of\x00 this.")
+    saved = await store.get_thread(thread)
+    assert saved is not None and saved["name"] == "Why?"
+    outputs = [s["output"] for s in saved["steps"]]
+    assert outputs == ["Why?", "Because of this.\n\n*Template: default*"]
+    assert history_from_thread(saved) == turn_metadata("Why?", "Because of this.")["ernie_turn"]
+    reply = saved["steps"][1]
+    await store.upsert_feedback(Feedback(forId=reply["id"], value=0, threadId=thread, comment="bad\x00"))
+    await store.update_thread(thread, name="Renamed\x00", metadata={"note": ["a\x00b"]})
+    again = await store.get_thread(thread)
+    assert again is not None and again["name"] == "Renamed"
+    assert again["steps"][1].get("feedback", {}).get("comment") == "bad"
+    assert store.failures == 0 and store.problem is None, store.problem
+
+
 async def test_a_reply_saved_after_its_thread_was_deleted_neither_brings_it_back_nor_breaks_history(
     store: HistoryStore, db_url: str
 ) -> None:
