@@ -34,9 +34,10 @@ def _now() -> str:
 
 
 def check_key_name(name: str) -> str:
-    """The name without surrounding blanks, or ApiError when it is empty or too long."""
+    """The name without surrounding blanks, or ApiError when it is empty, too long or has control characters (a NUL
+    one PostgreSQL would refuse)."""
     name = " ".join(name.split())
-    if not 1 <= len(name) <= MAX_NAME:
+    if not 1 <= len(name) <= MAX_NAME or not name.isprintable():
         raise ApiError.of("api.key_name")
     return name
 

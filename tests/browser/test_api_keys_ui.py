@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 PASSWORDS = {"alice": "alice-password", "bo": "bo-password"}
 # locale: (its user, words of the page's title, the refusal of a blank name)
 LOCALES = {
-    "en-US": ("alice", "API keys", "A key's name must have 1 to 64 characters."),
-    "zh-CN": ("bo", "API 密钥", "密钥名称须为 1 到 64 个字符。"),
+    "en-US": ("alice", "API keys", "A key's name must have 1 to 64 characters, none of them control characters."),
+    "zh-CN": ("bo", "API 密钥", "密钥名称须为 1 到 64 个字符，且不含控制字符。"),
 }
 
 

@@ -58,7 +58,7 @@ async def test_lists_are_per_user_and_a_revoked_key_stops_working(keys: KeyStore
     assert await keys.owner("ek-wrong") is None
 
 
-@pytest.mark.parametrize("name", ["", "   ", "x" * 65])
+@pytest.mark.parametrize("name", ["", "   ", "x" * 65, "tool\x00", "a\x07b"])
 async def test_a_key_needs_a_name(keys: KeyStore, name: str) -> None:
     with pytest.raises(ApiError) as refused:
         await keys.create("alice", name)
