@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
+
 from backend.chat.i18n import MESSAGES, lang_of
-from tests.app_process import READY, REPLY, RunningApp, start_app
+from tests.app_process import READY, REPLY, USER, RunningApp, start_app
 from tests.deadlines import WAIT_MS
 from tests.stub_engine import StubEngine
 from tests.waiting import wait_until
@@ -62,16 +64,55 @@ async def open_workshop(browser: Any, url: str, locale: str) -> Any:
 
 
 async def send(page: Any, text: str) -> None:
+    """Type `text` in the chat's input and press Enter once the page's send button is active, as a person does;
+    then wait until the page took it (its input empties).
+
+    Chainlit's page takes no message while a task runs (from its task_start to its task_end): a reply's details show
+    before its task has ended, and an edit's or a regenerate's task may end later still. Enter pressed meanwhile
+    does nothing and the text stays in the input (nothing is lost: a person presses it again)."""
     await page.click("#chat-input")
     await page.keyboard.type(text)
+    try:
+        await page.wait_for_selector("#chat-submit:not([disabled])", timeout=WAIT_MS)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"the page's send button stayed off: {await page_state(page)}") from None
     await page.keyboard.press("Enter")
+    try:
+        await page.wait_for_function(f"() => ({INPUT_TEXT}).trim() === ''", timeout=SENT_MS)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"the page did not send {text!r} in {SENT_MS} ms: {await page_state(page)}") from None
 
 
 async def wait_finished(page: Any, n: int) -> str:
     """The text of the n-th assistant message once its details show it finished (the details left out)."""
     reply = page.locator(REPLY).nth(n)
-    await page.wait_for_selector(f"{REPLY} >> nth={n} >> {DETAILS}", timeout=WAIT_MS)
+    try:
+        await page.wait_for_selector(f"{REPLY} >> nth={n} >> {DETAILS}", timeout=WAIT_MS)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"reply {n} did not finish in {WAIT_MS} ms: {await page_state(page)}") from None
     return str(await reply.evaluate(WITHOUT_ELEMENTS, DETAILS)).strip()
+
+
+SENT_MS = 15_000
+INPUT_TEXT = (
+    "(() => { const i = document.querySelector('#chat-input'); return i ? (i.value ?? i.innerText ?? '') : ''; })()"
+)
+# What the page shows, for a failure's message: every message's kind and start, the input, the stop button.
+_PAGE_STATE = f"""([user, reply, details]) => ({{
+  messages: [...document.querySelectorAll(`${{user}}, ${{reply}}`)].map(el =>
+    (el.matches(user) ? "user: " : "reply: ") + (el.innerText || "").trim().slice(0, 60)
+    + (el.matches(reply) && el.querySelector(details) ? " [finished]" : "")),
+  input: {INPUT_TEXT},
+  stop_button: !!document.querySelector('#stop-button'),
+}})"""
+
+
+async def page_state(page: Any) -> dict[str, Any]:
+    """What the page shows now (see _PAGE_STATE); {"unreadable": why} when the page is gone."""
+    try:
+        return dict(await page.evaluate(_PAGE_STATE, [USER, REPLY, DETAILS]))
+    except Exception as exc:  # a closed page: the failure's message says so instead
+        return {"unreadable": str(exc)[:200]}
 
 
 # An element's text without the elements a selector finds in it, its details (a copy is changed, never the page).
