@@ -116,6 +116,16 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
         "ERNIE_LLAMACPP__PARALLEL": "16",
     },
+    # One CPU kernel build each, 16 places (the tune's choice on the Intel Xeon): AVX-512 against AMX (issue 37).
+    **{
+        f"demo llama.cpp Q4_1 16 slots {variant}": {
+            "ERNIE_ENGINE__NAME": "llama.cpp",
+            "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
+            "ERNIE_LLAMACPP__PARALLEL": "16",
+            "ERNIE_LLAMACPP__CPU_VARIANT": variant,
+        }
+        for variant in ("zen4", "sapphirerapids")
+    },
     "demo llama.cpp Q4_1 all cores": {
         "ERNIE_ENGINE__NAME": "llama.cpp",
         "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",

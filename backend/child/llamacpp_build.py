@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TextIO
 
 VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what gets built
-BUILD_REVISION = 1  # bump when the CMake options below change
+BUILD_REVISION = 2  # bump when the CMake options or the source fixes below change
 TARGETS = ("llama-server", "llama-quantize")
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -49,6 +49,20 @@ CMAKE_OPTIONS = (
     "-DGGML_CCACHE=OFF",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+)
+# Fixes to llama.cpp's sources before building: (file under vendor/llama.cpp, text found once, its replacement).
+# AMX's tile configuration: GCC 12 (Debian 12's) drops the stores that fill the `tc` on the stack before
+# `_tile_loadconfig(&tc)` reads it (it does not see the builtin read them), so the tiles stay unconfigured and the
+# first tile instruction faults: SIGILL at `tilezero` in tinygemm_kernel_amx, the first matrix product of a
+# prompt (gdb, Intel Xeon, 2026-12-07; GCC 14 keeps the stores; llama.cpp PR 26954 moves tc off the stack). An
+# empty asm that takes tc's address and clobbers memory keeps the stores with any compiler.
+SOURCE_FIXES: tuple[tuple[str, str, str], ...] = (
+    (
+        "ggml/src/ggml-cpu/amx/mmq.cpp",
+        "    _tile_loadconfig(&tc);\n",
+        '    asm volatile("" : : "r"(&tc) : "memory");  // keeps the stores to tc (SOURCE_FIXES)\n'
+        "    _tile_loadconfig(&tc);\n",
+    ),
 )
 # The x86 ladder built for "native", best first, with the /proc/cpuinfo flags each needs (llama.cpp's
 # own feature sets, ggml/src/CMakeLists.txt); x64 runs anywhere and is always built.
@@ -119,6 +133,19 @@ def unpack(archive: Path, dest: Path) -> None:
             tar.extractall(root, members)
 
 
+def fix_sources(src: Path) -> None:
+    """Apply SOURCE_FIXES to the llama.cpp tree `src`; SystemExit, saying which, when one no longer applies."""
+    for name, found, replacement in SOURCE_FIXES:
+        path = src / name
+        text = path.read_text() if path.is_file() else ""
+        if text.count(found) != 1:
+            raise SystemExit(
+                f"llama.cpp's {name} changed in llama-cpp-python {VERSION}: the source fix for it no longer applies "
+                "(backend/child/llamacpp_build.py, SOURCE_FIXES): check whether it is still needed and update it."
+            )
+        path.write_text(text.replace(found, replacement))
+
+
 def fetch_sources(work: Path) -> Path:
     """Download llama-cpp-python's sdist from the package index and unpack it; return vendor/llama.cpp."""
     # Only llama-cpp-python itself as source: its build dependencies (scikit-build-core, ninja...) come as wheels.
@@ -181,6 +208,7 @@ def build(variants: list[str] | None, out: Path, jobs: int) -> None:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         fetch_sources(work)
+        fix_sources(src)
         if variants is not None:
             lists = src / "ggml" / "src" / "CMakeLists.txt"
             lists.write_text(keep_variants(lists.read_text(), set(variants)))
@@ -211,7 +239,8 @@ def build(variants: list[str] | None, out: Path, jobs: int) -> None:
 
 def cache_dir(variants: list[str] | None) -> Path:
     """Where this version and variant list is built once (shared by every checkout on the machine)."""
-    key = hashlib.sha256(f"{VERSION} {BUILD_REVISION} {variants} {CMAKE_OPTIONS}".encode()).hexdigest()[:10]
+    key = hashlib.sha256(f"{VERSION} {BUILD_REVISION} {variants} {CMAKE_OPTIONS} {SOURCE_FIXES}".encode()).hexdigest()
+    key = key[:10]
     return CACHE / f"{VERSION}-{key}"
 
 

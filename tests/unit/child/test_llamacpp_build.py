@@ -40,6 +40,9 @@ def test_a_build_stopped_half_way_goes_on_where_it_stopped(tmp_path: Path, monke
         fetched.append(work)
         src = work / f"llama_cpp_python-{llamacpp_build.VERSION}" / "vendor" / "llama.cpp"
         src.mkdir(parents=True)
+        for name, found, _ in llamacpp_build.SOURCE_FIXES:  # the texts the fixes change (the test below)
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).write_text(found)
         return src
 
     def cmake(cmd: list[str], sink: TextIO, log: Path) -> None:
@@ -118,3 +121,19 @@ def test_a_failed_build_step_shows_its_last_lines_and_where_the_rest_is(
 )
 def test_progress_is_read_from_ninjas_and_makes_lines(line: str, percent: int | None) -> None:
     assert llamacpp_build.progress_percent(line) == percent
+
+
+def test_source_fixes_apply_once_and_a_changed_source_stops_the_build_saying_which(tmp_path: Path) -> None:
+    """Each fix is applied to the text it names; where a new llama.cpp changed that text, the build stops at once
+    with the file's name instead of building without the fix (the AMX one: a SIGILL at the first prompt)."""
+    for name, found, _ in llamacpp_build.SOURCE_FIXES:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"before\n{found}after\n")
+    llamacpp_build.fix_sources(tmp_path)
+    for name, _, replacement in llamacpp_build.SOURCE_FIXES:
+        assert (tmp_path / name).read_text() == f"before\n{replacement}after\n"
+    name, found, _ = llamacpp_build.SOURCE_FIXES[0]
+    (tmp_path / name).write_text("a llama.cpp whose text moved on\n")
+    with pytest.raises(SystemExit, match=name):
+        llamacpp_build.fix_sources(tmp_path)
