@@ -46,7 +46,7 @@ def without_nul(value: Any) -> Any:
     UTF8: 0x00"), and a model can emit one as a byte token: the reply is kept without it, on SQLite alike, so both
     databases give back the same conversation. A NUL shows as nothing on the page."""
     if isinstance(value, str):
-        return value.replace(NUL, "") if NUL in value else value
+        return value.replace(NUL, "")
     if isinstance(value, dict):
         return {key: without_nul(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -187,8 +187,9 @@ class HistoryStore(SQLAlchemyDataLayer):
             raise storage_error(exc, self.where, "opening") from exc
 
     def _bindable(self, value: Any) -> Any:
-        # Chainlit passes some JSON values as dicts and tag lists as lists; SQLite stores both as text. (JSON it
-        # encoded itself arrives as a string: its NULs are taken out before, in create_step and update_thread.)
+        # Chainlit passes some JSON values as dicts and tag lists as lists; SQLite stores both as text. JSON that
+        # Chainlit encoded itself (a step's and a thread's metadata) arrives as a string whose NULs are escapes this
+        # cannot see: create_step and update_thread take them out before.
         value = without_nul(value)
         if isinstance(value, dict) or (isinstance(value, list) and self.dialect == "sqlite"):
             return json.dumps(value, ensure_ascii=False)
@@ -224,9 +225,7 @@ class HistoryStore(SQLAlchemyDataLayer):
         if thread_id in self.deleted:
             log.debug("not saved: thread %s was deleted", thread_id)
             return
-        await super().update_thread(
-            thread_id, name=without_nul(name), user_id=user_id, metadata=without_nul(metadata), tags=without_nul(tags)
-        )
+        await super().update_thread(thread_id, name=name, user_id=user_id, metadata=without_nul(metadata), tags=tags)
 
     async def create_step(self, step_dict: StepDict) -> None:  # update_step comes here too
         if step_dict.get("threadId") in self.deleted:
@@ -240,8 +239,6 @@ class HistoryStore(SQLAlchemyDataLayer):
         if feedback.threadId in self.deleted:
             log.debug("not saved: feedback on deleted thread %s", feedback.threadId)
             return feedback.id or ""
-        if feedback.comment:
-            feedback.comment = without_nul(feedback.comment)
         return await super().upsert_feedback(feedback)
 
     def _failed(self, exc: BaseException) -> None:
