@@ -126,6 +126,15 @@ CONFIGS: dict[str, dict[str, str]] = {
         }
         for variant in ("zen4", "sapphirerapids")
     },
+    # The same AMX build decoding on every core (the default leaves one to the app and the browser): the engine alone
+    # at 4-16 chats, where a step batches many replies (issue 37, item 1: threads for decoding).
+    "demo llama.cpp Q4_1 16 slots sapphirerapids all cores": {
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
+        "ERNIE_LLAMACPP__PARALLEL": "16",
+        "ERNIE_LLAMACPP__CPU_VARIANT": "sapphirerapids",
+        "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
+    },
     "demo llama.cpp Q4_1 all cores": {
         "ERNIE_ENGINE__NAME": "llama.cpp",
         "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
