@@ -39,7 +39,8 @@ def run(npp: int, extra: tuple[str, ...]) -> list[dict]:
         "-npp", str(npp), "-ntg", str(NTG), "-npl", ",".join(map(str, NPL)), "-t", "1", "-tb", "2",
         "--output-format", "jsonl", *extra,
     ]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GGML_BACKEND_PATH": KERNELS, "LD_LIBRARY_PATH": str(Path(LLAMA_BIN).parent)})
+    env = {**os.environ, "GGML_BACKEND_PATH": KERNELS, "LD_LIBRARY_PATH": str(Path(LLAMA_BIN).parent)}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode:
         raise SystemExit(f"{cmd}: {p.stderr[-2000:]}")
     return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{") and '"pl"' in line]
