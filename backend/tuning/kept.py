@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backend.benchmarks.stats import spread
 from backend.config import AppConfig
 from backend.files import atomic_write
 
@@ -122,8 +122,11 @@ class TuneResult:
 
 
 def median_and_range(values: list[float]) -> tuple[float, float, float] | None:
-    """(median, min, max) of `values`, or None for none."""
-    return (statistics.median(values), min(values), max(values)) if values else None
+    """(median, min, max) of `values` (benchmarks.stats.spread, the project's one definition), or None for none."""
+    if not values:
+        return None
+    s = spread(values)
+    return s.median, s.low, s.high
 
 
 def level_p50(level: dict[str, Any], name: str, instead: str = "") -> float | None:
