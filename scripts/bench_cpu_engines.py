@@ -54,6 +54,16 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_MODEL__ID": str(SPM),
         "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
     },
+    # One CPU kernel build each: AVX-512 against AMX (issue 37: the ERNIE architecture on the Intel Xeon's AMX).
+    **{
+        f"ernie llama.cpp q4_k_m {variant}": {
+            "ERNIE_ENGINE__NAME": "llama.cpp",
+            "ERNIE_MODEL__ID": str(SPM),
+            "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
+            "ERNIE_LLAMACPP__CPU_VARIANT": variant,
+        }
+        for variant in ("zen4", "sapphirerapids")
+    },
     # llama.cpp decoding on every core (the default leaves one to the app and the browser): the engine alone.
     "ernie llama.cpp q4_k_m all cores": {
         "ERNIE_ENGINE__NAME": "llama.cpp",
