@@ -142,7 +142,12 @@ async def test_three_tunes_choose_alike_though_other_work_bursts_into_one(
                 hog.wait()
         assert result is not None and result.chosen is not None, (attempt, result)
         assert [m.fmt for m in result.measured] == ["q4_1", "q8_0"], "the shipped format, then the requantized one"
-        assert all(m.ok and len(m.rounds) == 3 for m in result.measured), [m.outcome for m in result.measured]
+        # Every candidate measured; one whose typical reply took 1.5x the quickest's in a round is dropped then (on an
+        # AMX CPU the demo's q8_0 can be), the others hold all three rounds.
+        rounds = [(m.label, m.outcome, len(m.rounds), m.dropped) for m in result.measured]
+        assert all(m.ok and (len(m.rounds) == 3 or m.dropped) for m in result.measured), rounds
+        winner = result.winner()
+        assert winner is not None and len(winner.rounds) == 3 and not winner.dropped, rounds
         if attempt == 1:
             assert hogs, "the burst was started"
             first = result.measured[0].rounds[0]
