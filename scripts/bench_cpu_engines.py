@@ -46,22 +46,26 @@ from backend.serving.hardware import cpu_model
 
 SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
+ERNIE_Q4_K_M = {
+    "ERNIE_ENGINE__NAME": "llama.cpp",
+    "ERNIE_MODEL__ID": str(SPM),
+    "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
+}
+# The demo on the AMX build with 16 places, decoding on every core (the default leaves one to the app and the browser).
+DEMO_AMX_ALL_CORES = {
+    "ERNIE_ENGINE__NAME": "llama.cpp",
+    "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
+    "ERNIE_LLAMACPP__PARALLEL": "16",
+    "ERNIE_LLAMACPP__CPU_VARIANT": "sapphirerapids",
+    "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
+}
 CONFIGS: dict[str, dict[str, str]] = {
     "ernie vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": str(SPM)},
     "ernie llama.cpp q8_0": {"ERNIE_ENGINE__NAME": "llama.cpp", "ERNIE_MODEL__ID": str(SPM)},
-    "ernie llama.cpp q4_k_m": {
-        "ERNIE_ENGINE__NAME": "llama.cpp",
-        "ERNIE_MODEL__ID": str(SPM),
-        "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
-    },
+    "ernie llama.cpp q4_k_m": ERNIE_Q4_K_M,
     # One CPU kernel build each: AVX-512 against AMX (issue 37: the ERNIE architecture on the Intel Xeon's AMX).
     **{
-        f"ernie llama.cpp q4_k_m {variant}": {
-            "ERNIE_ENGINE__NAME": "llama.cpp",
-            "ERNIE_MODEL__ID": str(SPM),
-            "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
-            "ERNIE_LLAMACPP__CPU_VARIANT": variant,
-        }
+        f"ernie llama.cpp q4_k_m {variant}": {**ERNIE_Q4_K_M, "ERNIE_LLAMACPP__CPU_VARIANT": variant}
         for variant in ("zen4", "sapphirerapids")
     },
     # llama.cpp decoding on every core (the default leaves one to the app and the browser): the engine alone.
@@ -138,22 +142,12 @@ CONFIGS: dict[str, dict[str, str]] = {
     },
     # The same AMX build decoding on every core (the default leaves one to the app and the browser): the engine alone
     # at 4-16 chats, where a step batches many replies (issue 37, item 1: threads for decoding).
-    "demo llama.cpp Q4_1 16 slots sapphirerapids all cores": {
-        "ERNIE_ENGINE__NAME": "llama.cpp",
-        "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
-        "ERNIE_LLAMACPP__PARALLEL": "16",
-        "ERNIE_LLAMACPP__CPU_VARIANT": "sapphirerapids",
-        "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
-    },
+    "demo llama.cpp Q4_1 16 slots sapphirerapids all cores": DEMO_AMX_ALL_CORES,
     # ... with the OpenMP threads sleeping at once when they wait for each other (instead of spinning ~300,000 times):
     # the core goes to the page's processes, at normal priority or the app's medium one (issue 37, item 1).
     **{
         f"demo llama.cpp Q4_1 16 slots sapphirerapids all cores passive{' prio 0' if prio == '0' else ''}": {
-            "ERNIE_ENGINE__NAME": "llama.cpp",
-            "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
-            "ERNIE_LLAMACPP__PARALLEL": "16",
-            "ERNIE_LLAMACPP__CPU_VARIANT": "sapphirerapids",
-            "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
+            **DEMO_AMX_ALL_CORES,
             "ERNIE_LLAMACPP__PRIORITY": prio,
             "OMP_WAIT_POLICY": "passive",
         }
@@ -162,11 +156,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     # ... spinning a while before sleeping (GNU OpenMP's GOMP_SPINCOUNT; its default spins 300,000 times).
     **{
         f"demo llama.cpp Q4_1 16 slots sapphirerapids all cores spin {count}": {
-            "ERNIE_ENGINE__NAME": "llama.cpp",
-            "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT",
-            "ERNIE_LLAMACPP__PARALLEL": "16",
-            "ERNIE_LLAMACPP__CPU_VARIANT": "sapphirerapids",
-            "ERNIE_LLAMACPP__THREADS": str(len(os.sched_getaffinity(0))),
+            **DEMO_AMX_ALL_CORES,
             "GOMP_SPINCOUNT": count,
         }
         for count in ("300", "1000", "3000", "30000")
