@@ -235,6 +235,15 @@ class Engine:
         """The number formats the tune measures this engine in for `model`, one candidate each."""
         return [self.number_format(cfg, "auto", model)]
 
+    def tune_builds(self, cfg: AppConfig) -> list[str]:
+        """The engine's own builds the tune measures against each other, best first (llama.cpp: its CPU kernel
+        variants); [""]: none to compare, the engine runs as configured (its canary's order)."""
+        return [""]
+
+    def in_build(self, cfg: AppConfig, build: str) -> AppConfig:
+        """`cfg` set to run this engine's `build` (one of tune_builds); "" changes nothing."""
+        return cfg
+
     def format_on_auto(self, cfg: AppConfig) -> bool:
         """Whether the configuration leaves this engine's format to the tune."""
         return False

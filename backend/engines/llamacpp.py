@@ -278,6 +278,19 @@ class LlamaCpp(Engine):
     def format_on_auto(self, cfg: AppConfig) -> bool:
         return cfg.llamacpp.quantization == "auto"
 
+    def tune_builds(self, cfg: AppConfig) -> list[str]:
+        # The kernels' speed depends on the format (docs/engines.md): the tune.kernel_builds best this CPU claims,
+        # without x64 (the fallback for a CPU that claims nothing better); a named cpu_variant is kept.
+        if cfg.llamacpp.cpu_variant != "auto":
+            return [""]
+        builds = [v for v in cpu_variants(cfg) if v != "x64"][: cfg.tune.kernel_builds]
+        return builds if len(builds) > 1 else [""]
+
+    def in_build(self, cfg: AppConfig, build: str) -> AppConfig:
+        if not build:
+            return cfg
+        return cfg.model_copy(update={"llamacpp": cfg.llamacpp.model_copy(update={"cpu_variant": build})})
+
     def in_format(self, cfg: AppConfig, fmt: str) -> AppConfig:
         if fmt not in QUANTS or not self.format_on_auto(cfg):
             return cfg

