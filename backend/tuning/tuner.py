@@ -320,9 +320,10 @@ def choose(measured: list[Measured]) -> Measured | None:
 
 async def measure_all(
     cfg: AppConfig, pairs: list[Contender], progress: Progress, root: Path
-) -> tuple[list[Measured], int, Places | None]:
+) -> tuple[list[Measured], Decision, int, Places | None]:
     """Start every candidate, measure them in turns (tune.rounds rounds), then the chosen one's places (tune.places),
-    stop them; their records in `pairs`' order, how many levels stayed disturbed by other work, and the places."""
+    stop them; their records in `pairs`' order, THE RULE's decision, how many levels stayed disturbed by other work,
+    and the places."""
     started = time.monotonic()
     records: list[Measured] = []
     running: list[Running] = []
@@ -367,7 +368,8 @@ async def measure_all(
                 await asyncio.gather(*(run.supervisor.stop() for run in dropped), return_exceptions=True)
                 running = [run for run in running if run not in dropped]
         places = None
-        won = decide(records).chosen
+        decision = decide(records)
+        won = decision.chosen
         chosen = next((run for run in running if run.measured is won), None)
         if cfg.tune.places and chosen is not None:
             # the others stop first: their memory and any idle work leave the chosen one's places alone
@@ -380,7 +382,7 @@ async def measure_all(
                 log.warning("Engine tune: the places of %s were not measured: %s", won.label if won else "-", exc)
     finally:
         await asyncio.gather(*(run.supervisor.stop() for run in running), return_exceptions=True)
-    return records, disturbed, places
+    return records, decision, disturbed, places
 
 
 def place_levels(users: int, configured: int) -> list[int]:
@@ -478,8 +480,7 @@ async def tune(
     started = time.monotonic()
     load_before = os.getloadavg()[0]
     root = cfg.paths.data / "tune"  # each candidate's engine log, kept for a look after the tune
-    measured, disturbed, places = await measure_all(cfg, pairs, progress, root)
-    decision = decide(measured)
+    measured, decision, disturbed, places = await measure_all(cfg, pairs, progress, root)
     result = TuneResult(
         key=key,
         cpu=cpu_signature(),
