@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import hashlib
 import re
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -137,6 +138,10 @@ class LaunchSpec:
     # Replies the engine runs at once (llama.cpp's slots, vLLM's max_num_seqs): the app's admission lets this many
     # through and queues the rest (None: the server queues itself, e.g. an external one).
     capacity: int | None = None
+    # What the engine gets when the app dies without stopping it (SIGKILL, the OOM killer: backend/child/
+    # die_with_parent.py): SIGTERM lets vLLM take its own children down; an engine without such children may take
+    # SIGKILL, which it cannot hang in.
+    death_signal: int = signal.SIGTERM
 
     def with_check(self, weights: Weights, build: str, demo: bool = False) -> LaunchSpec:
         """This spec with what the canary checks it against (and whether it serves the demo model)."""

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -227,6 +228,9 @@ def build_llamacpp_launch(
         cwd=str(cfg.paths.data),  # llama.cpp also looks for kernel libraries in the working directory
         variant=variant,
         capacity=ll.parallel,
+        # One process, nothing to save: SIGTERM starts llama-server's graceful exit, and a further signal's immediate
+        # exit (from inside its signal handler) hung with the app gone (a server left running for good).
+        death_signal=signal.SIGKILL,
     )
 
 

