@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from backend.serving.process import DIE_WITH_PARENT, guarded
@@ -62,20 +63,30 @@ def test_llama_server_dies_by_sigkill_with_the_app_and_vllm_by_sigterm(tmp_path:
     assert dataclasses.fields(type(spec))[-1].default == signal.SIGTERM, "the default: vLLM stops its own children"
 
 
-def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(DIE_WITH_PARENT)], stdout=subprocess.PIPE, text=True)
+def kill_parent_and_wait_for_child(parent_argv: list[str], running: Callable[[list[str]], bool], ended: str) -> None:
+    """Start a parent that prints its launched child's pid, wait until the child runs its command (`running` of its
+    command line), SIGKILL the parent and wait for the child to end (`ended`: what is awaited)."""
+    parent = subprocess.Popen(parent_argv, stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        wait_until(lambda: cmdline(child) == ["sleep", "600"], "the launcher becoming the command (exec)", WAIT_S, 0.05)
+        wait_until(lambda: running(cmdline(child)), "the launcher becoming the command (exec)", WAIT_S, 0.05)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-        wait_until(lambda: gone(child), "the command ending with its parent (SIGKILL)", WAIT_S, 0.05)
+        wait_until(lambda: gone(child), ended, WAIT_S, 0.05)
     finally:
         parent.kill()
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_the_command_takes_the_launchers_pid_and_dies_with_its_parent() -> None:
+    kill_parent_and_wait_for_child(
+        [sys.executable, "-c", PARENT, str(DIE_WITH_PARENT)],
+        lambda line: line == ["sleep", "600"],
+        "the command ending with its parent (SIGKILL)",
+    )
 
 
 # A command that ignores SIGTERM, as a server hung in its own exit does: only another death signal ends it.
@@ -91,20 +102,11 @@ child.wait()
 
 def test_a_command_that_ignores_sigterm_ends_with_its_parent_by_the_signal_named() -> None:
     sig = str(int(signal.SIGKILL))
-    parent = subprocess.Popen([sys.executable, "-c", PARENT_WITH_SIGNAL, str(DIE_WITH_PARENT), sig, STUBBORN],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
-        wait_until(lambda: "-c" in cmdline(child), "the launcher becoming the command (exec)", WAIT_S, 0.05)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait()
-        wait_until(lambda: gone(child), "the command ending with its parent (its death signal SIGKILL)", WAIT_S, 0.05)
-    finally:
-        parent.kill()
-        parent.wait()
-        if parent.stdout is not None:
-            parent.stdout.close()
+    kill_parent_and_wait_for_child(
+        [sys.executable, "-c", PARENT_WITH_SIGNAL, str(DIE_WITH_PARENT), sig, STUBBORN],
+        lambda line: "-c" in line,
+        "the command ending with its parent (its death signal SIGKILL)",
+    )
 
 
 def test_a_launcher_whose_parent_is_gone_starts_nothing(tmp_path: Path) -> None:
