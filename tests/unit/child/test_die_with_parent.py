@@ -60,7 +60,8 @@ def test_llama_server_dies_by_sigkill_with_the_app_and_vllm_by_sigterm(tmp_path:
     cfg = load_config(environ={"ERNIE_PATHS__DATA_DIR": str(tmp_path)})
     spec = build_llamacpp_launch(cfg, "/x.gguf", 1, "k", Path("/bin/llama-server"))
     assert spec.death_signal == signal.SIGKILL
-    assert dataclasses.fields(type(spec))[-1].default == signal.SIGTERM, "the default: vLLM stops its own children"
+    default = next(f.default for f in dataclasses.fields(spec) if f.name == "death_signal")
+    assert default == signal.SIGTERM, "the default: vLLM stops its own children"
 
 
 def kill_parent_and_wait_for_child(parent_argv: list[str], running: Callable[[list[str]], bool], ended: str) -> None:
